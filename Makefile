@@ -1,0 +1,42 @@
+# pytgi — everything a fresh clone needs is behind `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8080
+PYTEST_ARGS ?=
+
+.PHONY: install run test test-fast proto lint bench demo-model clean
+
+install: $(STAMP)
+
+# Reinstall only when the project's metadata changes; the install is editable, so code edits
+# need nothing.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+run: install
+	$(BIN)/pytgi-launcher --port $(PORT)
+
+test: install
+	$(BIN)/python -m pytest -q -x $(PYTEST_ARGS)
+
+proto: install
+	$(BIN)/python -m pytgi_proto.build
+
+# mypy cannot follow setuptools' editable import hook, so it reads the packages through
+# symlinks carrying their import names.
+lint: install
+	$(BIN)/ruff check proto router shard launcher bench tests
+	mkdir -p .lint
+	for p in proto router shard launcher bench; do ln -sfn ../$$p .lint/pytgi_$$p; done
+	cd .lint && MYPYPATH=. ../$(BIN)/mypy --config-file ../pyproject.toml -p pytgi_router -p pytgi_shard -p pytgi_launcher -p pytgi_bench
+
+bench: install
+	$(BIN)/python bench/compare.py
+
+clean:
+	rm -rf $(VENV) .lint .pytest_cache build *.egg-info

@@ -1,0 +1,43 @@
+"""The interface every model speaks: a forward over a flat, paged batch."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.kv_cache import KVCache
+
+
+class Model(ABC):
+    """A causal LM on one rank. Tensor-parallel models all-reduce inside; logits come back whole."""
+
+    # Per-rank shapes the engine needs to allocate the KV cache.
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype: torch.dtype
+    device: torch.device
+    model_type: str
+    max_position_embeddings: int
+    # Sliding-window size when the model attends to a window only (Mistral); None otherwise.
+    sliding_window: int | None = None
+
+    @abstractmethod
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        lm_head_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Runs the flat batch and returns float32 logits [len(lm_head_indices), vocab_size].
+
+        input_ids, positions: [num_tokens]. lm_head_indices selects which of the flat tokens need
+        logits (the last token of each request, or every prompt token for prefill logprobs);
+        None means all of them. The K/V of every token is written to `kv_cache` at
+        `meta.slot_mapping`.
+        """

@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny models in real Hugging Face layout, built once per test session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.tiny_models import build_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """tiny_model("llama" | "mistral" | "qwen2" | "gpt2", sharded=False) -> model directory."""
+    root = tmp_path_factory.mktemp("models")
+    built: dict[tuple[str, bool], Path] = {}
+
+    def get(family: str = "llama", sharded: bool = False) -> Path:
+        key = (family, sharded)
+        if key not in built:
+            name = f"{family}-sharded" if sharded else family
+            built[key] = build_model(root / name, family, shard_size="200KB" if sharded else None)
+        return built[key]
+
+    return get

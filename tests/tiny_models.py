@@ -1,0 +1,136 @@
+"""Tiny, randomly initialised models in real Hugging Face layout, built offline for the tests.
+
+Each model directory holds config.json, model.safetensors (or a sharded index), tokenizer.json
+trained here with `tokenizers`, tokenizer_config.json with a chat template, and
+generation_config.json — exactly what a Hub snapshot looks like, so every code path that loads a
+real model loads these.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+VOCAB_SIZE = 384
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "To be, or not to be, that is the question.",
+    "Hello world! How are you today? I am fine, thank you.",
+    "Paged attention stores keys and values in fixed-size blocks.",
+    "Continuous batching adds new requests between decode steps.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000; symbols: {}[]()<>=+-*/\\\"'",
+    "Unicode: café, naïve, 東京, Привет, ✓, 🙂 emoji and accents.",
+    "def main():\n    print('hello')\n    return 0\n",
+]
+
+# Per-family configs: small, but every feature the family has (GQA, RoPE scaling, bias, ties).
+LLAMA_FAMILY: dict[str, dict] = {
+    "llama": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    },
+    "mistral": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+        "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+        "sliding_window": None,
+    },
+    "qwen2": {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": True,
+        "use_sliding_window": False,
+    },
+}
+
+FALLBACK: dict[str, dict] = {
+    "gpt2": {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_inner": 128,
+    },
+}
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+    """A byte-level BPE tokenizer (GPT-2/Llama-3 style) trained offline, BOS added on encode."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts * 4, trainer=trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)]
+    )
+    return tok
+
+
+def write_tokenizer(path: Path, tok: Tokenizer, max_len: int) -> None:
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
+        "add_bos_token": True, "model_max_length": max_len,
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=2))
+    (path / "special_tokens_map.json").write_text(
+        json.dumps({"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}, indent=2)
+    )
+
+
+def build_model(path: Path, family: str, *, seed: int = 0, shard_size: str | None = None) -> Path:
+    """Writes a tiny random model of `family` (a key of LLAMA_FAMILY or FALLBACK) to `path`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    spec = dict(LLAMA_FAMILY.get(family) or FALLBACK[family])
+    path.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(_CORPUS)
+    bos, eos, pad = tok.token_to_id(BOS), tok.token_to_id(EOS), tok.token_to_id(PAD)
+    model_type = spec.pop("model_type")
+    config = AutoConfig.for_model(
+        model_type, vocab_size=VOCAB_SIZE, bos_token_id=bos, eos_token_id=eos,
+        pad_token_id=pad, torch_dtype="float32", **spec,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    # Random init with a larger std makes logits peaked enough that greedy ties are vanishingly rare.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.08)
+    kwargs = {"max_shard_size": shard_size} if shard_size else {}
+    model.save_pretrained(path, safe_serialization=True, **kwargs)
+    GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad).save_pretrained(path)
+    write_tokenizer(path, tok, config.max_position_embeddings if hasattr(config, "max_position_embeddings") else 256)
+    return path
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = Path(sys.argv[1])
+    for fam in [*LLAMA_FAMILY, *FALLBACK]:
+        build_model(out / fam, fam)
+        print("built", out / fam)
