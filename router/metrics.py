@@ -1,0 +1,112 @@
+"""Prometheus metrics with TGI's `tgi_*` names, so that TGI dashboards work unchanged.
+
+One `Metrics` object per router process, on its own registry (no process-global state).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+
+# Only ever incremented: a counter under the exact name TGI exposes.
+Counter = Gauge
+
+# TGI: every *_duration histogram has 35 geometric buckets from 150 µs, x1.5 each (~145 s top).
+DURATION_BUCKETS = tuple(0.00015 * 1.5**i for i in range(35))
+
+
+def _linear(limit: int, count: int = 100) -> tuple[float, ...]:
+    step = max(1.0, limit / count)
+    return tuple(step * (i + 1) for i in range(count))
+
+
+class Metrics:
+    def __init__(self, max_input_tokens: int = 1024, max_total_tokens: int = 2048) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        d = DURATION_BUCKETS
+        # prometheus_client would export a Counter as `<name>_total`; TGI exports the bare name,
+        # which its dashboards query, so TGI's counters are monotonic gauges here (`_Counter`).
+        self.request_count = Counter("tgi_request_count", "Requests received", registry=r)
+        self.request_success = Counter("tgi_request_success", "Requests succeeded", registry=r)
+        self.request_failure = Counter(
+            "tgi_request_failure", "Requests failed", ["err"], registry=r
+        )
+        self.request_duration = Histogram(
+            "tgi_request_duration", "End-to-end request duration (s)", buckets=d, registry=r
+        )
+        self.request_validation_duration = Histogram(
+            "tgi_request_validation_duration", "Validation duration (s)", buckets=d, registry=r
+        )
+        self.request_queue_duration = Histogram(
+            "tgi_request_queue_duration", "Time in queue (s)", buckets=d, registry=r
+        )
+        self.request_inference_duration = Histogram(
+            "tgi_request_inference_duration", "Inference duration (s)", buckets=d, registry=r
+        )
+        self.request_mean_time_per_token_duration = Histogram(
+            "tgi_request_mean_time_per_token_duration",
+            "Mean time per generated token (s)", buckets=d, registry=r,
+        )
+        self.request_input_length = Histogram(
+            "tgi_request_input_length", "Prompt tokens", buckets=_linear(max_input_tokens),
+            registry=r,
+        )
+        self.request_generated_tokens = Histogram(
+            "tgi_request_generated_tokens", "Generated tokens", buckets=_linear(max_total_tokens),
+            registry=r,
+        )
+        self.request_max_new_tokens = Histogram(
+            "tgi_request_max_new_tokens", "Requested max_new_tokens",
+            buckets=_linear(max_total_tokens), registry=r,
+        )
+        # Queue and batches.
+        self.queue_size = Gauge("tgi_queue_size", "Requests waiting", registry=r)
+        self.batch_current_size = Gauge("tgi_batch_current_size", "Running batch size", registry=r)
+        self.batch_current_max_tokens = Gauge(
+            "tgi_batch_current_max_tokens", "KV tokens reserved by the running batch", registry=r
+        )
+        self.batch_max_total_tokens = Gauge(
+            "tgi_batch_max_total_tokens", "KV capacity in tokens (from Warmup)", registry=r
+        )
+        self.batch_next_size = Histogram(
+            "tgi_batch_next_size", "Size of each new batch",
+            buckets=tuple(float(i) for i in range(1, 1025)), registry=r,
+        )
+        self.batch_concat = Counter(
+            "tgi_batch_concat", "New batches joined onto the running one", ["reason"], registry=r
+        )
+        method = ["method"]
+        self.batch_inference_count = Counter(
+            "tgi_batch_inference_count", "Shard calls", method, registry=r
+        )
+        self.batch_inference_success = Counter(
+            "tgi_batch_inference_success", "Shard calls that succeeded", method, registry=r
+        )
+        self.batch_inference_failure = Counter(
+            "tgi_batch_inference_failure", "Shard calls that failed", method, registry=r
+        )
+        self.batch_inference_duration = Histogram(
+            "tgi_batch_inference_duration", "Router-side shard call duration (s)", method,
+            buckets=d, registry=r,
+        )
+        self.batch_forward_duration = Histogram(
+            "tgi_batch_forward_duration", "Shard forward duration (s)", method, buckets=d,
+            registry=r,
+        )
+        self.batch_decode_duration = Histogram(
+            "tgi_batch_decode_duration", "Shard token post-processing duration (s)", method,
+            buckets=d, registry=r,
+        )
+        self.batch_filter_duration = Histogram(
+            "tgi_batch_filter_duration", "Sending tokens and filtering the batch (s)", method,
+            buckets=d, registry=r,
+        )
+        self.batch_concat_duration = Histogram(
+            "tgi_batch_concat_duration", "Shard batch concatenation duration (s)", method,
+            buckets=d, registry=r,
+        )
+        # pytgi additions.
+        self.kv_blocks_free = Gauge("pytgi_kv_blocks_free", "Free KV-cache blocks", registry=r)
+        self.kv_blocks_total = Gauge("pytgi_kv_blocks_total", "KV-cache blocks", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
