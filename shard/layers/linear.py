@@ -1,0 +1,96 @@
+"""Tensor-parallel linear layers: each rank holds a slice of the weight and computes its share.
+
+Column-parallel splits output features (no communication; the next row-parallel layer consumes
+the split activations); row-parallel splits input features and sums the partial outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pytgi_shard.distributed import Dist
+from pytgi_shard.weights import Weights
+
+
+class ColumnParallelLinear(nn.Module):
+    """y_rank = x @ W_rank^T + b_rank, with W split by output features across ranks."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, bias: bool) -> ColumnParallelLinear:
+        return cls.load_packed(weights, [prefix], bias)
+
+    @classmethod
+    def load_packed(
+        cls, weights: Weights, prefixes: list[str], bias: bool
+    ) -> ColumnParallelLinear:
+        """Several projections fused into one matmul (gate+up), each split across ranks alike."""
+        weight = weights.get_packed_sharded([f"{p}.weight" for p in prefixes], dim=0)
+        b = weights.get_packed_sharded([f"{p}.bias" for p in prefixes], dim=0) if bias else None
+        return cls(weight, b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def kv_head_partition(num_kv_heads: int, dist: Dist) -> tuple[int, int]:
+    """(index, parts): this rank holds KV head block `index` of `parts` equal blocks.
+
+    KV heads split across ranks when they divide evenly; with fewer KV heads than ranks (GQA with
+    one or two KV heads) each KV head is replicated on the world_size / num_kv_heads ranks whose
+    query heads use it.
+    """
+    world = dist.world_size
+    if num_kv_heads % world == 0:
+        return dist.rank, world
+    if world % num_kv_heads == 0:
+        return dist.rank // (world // num_kv_heads), num_kv_heads
+    raise ValueError(
+        f"{num_kv_heads} key/value heads cannot be split or replicated over {world} shards: "
+        f"use a number of shards that divides or is a multiple of {num_kv_heads}"
+    )
+
+
+def load_qkv(
+    weights: Weights, prefix: str, num_heads: int, num_kv_heads: int, bias: bool
+) -> ColumnParallelLinear:
+    """q_proj, k_proj and v_proj of `prefix` fused into one column-parallel projection."""
+    if num_heads % weights.dist.world_size != 0:
+        raise ValueError(
+            f"{num_heads} attention heads do not split evenly over {weights.dist.world_size} shards"
+        )
+    index, parts = kv_head_partition(num_kv_heads, weights.dist)
+
+    def read(suffix: str) -> torch.Tensor:
+        q = weights.get_sharded(f"{prefix}.q_proj.{suffix}", dim=0)
+        k = weights.get_part(f"{prefix}.k_proj.{suffix}", 0, index, parts)
+        v = weights.get_part(f"{prefix}.v_proj.{suffix}", 0, index, parts)
+        return torch.cat([q, k, v], dim=0)
+
+    return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
+
+
+class RowParallelLinear(nn.Module):
+    """y = sum over ranks of x_rank @ W_rank^T, plus the bias once (rank 0 adds it)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dist: Dist) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        keep_bias = bias is not None and dist.rank == 0
+        self.bias = nn.Parameter(bias, requires_grad=False) if keep_bias else None
+        self.dist = dist
+
+    @classmethod
+    def load(cls, weights: Weights, prefix: str, bias: bool) -> RowParallelLinear:
+        weight = weights.get_sharded(f"{prefix}.weight", dim=1)
+        b = weights.get_tensor(f"{prefix}.bias") if bias else None
+        return cls(weight, b, weights.dist)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dist.all_reduce(F.linear(x, self.weight, self.bias))

@@ -1,0 +1,117 @@
+"""Reads a checkpoint's safetensors, each rank only its own slice of every sharded tensor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from pytgi_shard.distributed import Dist
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+def find_weight_files(model_path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: those its index names, else every *.safetensors."""
+    index = model_path / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise ValueError(f"{index} is not a valid safetensors index: {e}") from e
+        files = [model_path / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{index} names files that do not exist: {', '.join(missing)}")
+        return files
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"no safetensors weights in {model_path} (only safetensors are loaded)")
+    return files
+
+
+class Weights:
+    """Tensor name -> file map of a checkpoint, with readers that cast and place on this rank.
+
+    Floating tensors are cast to `dtype`; every tensor lands on `dist.device`. Sharded readers
+    read only this rank's slice from disk (safetensors slices are lazy).
+    """
+
+    def __init__(self, model_path: Path, dtype: torch.dtype, dist: Dist) -> None:
+        self.model_path = model_path
+        self.dtype = dtype
+        self.dist = dist
+        self._handles: dict[Path, Any] = {}
+        self._routing: dict[str, Path] = {}
+        for file in find_weight_files(model_path):
+            for name in self._handle(file).keys():
+                if name in self._routing:
+                    raise ValueError(
+                        f"tensor {name!r} is in both {self._routing[name].name} and {file.name}"
+                    )
+                self._routing[name] = file
+
+    def _handle(self, file: Path) -> Any:
+        if file not in self._handles:
+            try:
+                self._handles[file] = safe_open(str(file), framework="pt", device="cpu")
+            except Exception as e:  # safetensors raises its own error types for corrupt headers
+                raise ValueError(f"cannot read {file}: {e}") from e
+        return self._handles[file]
+
+    def _file(self, name: str) -> Path:
+        if name not in self._routing:
+            raise ValueError(f"weight {name!r} not found in the checkpoint at {self.model_path}")
+        return self._routing[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._routing
+
+    def names(self) -> list[str]:
+        return sorted(self._routing)
+
+    def shape(self, name: str) -> list[int]:
+        return list(self._handle(self._file(name)).get_slice(name).get_shape())
+
+    def _place(self, t: torch.Tensor) -> torch.Tensor:
+        if t.is_floating_point():
+            t = t.to(self.dtype)
+        return t.to(self.dist.device)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor (replicated weights: norms, unsharded heads)."""
+        return self._place(self._handle(self._file(name)).get_tensor(name))
+
+    def get_range(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Rows start:stop of `name` along `dim`, read from disk without the rest."""
+        shape = self.shape(name)
+        dim = dim % len(shape)
+        index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(shape)))
+        return self._place(self._handle(self._file(name)).get_slice(name)[index])
+
+    def get_part(self, name: str, dim: int, index: int, parts: int) -> torch.Tensor:
+        """Part `index` of `parts` equal parts of `name` along `dim`."""
+        size = self.shape(name)[dim]
+        if size % parts != 0:
+            raise ValueError(
+                f"weight {name!r} has {size} rows along dim {dim}, which do not split into "
+                f"{parts} equal shards"
+            )
+        block = size // parts
+        return self.get_range(name, dim, index * block, (index + 1) * block)
+
+    def get_sharded(self, name: str, dim: int) -> torch.Tensor:
+        """This rank's 1/world_size slice of `name` along `dim`."""
+        return self.get_part(name, dim, self.dist.rank, self.dist.world_size)
+
+    def get_packed_sharded(self, names: list[str], dim: int = 0) -> torch.Tensor:
+        """This rank's slice of each of `names`, concatenated along `dim` (fused gate/up)."""
+        return torch.cat([self.get_sharded(n, dim) for n in names], dim=dim)
+
+    def close(self) -> None:
+        """Drops the file handles (and their memory maps) once the model is built."""
+        self._handles.clear()
