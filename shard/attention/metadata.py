@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,7 +31,54 @@ class AttentionMetadata:
     max_seqlen_q: int
     max_seqlen_k: int
     block_size: int
+    # Tensors a backend derives from the fields above (indices, masks) once per forward and every
+    # layer then reuses; keyed by the backend. Empty when the metadata is built.
+    plans: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:
         return int(self.seqlens_k.shape[0])
+
+    @classmethod
+    def build(
+        cls,
+        new_tokens: Sequence[int],
+        cached_tokens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        device: torch.device,
+    ) -> AttentionMetadata:
+        """Metadata for requests with `new_tokens[i]` new tokens after `cached_tokens[i]` cached.
+
+        A plain host-side constructor (tests, tools, warmup); the engine's hot path may build
+        the same fields faster from its own arrays.
+        """
+        if not len(new_tokens) == len(cached_tokens) == len(block_tables):
+            raise ValueError("new_tokens, cached_tokens and block_tables differ in length")
+        slots: list[int] = []
+        seqlens_k: list[int] = []
+        for new, cached, blocks in zip(new_tokens, cached_tokens, block_tables, strict=True):
+            total = cached + new
+            if new < 1 or len(blocks) * block_size < total:
+                raise ValueError(
+                    f"a request with {new} new tokens after {cached} cached needs "
+                    f"{-(-total // block_size)} blocks of {block_size}, has {len(blocks)}"
+                )
+            slots.extend(blocks[p // block_size] * block_size + p % block_size
+                         for p in range(cached, total))
+            seqlens_k.append(total)
+        width = max(len(b) for b in block_tables)
+        table = [list(b) + [0] * (width - len(b)) for b in block_tables]
+        cu = [0]
+        for new in new_tokens:
+            cu.append(cu[-1] + new)
+        return cls(
+            is_prefill=max(new_tokens) > 1,
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
+            seqlens_k=torch.tensor(seqlens_k, dtype=torch.int32, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            block_tables=torch.tensor(table, dtype=torch.int32, device=device),
+            max_seqlen_q=max(new_tokens),
+            max_seqlen_k=max(seqlens_k),
+            block_size=block_size,
+        )

@@ -1,0 +1,47 @@
+"""The attention interface every model layer calls, and the registry of implementations."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from pytgi_shard.attention.metadata import AttentionMetadata
+
+BACKENDS = ("reference",)
+
+
+class AttentionBackend(ABC):
+    """Paged attention over the flat batch: cache writes and causal attention in one call."""
+
+    name: str
+
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        """Writes k/v to the caches at meta.slot_mapping, then attends; returns [T, Hq, D].
+
+        q [T, Hq, D], k/v [T, Hkv, D] with Hq a multiple of Hkv (grouped-query attention: query
+        head h reads KV head h // (Hq // Hkv)); caches [num_blocks, block_size, Hkv, D].
+        Request i's new tokens sit at positions seqlens_k[i] - q_len .. seqlens_k[i] - 1 of its
+        context and attend causally to every earlier position (within `sliding_window` tokens,
+        the query's own included, when given).
+        """
+
+
+def get_backend(name: str) -> AttentionBackend:
+    """The backend called `name` ("reference": plain PyTorch, CPU and GPU)."""
+    if name == "reference":
+        from pytgi_shard.attention.reference import ReferenceAttention
+
+        return ReferenceAttention()
+    raise ValueError(f"unknown attention backend {name!r} (available: {', '.join(BACKENDS)})")

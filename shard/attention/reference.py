@@ -1,0 +1,126 @@
+"""Paged attention in plain PyTorch: the oracle for fast kernels and the production CPU path.
+
+Each request's context is gathered from its blocks into a padded [batch, context, Hkv, D] view,
+and one batched SDPA call attends over it under a mask that encodes causality, lengths and the
+sliding window. Grouped-query heads are folded into the query-length axis ([B, Hkv, q * G, D]), so
+keys and values are never repeated per query head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.metadata import AttentionMetadata
+
+
+@dataclass
+class _Layout:
+    """Where each flat token sits in the padded batch, and which blocks to gather."""
+
+    # [T] int64: the request of each flat token and its index among that request's new tokens.
+    token_request: torch.Tensor
+    token_offset: torch.Tensor
+    # [B, blocks] int64: the blocks covering the longest context.
+    blocks: torch.Tensor
+    # [B, max_q] int64: the context position of each (padded) query.
+    query_pos: torch.Tensor
+
+
+def _layout(meta: AttentionMetadata, num_tokens: int) -> _Layout:
+    cu = meta.cu_seqlens_q.long()
+    q_lens = cu[1:] - cu[:-1]
+    batch = q_lens.shape[0]
+    device = cu.device
+    token_request = torch.repeat_interleave(
+        torch.arange(batch, device=device), q_lens, output_size=num_tokens
+    )
+    token_offset = torch.arange(num_tokens, device=device) - cu[token_request]
+    num_blocks = -(-meta.max_seqlen_k // meta.block_size)
+    blocks = meta.block_tables[:, :num_blocks].long()
+    first = (meta.seqlens_k.long() - q_lens).unsqueeze(1)
+    query_pos = first + torch.arange(meta.max_seqlen_q, device=device).unsqueeze(0)
+    return _Layout(token_request, token_offset, blocks, query_pos)
+
+
+def _mask(meta: AttentionMetadata, layout: _Layout, sliding_window: int | None) -> torch.Tensor:
+    """[B, max_q, context] bool: query (b, i) may attend to context position j."""
+    context = layout.blocks.shape[1] * meta.block_size
+    j = torch.arange(context, device=layout.blocks.device).view(1, 1, -1)
+    qpos = layout.query_pos.unsqueeze(-1)
+    # Padded query rows (beyond a request's new tokens) still see real keys, so no row is empty.
+    mask = (j <= qpos) & (j < meta.seqlens_k.long().view(-1, 1, 1))
+    if sliding_window is not None:
+        mask &= qpos - j < sliding_window
+    return mask
+
+
+class ReferenceAttention(AttentionBackend):
+    name = "reference"
+
+    def _plan(self, meta: AttentionMetadata, num_tokens: int) -> _Layout:
+        layout = meta.plans.get(self.name)
+        if layout is None:
+            layout = meta.plans[self.name] = _layout(meta, num_tokens)
+        return layout
+
+    def _plan_mask(
+        self, meta: AttentionMetadata, layout: _Layout, sliding_window: int | None, group: int
+    ) -> torch.Tensor:
+        """The mask in the grouped layout [B, 1, max_q * group, context], once per forward."""
+        key = f"{self.name}:mask:{sliding_window}:{group}"
+        mask = meta.plans.get(key)
+        if mask is None:
+            base = _mask(meta, layout, sliding_window)
+            b, q, c = base.shape
+            mask = base.view(b, 1, q, 1, c).expand(b, 1, q, group, c).reshape(b, 1, q * group, c)
+            meta.plans[key] = mask
+        return mask
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+    ) -> torch.Tensor:
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        group = num_heads // num_kv_heads
+        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
+        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+
+        layout = self._plan(meta, num_tokens)
+        batch, max_q = layout.query_pos.shape
+        # [B, Hkv, context, D], gathered block by block from the cache.
+        keys = key_cache[layout.blocks].flatten(1, 2).transpose(1, 2)
+        values = value_cache[layout.blocks].flatten(1, 2).transpose(1, 2)
+        mask = self._plan_mask(meta, layout, sliding_window, group)
+
+        if max_q == 1:
+            # Decode: one token per request, already in request order.
+            grouped = q.view(batch, num_kv_heads, group, head_dim)
+        else:
+            padded = q.new_zeros(batch, max_q, num_heads, head_dim)
+            padded[layout.token_request, layout.token_offset] = q
+            grouped = (
+                padded.view(batch, max_q, num_kv_heads, group, head_dim)
+                .transpose(1, 2)
+                .reshape(batch, num_kv_heads, max_q * group, head_dim)
+            )
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+        if max_q == 1:
+            return out.reshape(num_tokens, num_heads, head_dim)
+        out = (
+            out.view(batch, num_kv_heads, max_q, group, head_dim)
+            .transpose(1, 2)
+            .reshape(batch, max_q, num_heads, head_dim)
+        )
+        return out[layout.token_request, layout.token_offset]
