@@ -1,0 +1,158 @@
+"""`pytgi-router`: TGI's router flags (each also read from its FOO_BAR environment variable)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytgi_router.logs import configure_logging
+from pytgi_router.settings import DEFAULT_UDS_PATH, RouterSettings
+
+log = logging.getLogger("pytgi.router")
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _flag_env(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_").upper()
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pytgi-router",
+        description="pytgi HTTP router: TGI's HTTP API in front of pytgi shards.",
+        argument_default=argparse.SUPPRESS,
+    )
+    add = p.add_argument
+    add("--master-shard-uds-path", help=f"rank 0's unix socket (default {DEFAULT_UDS_PATH})")
+    add("--master-shard-address", help="rank 0's host:port (TCP); wins over the socket path")
+    add("--tokenizer-name", help="model directory (or cached Hub id) holding tokenizer.json")
+    add("--tokenizer-config-path", help="alternate tokenizer_config.json (e.g. a chat_template)")
+    add("--model-id", help="name served by /info and /v1/models (default: --tokenizer-name)")
+    add("--revision", help="Hub revision of the tokenizer")
+    add("--hostname", help="bind address (default 0.0.0.0)")
+    add("-p", "--port", type=int, help="HTTP port (default 3000; 0 picks a free one)")
+    for flag, kind, default in _LIMITS:
+        add(flag, type=kind, help=f"(default {default})")
+    add("--max-input-length", type=int, help="legacy alias of --max-input-tokens")
+    add("--api-key", help="require `Authorization: Bearer <key>`")
+    add("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
+    add("--otlp-endpoint", help="OTLP gRPC collector, e.g. http://localhost:4317")
+    add("--otlp-service-name", help="service.name of the traces (default pytgi.router)")
+    add("--json-output", action="store_true", help="JSON log lines")
+    add("--disable-grammar-support", action="store_true", help="reject `grammar`")
+    add("-g", "--graceful-termination-timeout", type=float, help="drain seconds (default 90)")
+    # Accepted for TGI compatibility (launchers pass them); they change nothing here.
+    for flag in ("--prometheus-port", "--usage-stats"):
+        add(flag, help=argparse.SUPPRESS)
+    add("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+_LIMITS: list[tuple[str, type, Any]] = [
+    ("--max-concurrent-requests", int, 128),
+    ("--max-best-of", int, 2),
+    ("--max-stop-sequences", int, 4),
+    ("--max-top-n-tokens", int, 5),
+    ("--max-input-tokens", int, "from the shard's warmup"),
+    ("--max-total-tokens", int, "from the shard's warmup"),
+    ("--waiting-served-ratio", float, 0.3),
+    ("--max-batch-prefill-tokens", int, 4096),
+    ("--max-batch-total-tokens", int, "from the shard's warmup"),
+    ("--max-waiting-tokens", int, 20),
+    ("--max-batch-size", int, None),
+    ("--max-queue-size", int, "unbounded"),
+    ("--max-client-batch-size", int, 4),
+    ("--payload-limit", int, 2_000_000),
+    ("--validation-workers", int, 2),
+]
+
+_BOOLS = ("json_output", "disable_grammar_support", "trust_remote_code")
+_IGNORED = ("prometheus_port", "usage_stats", "trust_remote_code", "max_input_length")
+
+
+def _from_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Values of the flags' environment-variable forms; the command line overrides them."""
+    out: dict[str, Any] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        long = max(action.option_strings, key=len)
+        raw = environ.get(_flag_env(long))
+        if raw is None or raw == "":
+            continue
+        try:
+            if action.dest in _BOOLS:
+                out[action.dest] = raw.strip().lower() in _TRUE
+            elif action.dest == "cors_allow_origin":
+                out[action.dest] = [o.strip() for o in raw.split(",") if o.strip()]
+            else:
+                out[action.dest] = action.type(raw) if callable(action.type) else raw
+        except ValueError:
+            parser.error(f"environment variable {_flag_env(long)}={raw!r} is not valid for {long}")
+    host = out.get("hostname")
+    if host is not None and not _is_bindable(host):
+        # Containers export HOSTNAME as their own name, which is no address to bind (TGI too).
+        del out["hostname"]
+    return out
+
+
+def _is_bindable(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> RouterSettings:
+    """Command line > environment > defaults, into one RouterSettings (exits 2 on bad input)."""
+    environ = os.environ if environ is None else environ
+    parser = _parser()
+    values = _from_env(parser, environ)
+    cli = vars(parser.parse_args(argv))
+    values.update(cli)
+    legacy = values.get("max_input_length")
+    if legacy is not None:
+        if "max_input_tokens" in cli and "max_input_length" in cli:
+            parser.error("--max-input-tokens and --max-input-length are aliases: set only one")
+        values.setdefault("max_input_tokens", legacy)
+        if "max_input_length" in cli:
+            values["max_input_tokens"] = legacy
+    for key in _IGNORED:
+        values.pop(key, None)
+    if "cors_allow_origin" in values:
+        values["cors_allow_origin"] = tuple(values["cors_allow_origin"])
+    compute_type = environ.get("COMPUTE_TYPE")
+    if compute_type:
+        values["compute_type"] = compute_type
+    values.setdefault("tokenizer_name", environ.get("MODEL_ID", ""))
+    try:
+        return RouterSettings(**values)
+    except ValueError as err:
+        parser.error(str(err))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    configure_logging(settings.json_output)
+    from pytgi_router.server import run
+
+    try:
+        return run(settings)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Log output of the router process: human-readable lines, or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "target": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
+
+def configure_logging(json_output: bool) -> None:
+    """Called once from the CLI; LOG_LEVEL (TGI's variable) picks the level, default INFO."""
+    handler = logging.StreamHandler(sys.stdout)
+    if json_output:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)-5s %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    level = os.environ.get("LOG_LEVEL", "INFO").upper()
+    root.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
+    # Hypercorn's per-request access log would double the router's own lines.
+    logging.getLogger("hypercorn.access").setLevel(logging.WARNING)

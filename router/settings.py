@@ -1,0 +1,104 @@
+"""RouterSettings: every knob of the router process, parsed once by the CLI and passed down."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_UDS_PATH = "/tmp/text-generation-server-0"
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSettings:
+    # Where rank 0 listens; the address wins over the socket path when both are given.
+    master_shard_uds_path: str = DEFAULT_UDS_PATH
+    master_shard_address: str | None = None
+    tokenizer_name: str = ""
+    tokenizer_config_path: str | None = None
+    # The name served in /info, /v1/models and OpenAI responses; defaults to tokenizer_name.
+    model_id: str | None = None
+    revision: str | None = None
+    hostname: str = "0.0.0.0"
+    port: int = 3000
+    # Request limits (TGI's defaults).
+    max_concurrent_requests: int = 128
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_client_batch_size: int = 4
+    payload_limit: int = 2_000_000
+    # Scheduler budgets, forwarded to the inference core.
+    waiting_served_ratio: float = 0.3
+    max_batch_prefill_tokens: int = 4096
+    max_batch_total_tokens: int | None = None
+    max_waiting_tokens: int = 20
+    max_batch_size: int | None = None
+    max_queue_size: int | None = None
+    validation_workers: int = 2
+    disable_grammar_support: bool = False
+    # HTTP and operations.
+    api_key: str | None = field(default=None, repr=False)
+    cors_allow_origin: tuple[str, ...] = ()
+    otlp_endpoint: str | None = None
+    otlp_service_name: str = "pytgi.router"
+    json_output: bool = False
+    graceful_termination_timeout: float = 90.0
+    # Value of the x-compute-type header (TGI reads COMPUTE_TYPE).
+    compute_type: str = "gpu+optimized"
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        out = []
+        if not self.tokenizer_name:
+            out.append("--tokenizer-name is required")
+        positive = {
+            "max_concurrent_requests": self.max_concurrent_requests,
+            "max_best_of": self.max_best_of,
+            "max_client_batch_size": self.max_client_batch_size,
+            "payload_limit": self.payload_limit,
+            "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
+            "validation_workers": self.validation_workers,
+        }
+        out += [f"--{k.replace('_', '-')} must be > 0" for k, v in positive.items() if v <= 0]
+        if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0:
+            out.append("--max-stop-sequences and --max-top-n-tokens must be >= 0")
+        if not 0 <= self.port <= 65535:
+            out.append(f"--port must be in 0..65535, got {self.port}")
+        if (
+            self.max_input_tokens is not None
+            and self.max_total_tokens is not None
+            and self.max_input_tokens >= self.max_total_tokens
+        ):
+            out.append(
+                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens "
+                f"({self.max_total_tokens})"
+            )
+        if (
+            self.max_total_tokens is not None
+            and self.max_batch_total_tokens is not None
+            and self.max_total_tokens > self.max_batch_total_tokens
+        ):
+            out.append(
+                f"--max-total-tokens ({self.max_total_tokens}) must be <= "
+                f"--max-batch-total-tokens ({self.max_batch_total_tokens})"
+            )
+        if self.graceful_termination_timeout < 0:
+            out.append("--graceful-termination-timeout must be >= 0")
+        return out
+
+    @property
+    def served_model_id(self) -> str:
+        return self.model_id or self.tokenizer_name
+
+    @property
+    def shard_uri(self) -> str:
+        """The target ShardClient.connect takes: "host:port" or "unix:///path"."""
+        if self.master_shard_address:
+            return self.master_shard_address
+        path = self.master_shard_uds_path
+        return path if path.startswith("unix:") else f"unix://{path}"

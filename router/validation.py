@@ -1,0 +1,232 @@
+"""Validator: TGI's parameter rules and messages, tokenization once, every limit checked.
+
+Whatever passes here is something a shard accepts: token ids from the model's own tokenizer,
+budgets inside the limits the shard reported at warmup, parameters in range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Encoding, Tokenizer
+
+from pytgi_router.errors import ValidationError
+from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.schemas import GenerateParameters, GenerateRequest
+
+# Inputs longer than this (in characters) are tokenized in the worker pool, off the event loop;
+# shorter ones cost less than the thread hop.
+OFFLOAD_CHARS = 2048
+
+GRAMMAR_JSON = 1
+GRAMMAR_REGEX = 2
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationLimits:
+    max_best_of: int
+    max_stop_sequences: int
+    max_top_n_tokens: int
+    max_input_tokens: int
+    max_total_tokens: int
+    grammar_supported: bool = False
+
+
+@dataclass(slots=True)
+class ValidGenerate:
+    """A validated request plus what its response needs to know."""
+
+    request: ValidRequest
+    best_of: int
+    details: bool
+    decoder_input_details: bool
+    return_full_text: bool
+
+
+class Validator:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        limits: ValidationLimits,
+        executor: Executor | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.executor = executor
+        self._rng = rng or random.SystemRandom()
+
+    # ---- tokenization ------------------------------------------------------------------------
+
+    def encode_sync(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as err:  # the tokenizer's own failure, reported as TGI does
+            raise ValidationError(f"tokenizer error {err}") from None
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        if len(text) <= OFFLOAD_CHARS or self.executor is None:
+            return self.encode_sync(text, add_special_tokens)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self.encode_sync, text, add_special_tokens)
+
+    # ---- generate requests -------------------------------------------------------------------
+
+    async def validate(self, req: GenerateRequest, *, stream: bool = False) -> ValidGenerate:
+        p = req.parameters
+        lim = self.limits
+        best_of = self._best_of(p, stream)
+        if stream and p.decoder_input_details:
+            raise ValidationError(
+                "`decoder_input_details` == true is not supported when streaming tokens"
+            )
+        sampling = self._sampling_parameters(p, best_of)
+        if p.max_new_tokens is not None and p.max_new_tokens == 0:
+            raise ValidationError("`max_new_tokens` must be strictly positive")
+        if len(p.stop) > lim.max_stop_sequences:
+            raise ValidationError(
+                f"`stop` supports up to {lim.max_stop_sequences} stop sequences. "
+                f"Given: {len(p.stop)}"
+            )
+        top_n = p.top_n_tokens or 0
+        if top_n > lim.max_top_n_tokens:
+            raise ValidationError(
+                f"`top_n_tokens` must be >= 0 and <= {lim.max_top_n_tokens}. Given: {top_n}"
+            )
+        if not req.inputs:
+            raise ValidationError("`inputs` cannot be empty")
+        if p.truncate is not None and not 0 < p.truncate <= lim.max_input_tokens:
+            raise ValidationError(
+                f"`truncate` must be strictly positive and less than {lim.max_input_tokens}. "
+                f"Given: {p.truncate}"
+            )
+        input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
+        max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
+        if p.grammar is not None:
+            sampling.grammar_type, sampling.grammar = self._grammar(p.grammar)
+        valid = ValidRequest(
+            inputs=req.inputs,
+            input_ids=input_ids,
+            truncate=p.truncate or lim.max_input_tokens,
+            sampling=sampling,
+            stopping=StoppingParameters(max_new_tokens=max_new_tokens, stop_sequences=p.stop),
+            top_n_tokens=top_n,
+            prefill_logprobs=p.decoder_input_details,
+            add_special_tokens=req.add_special_tokens,
+        )
+        return ValidGenerate(
+            request=valid,
+            best_of=best_of,
+            details=p.details or p.decoder_input_details,
+            decoder_input_details=p.decoder_input_details,
+            return_full_text=bool(p.return_full_text),
+        )
+
+    def _best_of(self, p: GenerateParameters, stream: bool) -> int:
+        best_of = 1 if p.best_of is None else p.best_of
+        max_best_of = self.limits.max_best_of
+        if max_best_of == 1 and best_of != 1:
+            raise ValidationError("`best_of` != 1 is not allowed for this endpoint")
+        if not 0 < best_of <= max_best_of:
+            raise ValidationError(f"`best_of` must be > 0 and <= {max_best_of}. Given: {best_of}")
+        if best_of > 1:
+            if stream:
+                raise ValidationError("`best_of` != 1 is not supported when streaming tokens")
+            warped = (p.temperature, p.top_k, p.top_p, p.typical_p)
+            if not p.do_sample and all(v is None for v in warped):
+                raise ValidationError("you must use sampling when `best_of` is > 1")
+            if p.seed is not None:
+                raise ValidationError("`seed` must not be set when `best_of` > 1")
+        return best_of
+
+    def _sampling_parameters(self, p: GenerateParameters, best_of: int) -> SamplingParameters:
+        temperature = 1.0 if p.temperature is None else p.temperature
+        if temperature <= 0.0:
+            raise ValidationError("`temperature` must be strictly positive")
+        repetition_penalty = 1.0 if p.repetition_penalty is None else p.repetition_penalty
+        if repetition_penalty <= 0.0:
+            raise ValidationError("`repetition_penalty` must be strictly positive")
+        frequency_penalty = 0.0 if p.frequency_penalty is None else p.frequency_penalty
+        if not -2.0 <= frequency_penalty <= 2.0:
+            raise ValidationError("`frequency_penalty` must be >= -2.0 and <= 2.0")
+        # Deliberate difference from TGI: top_p = 1.0 is accepted and means no filtering.
+        top_p = 1.0 if p.top_p is None else p.top_p
+        if not 0.0 < top_p <= 1.0:
+            raise ValidationError("`top_p` must be > 0.0 and <= 1.0")
+        typical_p = 1.0 if p.typical_p is None else p.typical_p
+        if p.typical_p is not None and not 0.0 < typical_p < 1.0:
+            raise ValidationError("`typical_p` must be > 0.0 and < 1.0")
+        top_k = 0 if p.top_k is None else p.top_k
+        if p.top_k is not None and top_k <= 0:
+            raise ValidationError("`top_k` must be strictly positive")
+        # The shard samples whenever a warper is active (TGI's NextTokenChooser): say so.
+        warped = temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
+        seed = self._rng.getrandbits(64) if p.seed is None else p.seed
+        return SamplingParameters(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            typical_p=typical_p,
+            do_sample=p.do_sample or warped,
+            seed=seed,
+            repetition_penalty=repetition_penalty,
+            frequency_penalty=frequency_penalty,
+            watermark=p.watermark,
+        )
+
+    async def _input_ids(self, inputs: str, add_special: bool, truncate: int | None) -> list[int]:
+        ids: list[int] = (await self.encode(inputs, add_special)).ids
+        if truncate is not None and len(ids) > truncate:
+            ids = ids[-truncate:]  # TGI truncates on the left: the prompt's end is kept
+        return ids
+
+    def _max_new_tokens(self, input_length: int, requested: int | None) -> int:
+        lim = self.limits
+        max_new = max(lim.max_total_tokens - input_length, 0) if requested is None else requested
+        if input_length + max_new > lim.max_total_tokens:
+            raise ValidationError(
+                f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
+                f"Given: {input_length} `inputs` tokens and {max_new} `max_new_tokens`"
+            )
+        if input_length > lim.max_input_tokens:
+            raise ValidationError(
+                f"`inputs` must have less than {lim.max_input_tokens} tokens. "
+                f"Given: {input_length}"
+            )
+        if max_new == 0:
+            raise ValidationError("`max_new_tokens` must be strictly positive")
+        return max_new
+
+    def _grammar(self, grammar: dict[str, Any]) -> tuple[int, str]:
+        kind = grammar.get("type")
+        value = grammar.get("value")
+        if not self.limits.grammar_supported:
+            raise ValidationError("grammar is not supported")
+        if kind == "regex":
+            if not isinstance(value, str):
+                raise ValidationError("grammar is not valid: a regex grammar needs a string value")
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValidationError(f"grammar is not valid: {err}") from None
+            return GRAMMAR_REGEX, value
+        if kind in ("json", "json_object", "json_schema"):
+            schema = value.get("schema") if kind == "json_schema" and isinstance(value, dict) else value
+            if isinstance(schema, str):
+                try:
+                    schema = json.loads(schema)
+                except json.JSONDecodeError as err:
+                    raise ValidationError(f"grammar is not valid: {err}") from None
+            if not isinstance(schema, dict):
+                raise ValidationError("grammar is not valid: the JSON schema must be an object")
+            return GRAMMAR_JSON, json.dumps(schema, separators=(",", ":"))
+        raise ValidationError(
+            f"grammar is not valid: unknown type {kind!r} (expected json, json_object, "
+            "json_schema or regex)"
+        )
