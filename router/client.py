@@ -1,0 +1,153 @@
+"""The router's gRPC client to every shard rank.
+
+Every call goes to every rank at once (tensor-parallel ranks must all run each forward) and rank
+0's answer is returned. A failure on any rank fails the call: the other ranks' calls are cancelled
+rather than awaited, since a rank whose peer died may block in a collective until its timeout.
+The OpenTelemetry aio interceptors put the current span context in each call's metadata, so the
+shards' spans join the router's trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import grpc
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
+
+from pytgi_proto import generate_pb2, generate_pb2_grpc
+
+T = TypeVar("T")
+
+# Prefill responses with prompt logprobs and top tokens can be large: no message size cap.
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+
+
+class ShardError(Exception):
+    """A shard call failed (any rank): the message is what the client sees after
+    "Request failed during generation: "."""
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.details() or err.code().name.lower()
+    if isinstance(err, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(err).__name__}: {err}"
+
+
+def _open_channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(
+        address, options=_CHANNEL_OPTIONS, interceptors=aio_client_interceptors()
+    )
+
+
+class ShardClient:
+    def __init__(self, channels: list[grpc.aio.Channel], urls: list[str]) -> None:
+        self.urls = urls
+        self._channels = channels
+        self._stubs = [generate_pb2_grpc.TextGenerationServiceStub(c) for c in channels]
+
+    @classmethod
+    async def connect(cls, master: str, timeout: float = 10.0) -> ShardClient:
+        """Connects to rank 0 at `master` ("unix:///path" or "host:port"), discovers the other
+        ranks, and connects to them; ShardError if any is unreachable within `timeout` s."""
+        channels = [_open_channel(master)]
+        try:
+            await asyncio.wait_for(channels[0].channel_ready(), timeout)
+            stub = generate_pb2_grpc.TextGenerationServiceStub(channels[0])
+            response = await stub.ServiceDiscovery(
+                generate_pb2.ServiceDiscoveryRequest(), timeout=timeout
+            )
+            urls = list(response.urls) or [master]
+            # Index = rank; rank 0 is the master we already hold a channel to.
+            channels.extend(_open_channel(url) for url in urls[1:])
+            ready = [asyncio.wait_for(c.channel_ready(), timeout) for c in channels[1:]]
+            await asyncio.gather(*ready)
+        except (grpc.aio.AioRpcError, asyncio.TimeoutError) as err:
+            await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+            raise ShardError(f"cannot connect to the shards at {master}: {_describe(err)}") from err
+        return cls(channels, urls)
+
+    @property
+    def world_size(self) -> int:
+        return len(self._stubs)
+
+    async def _all(self, rpc: str, request: Any, timeout: float | None = None) -> Any:
+        """Calls `rpc` on every rank; rank 0's answer, or ShardError as soon as one fails."""
+        calls: list[Awaitable[Any]] = [
+            getattr(stub, rpc)(request, timeout=timeout) for stub in self._stubs
+        ]
+        if len(calls) == 1:
+            # The single-shard hot path: no tasks, no extra scheduling.
+            try:
+                return await calls[0]
+            except Exception as err:  # AioRpcError, or UsageError on a closed channel
+                raise ShardError(f"Server error: {_describe(err)}") from err
+        tasks = [asyncio.ensure_future(call) for call in calls]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
+        for rank, task in enumerate(tasks):
+            if task in done and task.exception() is not None:
+                for other in pending:
+                    other.cancel()
+                failure = task.exception()
+                assert failure is not None
+                raise ShardError(f"Server error (rank {rank}): {_describe(failure)}") from failure
+        return tasks[0].result()
+
+    async def info(self) -> generate_pb2.InfoResponse:
+        response: generate_pb2.InfoResponse = await self._all("Info", generate_pb2.InfoRequest())
+        return response
+
+    async def health(self) -> None:
+        await self._all("Health", generate_pb2.HealthRequest())
+
+    async def service_discovery(self) -> list[str]:
+        response = await self._all("ServiceDiscovery", generate_pb2.ServiceDiscoveryRequest())
+        return list(response.urls)
+
+    async def clear_cache(self, batch_id: int | None = None) -> None:
+        request = generate_pb2.ClearCacheRequest()
+        if batch_id is not None:
+            request.id = batch_id
+        await self._all("ClearCache", request)
+
+    async def warmup(self, req: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
+        response: generate_pb2.WarmupResponse = await self._all("Warmup", req)
+        return response
+
+    async def prefill(
+        self, batch: generate_pb2.Batch, cached: generate_pb2.CachedBatch | None
+    ) -> generate_pb2.PrefillResponse:
+        request = generate_pb2.PrefillRequest(batch=batch)
+        if cached is not None:
+            request.cached_batch.CopyFrom(cached)
+        response: generate_pb2.PrefillResponse = await self._all("Prefill", request)
+        return response
+
+    async def decode(self, batches: list[generate_pb2.CachedBatch]) -> generate_pb2.DecodeResponse:
+        response: generate_pb2.DecodeResponse = await self._all(
+            "Decode", generate_pb2.DecodeRequest(batches=batches)
+        )
+        return response
+
+    async def filter_batch(
+        self, batch_id: int, request_ids: list[int]
+    ) -> generate_pb2.CachedBatch | None:
+        response = await self._all(
+            "FilterBatch",
+            generate_pb2.FilterBatchRequest(batch_id=batch_id, request_ids=request_ids),
+        )
+        return response.batch if response.HasField("batch") else None
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)

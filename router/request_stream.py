@@ -1,0 +1,105 @@
+"""One request's stream of events, from the batching task to the HTTP handler.
+
+Hot path: the batching task pushes one event per generated token for every running request, so a
+push is a deque append plus, only when the reader is parked, one future resolution. No asyncio.Queue
+(its locking and bookkeeping cost several times more per item).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+from .errors import IncompleteGenerationError, InferError
+from .events import End, Event
+
+
+class RequestStream:
+    """AsyncIterator of `Prefill?`, `Token`..., `End`; raises an `InferError` on failure."""
+
+    __slots__ = ("queued_at", "_events", "_waiter", "_closed", "_error", "_on_cancel",
+                 "_cancelled")
+
+    def __init__(self, on_cancel: Callable[[RequestStream], None] | None = None) -> None:
+        self.queued_at = time.monotonic()
+        self._events: deque[Event] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        # Closed: no more events will come (End pushed, failed, or cancelled).
+        self._closed = False
+        self._error: InferError | None = None
+        self._on_cancel = on_cancel
+        self._cancelled = False
+
+    # Reader side -------------------------------------------------------------------------------
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        while True:
+            if self._events:
+                return self._events.popleft()
+            if self._error is not None:
+                raise self._error
+            if self._closed:
+                raise StopAsyncIteration
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    def cancel(self) -> None:
+        """The client went away: the request leaves the queue or its batch (idempotent)."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        if not self._closed:
+            self._closed = True
+            self._wake()
+        if self._on_cancel is not None:
+            callback, self._on_cancel = self._on_cancel, None
+            callback(self)
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # Writer side (the batching task) -----------------------------------------------------------
+
+    def push(self, event: Event) -> None:
+        if self._closed:
+            return
+        self._events.append(event)
+        if type(event) is End:
+            self._closed = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def fail(self, error: InferError) -> None:
+        """Ends the stream with `error`, after any events already pushed have been read."""
+        if self._closed:
+            return
+        self._closed = True
+        self._error = error
+        self._wake()
+
+    def close_incomplete(self) -> None:
+        """Ends a stream that will never get its `End` (the batch lost the request)."""
+        self.fail(IncompleteGenerationError())
+
+    def detach(self) -> None:
+        """The request finished: a late cancel() must not reach the batching task any more."""
+        self._on_cancel = None
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
