@@ -1,0 +1,353 @@
+"""A live batch on one shard: the flat, paged layout plus each request's generation state.
+
+Mirrors the wire contract: `from_pb` builds a batch from the router's Batch, `to_pb` describes it
+back as a CachedBatch, `filter` keeps a subset, `concatenate` merges batches. The state a decode
+step needs lives in device tensors (token history, lengths, block tables) so that building a step's
+inputs and appending its tokens are a handful of tensor ops, whatever the batch size; the Python
+per-request state (stopping, detokenizer offsets) is only touched when building the Generations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import chain
+
+import torch
+
+from pytgi_proto import generate_pb2
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.detokenizer import TextStream
+from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
+from pytgi_shard.stopping import StoppingCriteria
+
+
+@dataclass(frozen=True, slots=True)
+class BatchContext:
+    """What the shard knows that a batch must respect: the device, the KV cache, the vocabulary."""
+
+    device: torch.device
+    block_size: int
+    num_blocks: int
+    vocab_size: int
+    eos_ids: frozenset[int]
+    watermark: Watermark
+
+
+@dataclass(slots=True)
+class RequestState:
+    id: int
+    prompt_length: int
+    blocks: list[int]
+    top_n_tokens: int
+    prefill_logprobs: bool
+    stopping: StoppingCriteria
+    text: TextStream
+    # Reported in GeneratedText only when the request samples.
+    seed: int | None
+
+    @property
+    def length(self) -> int:
+        """Tokens known so far: the prompt and every generated token."""
+        return self.prompt_length + self.stopping.generated
+
+
+@dataclass(slots=True)
+class ForwardInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    # None: every token needs logits (not used for batches, which always select rows).
+    lm_head_indices: torch.Tensor | None
+    # Row of the logits holding each request's last token.
+    last_rows: torch.Tensor
+    # For prefill logprobs: logits rows and the prompt token each row predicts.
+    prompt_rows: torch.Tensor | None = None
+    prompt_targets: torch.Tensor | None = None
+
+
+class Batch:
+    def __init__(
+        self,
+        batch_id: int,
+        requests: list[RequestState],
+        all_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        block_tables: torch.Tensor,
+        chooser: NextTokenChooser,
+        block_size: int,
+        prefilled: bool,
+    ) -> None:
+        self.batch_id = batch_id
+        self.requests = requests
+        # [batch, max prompt + max_new_tokens] int64: prompt then generated ids, zero padded.
+        self.all_ids = all_ids
+        # [batch] int64: tokens known per request; the last one is the next forward's input.
+        self.lengths = lengths
+        # [batch, max blocks] int32, padded with block 0.
+        self.block_tables = block_tables
+        self.chooser = chooser
+        self.block_size = block_size
+        self.prefilled = prefilled
+        # Host copy of max(lengths), so that a decode step needs no device-to-host sync.
+        self.max_length = max((r.length for r in requests), default=0)
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    @property
+    def request_ids(self) -> list[int]:
+        return [r.id for r in self.requests]
+
+    @classmethod
+    def from_pb(cls, pb: generate_pb2.Batch, ctx: BatchContext) -> Batch:
+        """Validates the router's batch against this shard's limits and builds its state."""
+        if not pb.requests:
+            raise InvalidRequest(f"batch {pb.id} has no requests")
+        ids = [r.id for r in pb.requests]
+        if len(set(ids)) != len(ids):
+            raise InvalidRequest(f"batch {pb.id} has duplicate request ids")
+        prompts = [list(r.input_ids) for r in pb.requests]
+        params = [SamplingParams.from_pb(r.parameters) for r in pb.requests]
+        requests = [
+            _request_state(r, prompt, p, ctx)
+            for r, prompt, p in zip(pb.requests, prompts, params, strict=True)
+        ]
+        width = max(
+            len(p) + r.stopping_parameters.max_new_tokens
+            for p, r in zip(prompts, pb.requests, strict=True)
+        )
+        all_ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            all_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        return cls(
+            batch_id=pb.id,
+            requests=requests,
+            all_ids=all_ids.to(ctx.device),
+            lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long, device=ctx.device),
+            block_tables=_block_table([r.blocks for r in requests], ctx.device),
+            chooser=NextTokenChooser.create(params, ctx.device, ctx.watermark),
+            block_size=ctx.block_size,
+            prefilled=False,
+        )
+
+    def to_pb(self) -> generate_pb2.CachedBatch:
+        return generate_pb2.CachedBatch(
+            id=self.batch_id,
+            request_ids=self.request_ids,
+            size=len(self),
+            max_tokens=sum(len(r.blocks) for r in self.requests) * self.block_size,
+            # A cached batch is prefilled: its next forward is one token per request.
+            current_tokens=len(self),
+        )
+
+    def prefill_inputs(self) -> ForwardInputs:
+        """Every prompt token of every request, flat; logits for last tokens (and prompt rows of
+        requests that asked for prefill logprobs)."""
+        device = self.lengths.device
+        prompt_lengths = [r.prompt_length for r in self.requests]
+        seqlens = torch.tensor(prompt_lengths, dtype=torch.long, device=device)
+        starts = torch.cumsum(seqlens, 0) - seqlens
+        total = sum(prompt_lengths)
+        request_of_token = torch.repeat_interleave(torch.arange(len(self), device=device), seqlens)
+        positions = torch.arange(total, device=device) - starts[request_of_token]
+        input_ids = self.all_ids[request_of_token, positions]
+        slots = self._slots(request_of_token, positions)
+        meta = AttentionMetadata(
+            is_prefill=True,
+            cu_seqlens_q=torch.nn.functional.pad(torch.cumsum(seqlens, 0), (1, 0)).to(torch.int32),
+            seqlens_k=seqlens.to(torch.int32),
+            slot_mapping=slots,
+            block_tables=self.block_tables,
+            max_seqlen_q=max(prompt_lengths),
+            max_seqlen_k=max(prompt_lengths),
+            block_size=self.block_size,
+        )
+        if not any(r.prefill_logprobs for r in self.requests):
+            last = starts + seqlens - 1
+            rows = torch.arange(len(self), device=device)
+            return ForwardInputs(input_ids, positions, meta, last, rows)
+        return self._with_prompt_rows(input_ids, positions, meta, prompt_lengths)
+
+    def _with_prompt_rows(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        prompt_lengths: list[int],
+    ) -> ForwardInputs:
+        """lm_head_indices with every prompt token of the requests that want prefill logprobs."""
+        indices: list[int] = []
+        last_rows: list[int] = []
+        prompt_rows: list[int] = []
+        targets: list[torch.Tensor] = []
+        start = 0
+        for row, (r, length) in enumerate(zip(self.requests, prompt_lengths, strict=True)):
+            if r.prefill_logprobs:
+                # The logits at prompt position i predict prompt token i + 1.
+                prompt_rows.extend(range(len(indices), len(indices) + length - 1))
+                targets.append(self.all_ids[row, 1:length])
+                indices.extend(range(start, start + length))
+            else:
+                indices.append(start + length - 1)
+            last_rows.append(len(indices) - 1)
+            start += length
+        device = self.lengths.device
+        return ForwardInputs(
+            input_ids,
+            positions,
+            meta,
+            torch.tensor(indices, dtype=torch.long, device=device),
+            torch.tensor(last_rows, dtype=torch.long, device=device),
+            torch.tensor(prompt_rows, dtype=torch.long, device=device),
+            torch.cat(targets),
+        )
+
+    def decode_inputs(self) -> ForwardInputs:
+        """One token per request: the last known one, at position length - 1."""
+        positions = self.lengths - 1
+        rows = torch.arange(len(self), device=positions.device)
+        meta = AttentionMetadata(
+            is_prefill=False,
+            cu_seqlens_q=torch.arange(len(self) + 1, dtype=torch.int32, device=positions.device),
+            seqlens_k=self.lengths.to(torch.int32),
+            slot_mapping=self._slots(rows, positions),
+            block_tables=self.block_tables,
+            max_seqlen_q=1,
+            max_seqlen_k=self.max_length,
+            block_size=self.block_size,
+        )
+        input_ids = self.all_ids.gather(1, positions.unsqueeze(1)).squeeze(1)
+        return ForwardInputs(input_ids, positions, meta, None, rows)
+
+    def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        blocks = self.block_tables[rows, positions // self.block_size].to(torch.long)
+        return blocks * self.block_size + positions % self.block_size
+
+    def append(self, next_ids: torch.Tensor) -> None:
+        """Records one new token per request (device side; host state is the caller's)."""
+        self.all_ids.scatter_(1, self.lengths.unsqueeze(1), next_ids.unsqueeze(1))
+        self.lengths += 1
+        self.max_length += 1
+        self.prefilled = True
+
+    def filter(self, request_ids: Sequence[int]) -> Batch:
+        """The batch of the listed requests only, in their current order."""
+        keep = set(request_ids)
+        unknown = keep - set(self.request_ids)
+        if unknown:
+            raise InvalidRequest(f"requests {sorted(unknown)} are not in batch {self.batch_id}")
+        indices = [i for i, r in enumerate(self.requests) if r.id in keep]
+        if len(indices) == len(self):
+            return self
+        index = torch.tensor(indices, dtype=torch.long, device=self.lengths.device)
+        requests = [self.requests[i] for i in indices]
+        width = max((r.prompt_length + r.stopping.max_new_tokens for r in requests), default=0)
+        max_blocks = max((len(r.blocks) for r in requests), default=0)
+        return Batch(
+            batch_id=self.batch_id,
+            requests=requests,
+            all_ids=self.all_ids[index, :width],
+            lengths=self.lengths[index],
+            block_tables=self.block_tables[index, :max_blocks],
+            chooser=self.chooser.filter(indices),
+            block_size=self.block_size,
+            prefilled=self.prefilled,
+        )
+
+    @classmethod
+    def concatenate(cls, batches: Sequence[Batch]) -> Batch:
+        """One batch of all requests, in order, under the first batch's id."""
+        if len(batches) == 1:
+            return batches[0]
+        if not all(b.prefilled for b in batches):
+            raise InvalidRequest("only prefilled batches can be concatenated")
+        width = max(b.all_ids.shape[1] for b in batches)
+        max_blocks = max(b.block_tables.shape[1] for b in batches)
+        return cls(
+            batch_id=batches[0].batch_id,
+            requests=list(chain.from_iterable(b.requests for b in batches)),
+            all_ids=torch.cat([_pad_columns(b.all_ids, width) for b in batches]),
+            lengths=torch.cat([b.lengths for b in batches]),
+            block_tables=torch.cat([_pad_columns(b.block_tables, max_blocks) for b in batches]),
+            chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
+            block_size=batches[0].block_size,
+            prefilled=True,
+        )
+
+
+def _pad_columns(t: torch.Tensor, width: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+
+def _block_table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
+    width = max(len(b) for b in blocks)
+    table = torch.zeros(len(blocks), width, dtype=torch.int32)
+    for row, b in enumerate(blocks):
+        table[row, : len(b)] = torch.tensor(b, dtype=torch.int32)
+    return table.to(device)
+
+
+def _request_state(
+    pb: generate_pb2.Request, prompt: list[int], params: SamplingParams, ctx: BatchContext
+) -> RequestState:
+    stop = pb.stopping_parameters
+    _validate(pb, prompt, ctx)
+    eos = () if stop.ignore_eos_token else ctx.eos_ids
+    return RequestState(
+        id=pb.id,
+        prompt_length=len(prompt),
+        blocks=list(pb.blocks),
+        top_n_tokens=min(pb.top_n_tokens, ctx.vocab_size),
+        prefill_logprobs=pb.prefill_logprobs,
+        stopping=StoppingCriteria(stop.max_new_tokens, eos, list(stop.stop_sequences)),
+        text=TextStream.start(prompt),
+        seed=params.seed if params.samples else None,
+    )
+
+
+def _validate(pb: generate_pb2.Request, prompt: list[int], ctx: BatchContext) -> None:
+    who = f"request {pb.id}"
+    max_new = pb.stopping_parameters.max_new_tokens
+    if not prompt:
+        raise InvalidRequest(f"{who}: input_ids is empty")
+    if max_new == 0:
+        raise InvalidRequest(f"{who}: max_new_tokens must be > 0")
+    if max(prompt) >= ctx.vocab_size:
+        raise InvalidRequest(
+            f"{who}: token id {max(prompt)} is not below the vocabulary size {ctx.vocab_size}"
+        )
+    # The last generated token is never fed back, so its KV never needs a slot.
+    needed = len(prompt) + max_new - 1
+    have = len(pb.blocks) * ctx.block_size
+    if have < needed:
+        raise InvalidRequest(
+            f"{who}: {len(pb.blocks)} blocks of {ctx.block_size} hold {have} tokens; "
+            f"{len(prompt)} prompt + {max_new} max_new_tokens need {needed}"
+        )
+    if pb.blocks and max(pb.blocks) >= ctx.num_blocks:
+        raise InvalidRequest(
+            f"{who}: block {max(pb.blocks)} is outside the KV cache ({ctx.num_blocks} blocks; "
+            "was Warmup called?)"
+        )
+    if pb.slots:
+        _validate_slots(pb, ctx.block_size)
+
+
+def _validate_slots(pb: generate_pb2.Request, block_size: int) -> None:
+    """Attention reads the cache through block tables, so explicit slots must follow them."""
+    if len(pb.slots) > len(pb.blocks) * block_size:
+        raise InvalidRequest(f"request {pb.id}: more slots than its blocks hold")
+    expected = [
+        pb.blocks[i // block_size] * block_size + i % block_size for i in range(len(pb.slots))
+    ]
+    if list(pb.slots) != expected:
+        raise InvalidRequest(
+            f"request {pb.id}: slots must be the consecutive slots of its blocks "
+            "(slot i = blocks[i // block_size] * block_size + i % block_size)"
+        )
+    if len(pb.slots) < len(pb.input_ids):
+        raise InvalidRequest(
+            f"request {pb.id}: {len(pb.slots)} slots for {len(pb.input_ids)} prompt tokens"
+        )

@@ -1,0 +1,213 @@
+"""One rank's engine: the model, its KV cache and batch cache, and the RPC verbs on them.
+
+Every rank runs every call in the same order (the router fans out and waits), so the
+tensor-parallel collectives inside the model line up; sampling runs redundantly on every rank
+with the same seeds, so every rank's answer is the same and rank 0's is used.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+
+import torch
+from opentelemetry import trace
+
+from pytgi_proto import generate_pb2
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.batch import Batch, BatchContext, ForwardInputs
+from pytgi_shard.cache import BatchCache
+from pytgi_shard.detokenizer import Detokenizer
+from pytgi_shard.distributed import Dist
+from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.generation import next_tokens
+from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.models.model import Model
+from pytgi_shard.sampling import Watermark
+from pytgi_shard.settings import ShardSettings
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+class Engine:
+    def __init__(
+        self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings
+    ) -> None:
+        self.model = model
+        self.detokenizer = detokenizer
+        self.dist = dist
+        self.settings = settings
+        self.block_size = settings.block_size
+        self.watermark = Watermark(settings.watermark_gamma, settings.watermark_delta)
+        self.cache = BatchCache()
+        self.tracer = trace.get_tracer("pytgi.shard")
+        # Block 0 only, for Health, until Warmup sizes the cache.
+        self.kv_cache = self.allocate_kv_cache(1)
+
+    def allocate_kv_cache(self, num_blocks: int) -> KVCache:
+        m = self.model
+        return KVCache.allocate(
+            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype, m.device
+        )
+
+    def batch_context(self) -> BatchContext:
+        return BatchContext(
+            device=self.model.device,
+            block_size=self.block_size,
+            num_blocks=self.kv_cache.num_blocks,
+            vocab_size=self.model.vocab_size,
+            eos_ids=self.detokenizer.eos_ids,
+            watermark=self.watermark,
+        )
+
+    def info(self) -> generate_pb2.InfoResponse:
+        m = self.model
+        out = generate_pb2.InfoResponse(
+            requires_padding=False,
+            dtype=DTYPE_NAMES.get(m.dtype, str(m.dtype)),
+            device_type=m.device.type,
+            speculate=0,
+            support_chunking=False,
+            use_prefix_caching=False,
+            attention_impl=self.settings.attention,
+            block_size=self.block_size,
+            model_type=m.model_type,
+            world_size=self.dist.world_size,
+            max_position_embeddings=m.max_position_embeddings,
+            vocab_size=m.vocab_size,
+        )
+        if m.sliding_window is not None:
+            out.window_size = m.sliding_window
+        return out
+
+    def health(self) -> None:
+        """Proves the device still computes: a one-token forward into reserved block 0.
+
+        With several ranks the forward's collectives could interleave with a Prefill/Decode that
+        another rank is running, so there Health computes on the device without collectives.
+        """
+        device = self.model.device
+        if self.dist.world_size > 1:
+            x = torch.ones(2, 2, device=device)
+            if float((x @ x).sum()) != 8.0:
+                raise RuntimeError(f"device {device} computed a wrong result")
+            return
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        meta = AttentionMetadata.build([1], [0], [[0]], self.block_size, device)
+        logits = self.model.forward(zero, zero, self.kv_cache, meta, zero)
+        if not bool(torch.isfinite(logits).all()):
+            raise RuntimeError("health check forward produced non-finite logits")
+
+    def prefill(self, request: generate_pb2.PrefillRequest) -> generate_pb2.PrefillResponse:
+        start = time.perf_counter_ns()
+        batch = Batch.from_pb(request.batch, self.batch_context())
+        cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
+        self._check_new_batch(batch, cached_id)
+        try:
+            generations, live, forward_ns, decode_ns = self._step(batch, batch.prefill_inputs())
+            concat_ns = None
+            if cached_id is not None:
+                concat_start = time.perf_counter_ns()
+                with self._span("concatenate"):
+                    cached = self.cache.pop(cached_id)
+                    live = Batch.concatenate([cached, live]) if live is not None else cached
+                concat_ns = time.perf_counter_ns() - concat_start
+        except BaseException:
+            # A failed step leaves the batches it touched in an unknown state: drop them.
+            if cached_id is not None:
+                self.cache.delete(cached_id)
+            raise
+        self.cache.set(live)
+        return generate_pb2.PrefillResponse(
+            generations=generations,
+            batch=live.to_pb() if live is not None else None,
+            forward_ns=forward_ns,
+            decode_ns=decode_ns,
+            total_ns=time.perf_counter_ns() - start,
+            concat_ns=concat_ns,
+        )
+
+    def _check_new_batch(self, batch: Batch, cached_id: int | None) -> None:
+        if batch.batch_id in self.cache and batch.batch_id != cached_id:
+            raise InvalidRequest(f"batch {batch.batch_id} already exists in the shard's cache")
+        if cached_id is None:
+            return
+        cached = self.cache.get(cached_id)
+        clash = set(cached.request_ids) & set(batch.request_ids)
+        if clash:
+            raise InvalidRequest(f"requests {sorted(clash)} are already in batch {cached_id}")
+
+    def decode(self, request: generate_pb2.DecodeRequest) -> generate_pb2.DecodeResponse:
+        start = time.perf_counter_ns()
+        ids = [b.id for b in request.batches]
+        if not ids:
+            raise InvalidRequest("Decode needs at least one batch")
+        if len(set(ids)) != len(ids):
+            raise InvalidRequest(f"Decode lists a batch twice: {ids}")
+        batches = self.cache.pop_all(ids)
+        concat_ns = None
+        if len(batches) > 1:
+            with self._span("concatenate"):
+                batch = Batch.concatenate(batches)
+            concat_ns = time.perf_counter_ns() - start
+        else:
+            batch = batches[0]
+        generations, live, forward_ns, decode_ns = self._step(batch, batch.decode_inputs())
+        self.cache.set(live)
+        return generate_pb2.DecodeResponse(
+            generations=generations,
+            batch=live.to_pb() if live is not None else None,
+            forward_ns=forward_ns,
+            decode_ns=decode_ns,
+            total_ns=time.perf_counter_ns() - start,
+            concat_ns=concat_ns,
+        )
+
+    def _step(
+        self, batch: Batch, inputs: ForwardInputs
+    ) -> tuple[list[generate_pb2.Generation], Batch | None, int, int]:
+        """Forward, then next tokens; returns the generations, the batch of the requests still
+        running (None when all finished), and the forward and decode times in ns."""
+        start = time.perf_counter_ns()
+        with self._span("forward"):
+            logits = self.model.forward(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_cache,
+                inputs.meta,
+                inputs.lm_head_indices,
+            )
+            if logits.is_cuda:
+                # Honest forward timing; the token choice syncs right after anyway.
+                torch.cuda.synchronize(logits.device)
+        forward_done = time.perf_counter_ns()
+        with self._span("sample"):
+            generations, finished = next_tokens(batch, logits, inputs, self.detokenizer)
+            live: Batch | None = batch
+            if finished:
+                done = set(finished)
+                keep = [i for i in batch.request_ids if i not in done]
+                live = batch.filter(keep) if keep else None
+        return generations, live, forward_done - start, time.perf_counter_ns() - forward_done
+
+    def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch:
+        batch = self.cache.pop(batch_id)
+        try:
+            with self._span("filter"):
+                kept = batch.filter(request_ids)
+        except InvalidRequest:
+            self.cache.set(batch)
+            raise
+        self.cache.set(kept)
+        if len(kept) == 0:
+            return generate_pb2.CachedBatch(id=batch_id)
+        return kept.to_pb()
+
+    def clear(self, batch_id: int | None) -> None:
+        if batch_id is None:
+            self.cache.clear()
+        else:
+            self.cache.delete(batch_id)
+
+    def _span(self, name: str) -> AbstractContextManager[trace.Span]:
+        return self.tracer.start_as_current_span(name)

@@ -1,0 +1,263 @@
+"""The next-token chooser: logits processors and the choice, for a whole batch at once.
+
+"Heterogeneous" as in TGI: every request keeps its own parameters, held as [batch, 1] tensors so
+that one tensor op applies them all. A processor runs only when some request in the batch needs
+it, so an all-greedy batch costs one argmax and one log-softmax. Order, as TGI: watermark,
+repetition penalty, frequency penalty, then the warpers temperature, top-k, top-p, typical-p.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from pytgi_proto import generate_pb2
+from pytgi_shard.errors import InvalidRequest
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """One request's choice parameters; the neutral value of each means "off"."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    do_sample: bool = False
+    seed: int = 0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    watermark: bool = False
+
+    @classmethod
+    def from_pb(cls, pb: generate_pb2.NextTokenChooserParameters) -> SamplingParams:
+        """Proto3 sends 0 for a float that was never set: 0 reads as the neutral value."""
+        if pb.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE or pb.grammar:
+            raise InvalidRequest("grammar is not supported by this shard")
+        for name in ("temperature", "top_p", "typical_p", "repetition_penalty"):
+            if getattr(pb, name) < 0:
+                raise InvalidRequest(f"{name} must not be negative, got {getattr(pb, name)}")
+        for name in ("top_p", "typical_p"):
+            if getattr(pb, name) > 1:
+                raise InvalidRequest(f"{name} must be <= 1.0, got {getattr(pb, name)}")
+        return cls(
+            temperature=pb.temperature or 1.0,
+            top_k=pb.top_k,
+            top_p=pb.top_p or 1.0,
+            typical_p=pb.typical_p or 1.0,
+            do_sample=pb.do_sample,
+            seed=pb.seed,
+            repetition_penalty=pb.repetition_penalty or 1.0,
+            frequency_penalty=pb.frequency_penalty,
+            watermark=pb.watermark,
+        )
+
+    @property
+    def samples(self) -> bool:
+        """Any warper implies sampling, as in TGI."""
+        return (
+            self.do_sample
+            or self.temperature != 1.0
+            or self.top_k > 0
+            or self.top_p < 1.0
+            or self.typical_p < 1.0
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """Kirchenbauer et al.: bias a pseudo-random "green list" seeded by the previous token."""
+
+    gamma: float = 0.5
+    delta: float = 2.0
+    # The hash key of the paper's reference code (a large prime), so watermarks are detectable
+    # with the same detector as TGI's.
+    hash_key: int = 15485863
+
+    def greenlist(self, previous_token: int, vocab_size: int) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(self.hash_key * previous_token)
+        permutation = torch.randperm(vocab_size, generator=generator)
+        return permutation[: int(vocab_size * self.gamma)]
+
+    def apply(self, scores: torch.Tensor, rows: list[int], previous: list[int]) -> None:
+        vocab = scores.shape[-1]
+        for row, token in zip(rows, previous, strict=True):
+            scores[row, self.greenlist(token, vocab).to(scores.device)] += self.delta
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+class NextTokenChooser:
+    """Chooses one token per row of a [batch, vocab] logits tensor.
+
+    Seeded sampling keeps one torch.Generator per sampling request, carried across filter and
+    concatenate, so a request draws the same noise whatever batch it runs in.
+    """
+
+    def __init__(
+        self,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None],
+        device: torch.device,
+        watermark: Watermark,
+    ) -> None:
+        self.params = list(params)
+        self.generators = list(generators)
+        self.device = device
+        self.watermark = watermark
+        p = self.params
+        self.watermark_rows = [i for i, x in enumerate(p) if x.watermark]
+        self.sample_rows = [i for i, x in enumerate(p) if x.samples]
+        self.sample_index = torch.tensor(self.sample_rows, dtype=torch.long, device=device)
+        self.temperature = self._optional([x.temperature for x in p], 1.0)
+        self.repetition = self._optional([x.repetition_penalty for x in p], 1.0)
+        self.frequency = self._optional([x.frequency_penalty for x in p], 0.0)
+        self.top_p = self._optional([x.top_p for x in p], 1.0)
+        self.typical_p = self._optional([x.typical_p for x in p], 1.0)
+        top_k = [x.top_k for x in p]
+        self.max_top_k = max(top_k, default=0)
+        self.top_k = torch.tensor(top_k, dtype=torch.long, device=device).unsqueeze(1)
+
+    @classmethod
+    def create(
+        cls, params: Sequence[SamplingParams], device: torch.device, watermark: Watermark
+    ) -> NextTokenChooser:
+        generators = [
+            torch.Generator(device=device).manual_seed(x.seed) if x.samples else None
+            for x in params
+        ]
+        return cls(params, generators, device, watermark)
+
+    def _optional(self, values: list[float], neutral: float) -> torch.Tensor | None:
+        if all(v == neutral for v in values):
+            return None
+        return _column(values, self.device)
+
+    def filter(self, indices: Sequence[int]) -> NextTokenChooser:
+        return NextTokenChooser(
+            [self.params[i] for i in indices],
+            [self.generators[i] for i in indices],
+            self.device,
+            self.watermark,
+        )
+
+    @classmethod
+    def concatenate(cls, choosers: Sequence[NextTokenChooser]) -> NextTokenChooser:
+        first = choosers[0]
+        params = [x for c in choosers for x in c.params]
+        generators = [g for c in choosers for g in c.generators]
+        return cls(params, generators, first.device, first.watermark)
+
+    def __call__(
+        self, logits: torch.Tensor, history: torch.Tensor, lengths: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Processes `logits` in place and returns (next ids [batch], logprobs [batch, vocab]).
+
+        history: [batch, width] token ids so far (prompt + generated), valid up to `lengths`.
+        logprobs are the log-softmax of the processed scores, as TGI reports them.
+        """
+        scores = logits
+        if self.watermark_rows:
+            previous = history.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
+            rows = self.watermark_rows
+            self.watermark.apply(scores, rows, previous[rows].tolist())
+        if self.repetition is not None or self.frequency is not None:
+            self._penalize(scores, history, lengths)
+        if self.temperature is not None:
+            scores.div_(self.temperature)
+        if self.max_top_k > 0:
+            _top_k(scores, self.top_k, self.max_top_k)
+        if self.top_p is not None:
+            _top_p(scores, self.top_p)
+        if self.typical_p is not None:
+            _typical_p(scores, self.typical_p)
+        next_ids = scores.argmax(dim=-1)
+        if self.sample_rows:
+            next_ids.index_copy_(0, self.sample_index, self._sample(scores[self.sample_index]))
+        return next_ids, torch.log_softmax(scores, dim=-1)
+
+    def _penalize(self, scores: torch.Tensor, history: torch.Tensor, lengths: torch.Tensor) -> None:
+        counts = token_counts(history, lengths, scores.shape[-1])
+        if self.repetition is not None:
+            # CTRL: push every token seen so far away from being chosen, whatever its sign.
+            penalized = torch.where(scores > 0, scores / self.repetition, scores * self.repetition)
+            scores.copy_(torch.where(counts > 0, penalized, scores))
+        if self.frequency is not None:
+            # Length-normalised counts, as TGI: the penalty does not grow with the context.
+            scores.sub_(self.frequency * counts / lengths.unsqueeze(1).to(counts.dtype))
+
+    def _sample(self, scores: torch.Tensor) -> torch.Tensor:
+        """argmax(p / E) with E ~ Exponential(1) is a draw from p, with no host sync."""
+        probs = torch.softmax(scores, dim=-1)
+        vocab = scores.shape[-1]
+        noise = torch.stack(
+            [
+                torch.empty(vocab, device=self.device).exponential_(generator=self.generators[i])
+                for i in self.sample_rows
+            ]
+        )
+        return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+
+
+def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[batch, vocab] float32: how often each token occurs in each row's first `lengths` ids."""
+    width = history.shape[1]
+    beyond = torch.arange(width, device=history.device).unsqueeze(0) >= lengths.unsqueeze(1)
+    # Ids past a row's length go to an extra column that is dropped, so padding counts nowhere.
+    ids = history.masked_fill(beyond, vocab)
+    counts = torch.zeros(history.shape[0], vocab + 1, dtype=torch.float32, device=history.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
+    return counts[:, :vocab]
+
+
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> None:
+    vocab = scores.shape[-1]
+    largest = torch.topk(scores, min(max_top_k, vocab), dim=-1).values
+    kth = largest.gather(1, (top_k.clamp(max=vocab) - 1).clamp(min=0))
+    # Rows with top_k = 0 keep everything.
+    kth.masked_fill_(top_k == 0, NEG_INF)
+    scores.masked_fill_(scores < kth, NEG_INF)
+
+
+def _top_p(scores: torch.Tensor, top_p: torch.Tensor) -> None:
+    sorted_scores, order = torch.sort(scores, dim=-1)
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= 1 - top_p
+    # The most likely token always stays.
+    remove[:, -1] = False
+    scores.masked_fill_(remove.scatter(1, order, remove), NEG_INF)
+
+
+def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> None:
+    logp = torch.log_softmax(scores, dim=-1)
+    entropy = -(logp * logp.exp()).nansum(dim=-1, keepdim=True)
+    surprise_gap = (-logp - entropy).abs()
+    sorted_gap, order = torch.sort(surprise_gap, dim=-1)
+    cumulative = scores.gather(1, order).softmax(dim=-1).cumsum(dim=-1)
+    last = (cumulative < mass).sum(dim=1, keepdim=True).clamp(max=scores.shape[-1] - 1)
+    remove = sorted_gap > sorted_gap.gather(1, last)
+    scores.masked_fill_(remove.scatter(1, order, remove), NEG_INF)
+
+
+def top_tokens(logprobs: torch.Tensor, top_n: Sequence[int]) -> list[tuple[list[int], list[float]]]:
+    """Per row, the `top_n[row]` most likely (id, logprob), ties at the n-th value included."""
+    rows = len(top_n)
+    max_n = min(max(top_n, default=0), logprobs.shape[-1])
+    if max_n == 0:
+        return [([], [])] * rows
+    n = torch.tensor(top_n, dtype=torch.long, device=logprobs.device).clamp(max=max_n)
+    values = torch.topk(logprobs, max_n, dim=-1).values
+    nth = values.gather(1, (n - 1).clamp(min=0).unsqueeze(1))
+    # An n-th value of -inf would tie with every filtered token: keep only finite ones then.
+    nth.clamp_(min=torch.finfo(logprobs.dtype).min)
+    counts = torch.where(n > 0, (logprobs >= nth).sum(dim=-1), 0)
+    k = int(counts.max())
+    best = torch.topk(logprobs, k, dim=-1)
+    ids, lps, counts_list = best.indices.tolist(), best.values.tolist(), counts.tolist()
+    return [(ids[r][: counts_list[r]], lps[r][: counts_list[r]]) for r in range(rows)]

@@ -1,0 +1,77 @@
+"""Everything a shard process is configured with, in one typed object built by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPES = ("float16", "bfloat16", "float32")
+# TGI's default socket base name, so TGI's own tools (text-generation-benchmark) find rank 0.
+DEFAULT_UDS_PATH = "/tmp/text-generation-server"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSettings:
+    model_path: Path
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "localhost"
+    master_port: int = 29500
+    # Exactly one transport: a unix socket `{uds_path}-{rank}` (default) or a TCP port.
+    uds_path: str | None = DEFAULT_UDS_PATH
+    port: int | None = None
+    # Host:port this rank tells the others (TCP only); None means `<hostname>:<port>`.
+    advertise_address: str | None = None
+    # None: the checkpoint's dtype on GPU (half precision), float32 on CPU.
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    attention: str = "reference"
+    block_size: int = 16
+    # CPU KV budget in tokens when the router's Warmup does not impose one.
+    max_total_tokens: int | None = None
+    cuda_memory_fraction: float = 1.0
+    watermark_gamma: float = 0.5
+    watermark_delta: float = 2.0
+    json_output: bool = False
+    log_level: str = "INFO"
+    otlp_endpoint: str | None = None
+    otlp_service_name: str = "pytgi.shard"
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        out = []
+        if self.world_size < 1:
+            out.append(f"--world-size must be >= 1, got {self.world_size}")
+        if not 0 <= self.rank < max(self.world_size, 1):
+            out.append(f"--rank must be in [0, {self.world_size}), got {self.rank}")
+        if (self.uds_path is None) == (self.port is None):
+            out.append("give exactly one of --uds-path and --port")
+        if self.port is not None and not 0 < self.port < 65536:
+            out.append(f"--port must be in 1..65535, got {self.port}")
+        if not 0 < self.master_port < 65536:
+            out.append(f"--master-port must be in 1..65535, got {self.master_port}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        if self.block_size < 1:
+            out.append(f"--block-size must be >= 1, got {self.block_size}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            out.append(f"--max-total-tokens must be >= 1, got {self.max_total_tokens}")
+        if not 0.0 < self.cuda_memory_fraction <= 1.0:
+            out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if not 0.0 < self.watermark_gamma < 1.0:
+            out.append(f"--watermark-gamma must be in (0, 1), got {self.watermark_gamma}")
+        return out
+
+    @property
+    def listen_address(self) -> str:
+        """What this rank's gRPC server binds."""
+        if self.port is not None:
+            return f"[::]:{self.port}"
+        return f"unix://{self.uds_path}-{self.rank}"
+
+    def uds_url(self, rank: int) -> str:
+        return f"unix://{self.uds_path}-{rank}"
