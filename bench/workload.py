@@ -7,6 +7,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pytgi_bench.settings import LengthRange
 from pytgi_bench.token_aligner import TokenCounter, align_prompt
@@ -40,9 +41,13 @@ def read_prompt_file(path: Path) -> list[tuple[str, int | None]]:
         raise FileNotFoundError(f"prompts file not found: {path}")
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        records = [
+            _json(line, path, number)
+            for number, line in enumerate(text.splitlines(), 1)
+            if line.strip()
+        ]
     elif path.suffix == ".json":
-        records = json.loads(text)
+        records = _json(text, path, 1)
         if not isinstance(records, list):
             raise ValueError(f"{path}: a .json prompts file must hold a list")
     else:
@@ -51,6 +56,13 @@ def read_prompt_file(path: Path) -> list[tuple[str, int | None]]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
+
+
+def _json(text: str, path: Path, line: int) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{line}: invalid JSON: {exc}") from None
 
 
 def _prompt_record(record: object, path: Path) -> tuple[str, int | None]:
