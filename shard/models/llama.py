@@ -1,0 +1,196 @@
+"""The Llama family (Llama 2/3, Code Llama, Mistral, Qwen2), tensor-parallel, over the paged cache.
+
+    x = embed(ids)
+    for each layer:  x = x + o_proj(attention(rope(q), rope(k), v))   on rms_norm(x)
+                     x = x + down(silu(gate(x)) * up(x))                 on rms_norm(x)
+    logits = lm_head(rms_norm(x))
+
+Grouped-query attention (fewer KV heads than query heads), SwiGLU, RMSNorm, tied or untied
+embeddings, q/k/v bias (Qwen2), a sliding window (Mistral, Qwen2). Each rank holds 1/world_size of
+the heads and of the MLP; the row-parallel projections all-reduce.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, PretrainedConfig
+
+from pytgi_shard.attention import AttentionBackend, AttentionMetadata
+from pytgi_shard.distributed import Dist
+from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.layers.embedding import VocabParallelEmbedding
+from pytgi_shard.layers.layernorm import RMSNorm
+from pytgi_shard.layers.linear import RowParallelLinear, kv_head_partition, load_qkv
+from pytgi_shard.layers.lm_head import ParallelLMHead
+from pytgi_shard.layers.mlp import GatedMLP
+from pytgi_shard.layers.rotary import RotaryEmbedding, apply_rotary
+from pytgi_shard.models.model import Model
+from pytgi_shard.weights import Weights
+
+FAMILY = ("llama", "mistral", "qwen2")
+
+
+def head_dim_of(config: PretrainedConfig) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def layer_windows(config: PretrainedConfig) -> list[int | None]:
+    """The sliding window of each layer (None: full attention)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types:  # Qwen2: only the layers marked sliding use the window
+        return [window if kind == "sliding_attention" else None for kind in layer_types]
+    return [window] * config.num_hidden_layers
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        weights: Weights,
+        prefix: str,
+        layer_idx: int,
+        backend: AttentionBackend,
+        sliding_window: int | None,
+    ) -> None:
+        super().__init__()
+        world = weights.dist.world_size
+        kv_heads = config.num_key_value_heads
+        qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
+        o_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
+        self.qkv = load_qkv(weights, prefix, config.num_attention_heads, kv_heads, qkv_bias)
+        self.o_proj = RowParallelLinear.load(weights, f"{prefix}.o_proj", o_bias)
+        self.head_dim = head_dim_of(config)
+        self.num_heads = config.num_attention_heads // world
+        self.num_kv_heads = kv_heads // kv_head_partition(kv_heads, weights.dist)[1]
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.layer_idx = layer_idx
+        self.backend = backend
+        self.sliding_window = sliding_window
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        out = self.backend.forward(
+            q, k, v,
+            kv_cache.keys[self.layer_idx], kv_cache.values[self.layer_idx],
+            meta, self.scale, self.sliding_window,
+        )
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        weights: Weights,
+        layer_idx: int,
+        backend: AttentionBackend,
+        sliding_window: int | None,
+    ) -> None:
+        super().__init__()
+        prefix = f"model.layers.{layer_idx}"
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm.load(weights, f"{prefix}.input_layernorm", eps)
+        self.self_attn = LlamaAttention(
+            config, weights, f"{prefix}.self_attn", layer_idx, backend, sliding_window
+        )
+        self.post_attention_layernorm = RMSNorm.load(
+            weights, f"{prefix}.post_attention_layernorm", eps
+        )
+        self.mlp = GatedMLP.load(
+            weights, f"{prefix}.mlp", config.hidden_act, getattr(config, "mlp_bias", False)
+        )
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Llama(nn.Module, Model):
+    def __init__(
+        self, config: PretrainedConfig, weights: Weights, backend: AttentionBackend
+    ) -> None:
+        super().__init__()
+        dist = weights.dist
+        windows = layer_windows(config)
+        self.embed_tokens = VocabParallelEmbedding.load(weights, "model.embed_tokens.weight")
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, weights, i, backend, windows[i])
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm.load(weights, "model.norm", config.rms_norm_eps)
+        tied = getattr(config, "tie_word_embeddings", False)
+        head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        self.lm_head = ParallelLMHead.load(weights, head)
+        self.rotary = RotaryEmbedding(
+            head_dim_of(config),
+            float(getattr(config, "rope_theta", 10000.0)),
+            config.max_position_embeddings,
+            getattr(config, "rope_scaling", None),
+            dist.device,
+        )
+        kv_heads = config.num_key_value_heads
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = kv_heads // kv_head_partition(kv_heads, dist)[1]
+        self.head_dim = head_dim_of(config)
+        self.vocab_size = weights.shape(head)[0]
+        self.dtype = weights.dtype
+        self.device = dist.device
+        self.model_type = config.model_type
+        self.max_position_embeddings = config.max_position_embeddings
+        # Only a window every layer shares lets the engine treat the model as windowed.
+        self.sliding_window = windows[0] if len(set(windows)) == 1 else None
+
+    @classmethod
+    def load(
+        cls, model_path: Path, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
+    ) -> Llama:
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+        if config.model_type not in FAMILY:
+            raise ValueError(f"{config.model_type!r} is not a Llama-family model ({FAMILY})")
+        weights = Weights(model_path, dtype, dist)
+        try:
+            return cls(config, weights, backend)
+        finally:
+            weights.close()
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        lm_head_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions)
+        cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, kv_cache, meta)
+        if lm_head_indices is not None:
+            # The final norm is per token: norm only the tokens whose logits are wanted.
+            hidden = hidden[lm_head_indices]
+        return self.lm_head(self.norm(hidden))
