@@ -1,0 +1,86 @@
+"""RequestStream: ordered delivery, End closes, errors after pending events, idempotent cancel."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pytgi_router.errors import GenerationError, IncompleteGenerationError
+from pytgi_router.events import End, Token, TokenInfo
+from pytgi_router.request_stream import RequestStream
+
+
+def token(i: int) -> Token:
+    return Token(TokenInfo(i, f"t{i}", -0.5, False))
+
+
+def end(i: int) -> End:
+    return End(TokenInfo(i, f"t{i}", -0.5, False), generated_text="done")
+
+
+async def collect(stream: RequestStream) -> list[int]:
+    return [event.token.id async for event in stream]  # type: ignore[union-attr]
+
+
+def test_events_arrive_in_order_and_end_closes() -> None:
+    async def main() -> None:
+        stream = RequestStream()
+        reader = asyncio.create_task(collect(stream))
+        await asyncio.sleep(0)
+        stream.push(token(1))
+        stream.push(token(2))
+        await asyncio.sleep(0)
+        stream.push(end(3))
+        stream.push(token(4))  # after End: ignored
+        assert await reader == [1, 2, 3]
+        assert stream.closed
+
+    asyncio.run(main())
+
+
+def test_failure_is_raised_after_pending_events() -> None:
+    async def main() -> None:
+        stream = RequestStream()
+        stream.push(token(1))
+        stream.fail(GenerationError("boom"))
+        stream.fail(GenerationError("second"))
+        assert (await stream.__anext__()).token.id == 1  # type: ignore[union-attr]
+        with pytest.raises(GenerationError, match="boom"):
+            await stream.__anext__()
+
+    asyncio.run(main())
+
+
+def test_close_incomplete_raises_incomplete_generation() -> None:
+    async def main() -> None:
+        stream = RequestStream()
+        stream.close_incomplete()
+        with pytest.raises(IncompleteGenerationError):
+            await collect(stream)
+
+    asyncio.run(main())
+
+
+def test_cancel_is_idempotent_wakes_the_reader_and_calls_back_once() -> None:
+    calls: list[RequestStream] = []
+
+    async def main() -> None:
+        stream = RequestStream(calls.append)
+        reader = asyncio.create_task(collect(stream))
+        await asyncio.sleep(0)
+        stream.cancel()
+        stream.cancel()
+        assert await asyncio.wait_for(reader, 1) == []
+        assert stream.cancelled
+        assert calls == [stream]
+
+    asyncio.run(main())
+
+
+def test_detached_stream_does_not_call_back() -> None:
+    calls: list[RequestStream] = []
+    stream = RequestStream(calls.append)
+    stream.detach()
+    stream.cancel()
+    assert calls == [] and stream.cancelled
