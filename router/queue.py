@@ -80,14 +80,15 @@ class Queue:
         reserved (whole blocks) within `token_budget`, the blocks in the allocator, and the count
         within `max_size`. Cancelled entries met on the way are dropped.
         """
-        self._drop_cancelled()
         if not self._entries or (max_size is not None and max_size <= 0):
             return None
         if prefill_token_budget <= 0 or token_budget <= 0:
             return None
         if min_size is not None and len(self._entries) < min_size:
             return None
-        batch = self._take(max_size, prefill_token_budget, token_budget)
+        batch, cancelled = self._take(max_size, prefill_token_budget, token_budget)
+        for entry in cancelled:
+            del self._entries[entry.id]
         if not batch or (min_size is not None and len(batch) < min_size):
             for entry in batch:
                 self._release(entry)
@@ -96,13 +97,20 @@ class Queue:
             del self._entries[entry.id]
         return batch
 
-    def _take(self, max_size: int | None, prefill_budget: int, token_budget: int) -> list[Entry]:
+    def _take(
+        self, max_size: int | None, prefill_budget: int, token_budget: int
+    ) -> tuple[list[Entry], list[Entry]]:
+        """(entries that fit, holding blocks; cancelled entries met on the way)."""
         allocator = self.allocator
         block_size = allocator.block_size
         batch: list[Entry] = []
+        cancelled: list[Entry] = []
         prefill_tokens = 0
         reserved_tokens = 0
         for entry in self._entries.values():
+            if entry.stream.cancelled:
+                cancelled.append(entry)
+                continue
             prompt = len(entry.request.input_ids)
             reserve = allocator.blocks_for(entry.total_tokens) * block_size
             if prefill_tokens + prompt > prefill_budget:
@@ -118,14 +126,9 @@ class Queue:
             reserved_tokens += reserve
             if max_size is not None and len(batch) >= max_size:
                 break
-        return batch
+        return batch, cancelled
 
     def _release(self, entry: Entry) -> None:
         if entry.blocks is not None:
             self.allocator.free(entry.blocks)
             entry.blocks = None
-
-    def _drop_cancelled(self) -> None:
-        cancelled = [key for key, entry in self._entries.items() if entry.stream.cancelled]
-        for key in cancelled:
-            del self._entries[key]

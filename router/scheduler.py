@@ -82,6 +82,22 @@ def extension_limits(
     return BatchLimits(min_size, max_size, budgets.max_batch_prefill_tokens, token_budget)
 
 
+class _MethodMetrics:
+    """One method's labelled children, resolved once: `.labels()` costs a locked dict lookup,
+    too much for every decode step."""
+
+    def __init__(self, metrics: Metrics, method: str) -> None:
+        self.count = metrics.batch_inference_count.labels(method=method)
+        self.success = metrics.batch_inference_success.labels(method=method)
+        self.failure = metrics.batch_inference_failure.labels(method=method)
+        self.duration = metrics.batch_inference_duration.labels(method=method)
+        self.forward = metrics.batch_forward_duration.labels(method=method)
+        self.decode = metrics.batch_decode_duration.labels(method=method)
+        self.filter = metrics.batch_filter_duration.labels(method=method)
+        # TGI labels every concatenation "decode".
+        self.concat = metrics.batch_concat_duration.labels(method="decode")
+
+
 def concat_reason(limits: BatchLimits) -> str:
     """The `reason` label of tgi_batch_concat for a batch admitted under `limits`."""
     return "backpressure" if limits.min_size is not None else "wait_exceeded"
@@ -108,6 +124,7 @@ class Scheduler:
         self._work = asyncio.Event()
         self._next_batch_id = 0
         self._tracer = trace.get_tracer(__name__)
+        self._method_metrics = {m: _MethodMetrics(metrics, m) for m in ("prefill", "decode")}
 
     def notify(self) -> None:
         """Work arrived (a submit)."""
@@ -186,23 +203,23 @@ class Scheduler:
         self, method: str, call: Callable[[], Awaitable[StepResponse]], size: int
     ) -> None:
         """One shard call, then routing its generations and filtering the batch."""
-        metrics = self.metrics
-        metrics.batch_inference_count.labels(method=method).inc()
+        metrics = self._method_metrics[method]
+        metrics.count.inc()
         start = time.perf_counter()
         try:
             with self._tracer.start_as_current_span(method, attributes={"batch_size": size}):
                 response = await call()
         except Exception as err:  # ShardError, or a bug: either way this batch is lost
-            metrics.batch_inference_failure.labels(method=method).inc()
+            metrics.failure.inc()
             await self._fail_running(err)
             return
         end = time.perf_counter()
-        metrics.batch_inference_success.labels(method=method).inc()
-        metrics.batch_inference_duration.labels(method=method).observe(end - start)
-        metrics.batch_forward_duration.labels(method=method).observe(response.forward_ns / 1e9)
-        metrics.batch_decode_duration.labels(method=method).observe(response.decode_ns / 1e9)
+        metrics.success.inc()
+        metrics.duration.observe(end - start)
+        metrics.forward.observe(response.forward_ns / 1e9)
+        metrics.decode.observe(response.decode_ns / 1e9)
         if response.HasField("concat_ns"):
-            metrics.batch_concat_duration.labels(method="decode").observe(response.concat_ns / 1e9)
+            metrics.concat.observe(response.concat_ns / 1e9)
         self.healthy = True
         self.last_success = time.monotonic()
         try:
@@ -213,7 +230,7 @@ class Scheduler:
         except Exception as err:
             await self._fail_running(err)
             return
-        metrics.batch_filter_duration.labels(method=method).observe(time.perf_counter() - end)
+        metrics.filter.observe(time.perf_counter() - end)
         self._publish_batch_gauges()
 
     async def _filter(self, kept: list[int]) -> None:
