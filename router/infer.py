@@ -292,3 +292,16 @@ class Infer:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def queue_size(self) -> int:
+        return len(self._scheduler.queue) if self._scheduler is not None else 0
+
+    @property
+    def kv_blocks_free(self) -> int:
+        """Free KV blocks (block 0 excluded); equals kv_blocks_total when nothing runs."""
+        return self._scheduler.allocator.free_count if self._scheduler is not None else 0
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self._scheduler.allocator.total if self._scheduler is not None else 0
