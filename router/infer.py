@@ -108,8 +108,15 @@ def derive_info(
     max_total = settings.max_total_tokens or warmup.max_total_tokens
     max_input = settings.max_input_tokens or warmup.max_input_tokens
     prefill = settings.max_batch_prefill_tokens
+    if prefill > max_batch_total:
+        # Harmless but meaningless: no prefill can hold more than the KV cache.
+        logger.warning("--max-batch-prefill-tokens=%d exceeds the KV budget: using %d",
+                       prefill, max_batch_total)
+        prefill = max_batch_total
+    # Defaults must not make a full-length request unschedulable; explicit values are checked.
+    if settings.max_total_tokens is None:
+        max_total = min(max_total, max_batch_total)
     if settings.max_input_tokens is None:
-        # A default must not make every request of full length unschedulable.
         max_input = min(max_input, prefill, max_total - 1)
     _check_limits(max_input, max_total, prefill, max_batch_total)
     return ShardInfo(
@@ -129,6 +136,8 @@ def derive_info(
 
 
 def _check_limits(max_input: int, max_total: int, prefill: int, max_batch_total: int) -> None:
+    if prefill < 1:
+        raise InferStartError(f"`max_batch_prefill_tokens` must be >= 1, got {prefill}")
     if max_input < 1 or max_input >= max_total:
         raise InferStartError(f"`max_input_tokens` ({max_input}) must be >= 1 and < "
                               f"`max_total_tokens` ({max_total})")
@@ -138,9 +147,6 @@ def _check_limits(max_input: int, max_total: int, prefill: int, max_batch_total:
     if max_input > prefill:
         raise InferStartError(f"`max_batch_prefill_tokens` ({prefill}) must be >= "
                               f"`max_input_tokens` ({max_input})")
-    if prefill > max_batch_total:
-        raise InferStartError(f"`max_batch_prefill_tokens` ({prefill}) must be <= "
-                              f"`max_batch_total_tokens` ({max_batch_total})")
 
 
 class Infer:

@@ -42,7 +42,8 @@ def generation(request_id: int, *ids: int, final: str | None = None) -> generate
     g = generate_pb2.Generation(request_id=request_id, tokens=tokens(*ids))
     if final is not None:
         g.generated_text.CopyFrom(generate_pb2.GeneratedText(
-            text=final, generated_tokens=len(ids), finish_reason=generate_pb2.FINISH_REASON_EOS_TOKEN,
+            text=final, generated_tokens=len(ids),
+            finish_reason=generate_pb2.FINISH_REASON_EOS_TOKEN,
         ))
     return g
 

@@ -1,4 +1,4 @@
-"""BlockAllocator invariants: free + used = total, no block owned twice, block 0 never handed out."""
+"""BlockAllocator invariants: free + used = total, no block owned twice, block 0 reserved."""
 
 from __future__ import annotations
 
