@@ -25,6 +25,7 @@ from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.models.model import Model
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
+from pytgi_shard.warmup import warmup
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -80,6 +81,7 @@ class Engine:
             out.window_size = m.sliding_window
         return out
 
+    @torch.inference_mode()
     def health(self) -> None:
         """Proves the device still computes: a one-token forward into reserved block 0.
 
@@ -163,6 +165,7 @@ class Engine:
             concat_ns=concat_ns,
         )
 
+    @torch.inference_mode()
     def _step(
         self, batch: Batch, inputs: ForwardInputs
     ) -> tuple[list[generate_pb2.Generation], Batch | None, int, int]:
@@ -208,6 +211,9 @@ class Engine:
             self.cache.clear()
         else:
             self.cache.delete(batch_id)
+
+    def warmup(self, request: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
+        return warmup(self, request)
 
     def _span(self, name: str) -> AbstractContextManager[trace.Span]:
         return self.tracer.start_as_current_span(name)

@@ -1,0 +1,79 @@
+"""Start-up of one rank: device, process group, dtype, model and tokenizer, peer addresses."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import torch
+import torch.distributed as tdist
+
+from pytgi_shard.detokenizer import Detokenizer
+from pytgi_shard.distributed import Dist, init_distributed
+from pytgi_shard.engine import Engine
+from pytgi_shard.models import get_model
+from pytgi_shard.settings import ShardSettings
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def choose_device(rank: int) -> torch.device:
+    """GPU `rank % device_count` when there is one (as TGI), else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def resolve_dtype(settings: ShardSettings, device: torch.device) -> torch.dtype:
+    """--dtype, else the checkpoint's half precision on GPU (bfloat16 for a float32 one), else
+    float32 on CPU, where half precision is slow."""
+    if settings.dtype is not None:
+        return DTYPES[settings.dtype]
+    if device.type != "cuda":
+        return torch.float32
+    config_file = settings.model_path / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    name = config.get("torch_dtype") or config.get("dtype")
+    if name in ("float16", "bfloat16"):
+        return DTYPES[name]
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def load_engine(settings: ShardSettings) -> Engine:
+    device = choose_device(settings.rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.set_per_process_memory_fraction(settings.cuda_memory_fraction, device)
+    dist = init_distributed(
+        settings.rank, settings.world_size, settings.master_addr, settings.master_port, device
+    )
+    dtype = resolve_dtype(settings, device)
+    log.info("loading %s on %s as %s", settings.model_path, device, dtype)
+    model = get_model(
+        settings.model_path,
+        dtype=dtype,
+        dist=dist,
+        trust_remote_code=settings.trust_remote_code,
+        attention=settings.attention,
+    )
+    detokenizer = Detokenizer.from_model_dir(settings.model_path)
+    return Engine(model, detokenizer, dist, settings)
+
+
+def peer_urls(settings: ShardSettings, dist: Dist) -> list[str]:
+    """Every rank's gRPC address, index = rank (ServiceDiscovery).
+
+    Unix sockets follow from the base path. Over TCP (a pod per shard) each rank advertises its
+    own address and all ranks exchange them once, here, through the process group.
+    """
+    if settings.port is None:
+        return [settings.uds_url(r) for r in range(settings.world_size)]
+    mine = settings.advertise_address or f"{socket.gethostname()}:{settings.port}"
+    if dist.world_size == 1:
+        return [mine]
+    gathered: list[object] = [None] * dist.world_size
+    tdist.all_gather_object(gathered, mine, group=dist.group)
+    return [str(url) for url in gathered]
