@@ -62,6 +62,9 @@ class Validator:
         self.executor = executor
         self._rng = rng or random.SystemRandom()
 
+    def random_seed(self) -> int:
+        return self._rng.getrandbits(64)
+
     # ---- tokenization ------------------------------------------------------------------------
 
     def encode_sync(self, text: str, add_special_tokens: bool = True) -> Encoding:
@@ -167,7 +170,7 @@ class Validator:
             raise ValidationError("`top_k` must be strictly positive")
         # The shard samples whenever a warper is active (TGI's NextTokenChooser): say so.
         warped = temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
-        seed = self._rng.getrandbits(64) if p.seed is None else p.seed
+        seed = self.random_seed() if p.seed is None else p.seed
         return SamplingParameters(
             temperature=temperature,
             top_k=top_k,

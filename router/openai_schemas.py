@@ -1,0 +1,290 @@
+"""OpenAI-compatible bodies: chat/completions requests mapped onto generate requests the way TGI
+maps them, and the response objects exactly as the OpenAI SDK parses them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytgi_router.events import TokenInfo
+from pytgi_router.http_errors import CompletionRequestError, ToolError, UnprocessableError
+from pytgi_router.json_fields import (
+    U64_MAX,
+    obj,
+    opt_bool,
+    opt_float,
+    opt_int,
+    opt_obj,
+    opt_str,
+    required,
+    str_list,
+    wrong_type,
+)
+from pytgi_router.schemas import GenerateParameters, logprob_or_none
+
+# TGI's finish reasons, as OpenAI names them.
+FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
+
+
+@dataclass(slots=True)
+class SamplingFields:
+    """What chat and completions share, before mapping onto GenerateParameters."""
+
+    model: str | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: list[str]
+    frequency_penalty: float | None
+    presence_penalty: float | None
+    repetition_penalty: float | None
+    stream: bool
+    include_usage: bool
+
+    def parameters(self, *, top_n_tokens: int | None = None) -> GenerateParameters:
+        # TGI: temperature 0 means greedy; any other value (or none) samples.
+        greedy = self.temperature == 0.0
+        repetition = self.repetition_penalty
+        if self.presence_penalty is not None:
+            repetition = self.presence_penalty + 2.0  # TGI's mapping, kept for parity
+        return GenerateParameters(
+            temperature=None if greedy else self.temperature,
+            repetition_penalty=repetition,
+            frequency_penalty=self.frequency_penalty,
+            top_p=self.top_p,
+            do_sample=not greedy,
+            max_new_tokens=self.max_tokens,
+            stop=self.stop,
+            details=True,
+            seed=self.seed,
+            top_n_tokens=top_n_tokens,
+            adapter_id=self.model if self.model not in (None, "tgi") else None,
+        )
+
+
+def _sampling_fields(data: dict[str, Any]) -> SamplingFields:
+    max_tokens = opt_int(data, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = opt_int(data, "max_tokens")
+    options = opt_obj(data, "stream_options") or {}
+    return SamplingFields(
+        model=opt_str(data, "model"),
+        max_tokens=max_tokens,
+        temperature=opt_float(data, "temperature"),
+        top_p=opt_float(data, "top_p"),
+        seed=opt_int(data, "seed", hi=U64_MAX),
+        stop=str_list(data, "stop"),
+        frequency_penalty=opt_float(data, "frequency_penalty"),
+        presence_penalty=opt_float(data, "presence_penalty"),
+        repetition_penalty=opt_float(data, "repetition_penalty"),
+        stream=bool(opt_bool(data, "stream")),
+        include_usage=bool(opt_bool(options, "include_usage", "stream_options.")),
+    )
+
+
+# ---- chat --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    fields: SamplingFields
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    grammar: dict[str, Any] | None = None
+
+    def parameters(self) -> GenerateParameters:
+        p = self.fields.parameters(top_n_tokens=self.top_logprobs)
+        p.grammar = self.grammar
+        return p
+
+
+def _content(value: Any, path: str) -> str | None:
+    """A message's content: a string, or parts flattened as TGI does for text models."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise wrong_type(path, "a string or an array of content parts", value)
+    out = []
+    for i, part in enumerate(value):
+        part = obj(part, f"{path}[{i}]")
+        kind = part.get("type")
+        if kind == "text":
+            out.append(str(required(part, "text", f"{path}[{i}].")))
+        elif kind == "image_url":
+            url = obj(required(part, "image_url", f"{path}[{i}]."), f"{path}[{i}].image_url")
+            out.append(f"![]({required(url, 'url', f'{path}[{i}].image_url.')})")
+        else:
+            raise UnprocessableError(f"`{path}[{i}].type` must be \"text\" or \"image_url\"")
+    return "".join(out)
+
+
+def _message(value: Any, i: int) -> dict[str, Any]:
+    path = f"messages[{i}]"
+    data = obj(value, path)
+    role = required(data, "role", f"{path}.")
+    if not isinstance(role, str):
+        raise wrong_type(f"{path}.role", "a string", role)
+    message: dict[str, Any] = {"role": role, "content": _content(data.get("content"), f"{path}.content")}
+    for key in ("name", "tool_calls", "tool_call_id"):
+        if data.get(key) is not None:
+            message[key] = data[key]
+    if message["content"] is None and "tool_calls" not in message:
+        message["content"] = ""
+    return message
+
+
+def _grammar(data: dict[str, Any]) -> dict[str, Any] | None:
+    fmt = opt_obj(data, "response_format")
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    kind = fmt.get("type")
+    if kind == "json_schema" and "value" not in fmt:
+        return {"type": "json_schema", "value": fmt.get("json_schema")}
+    if kind == "json_object" and "value" not in fmt:
+        return {"type": "json", "value": {"type": "object"}}
+    return fmt
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    data = obj(body, "body")
+    raw = required(data, "messages")
+    if not isinstance(raw, list):
+        raise wrong_type("messages", "an array of messages", raw)
+    if not raw:
+        raise UnprocessableError("`messages` cannot be empty")
+    tools = data.get("tools")
+    choice = data.get("tool_choice")
+    if tools and choice != "none":
+        raise ToolError("tools are not supported by this server (send no `tools`, or "
+                        "`tool_choice: \"none\"`)")
+    logprobs = bool(opt_bool(data, "logprobs"))
+    top = opt_int(data, "top_logprobs")
+    return ChatRequest(
+        messages=[_message(m, i) for i, m in enumerate(raw)],
+        fields=_sampling_fields(data),
+        logprobs=logprobs,
+        top_logprobs=top if logprobs else None,
+        grammar=_grammar(data),
+    )
+
+
+def _logprob_entry(t: TokenInfo, top: list[TokenInfo]) -> dict[str, Any]:
+    return {
+        "token": t.text,
+        "logprob": logprob_or_none(t.logprob),
+        "bytes": list(t.text.encode()),
+        "top_logprobs": [
+            {"token": x.text, "logprob": logprob_or_none(x.logprob), "bytes": list(x.text.encode())}
+            for x in top
+        ],
+    }
+
+
+def chat_logprobs(tokens: list[TokenInfo], top: list[list[TokenInfo]]) -> dict[str, Any]:
+    return {
+        "content": [
+            _logprob_entry(t, top[i] if i < len(top) else []) for i, t in enumerate(tokens)
+        ]
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass(slots=True)
+class Envelope:
+    """The fields every OpenAI object of one response repeats."""
+
+    model: str
+    system_fingerprint: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    id: str = ""
+
+    def head(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+        }
+
+
+def chat_completion(
+    env: Envelope, text: str, finish_reason: str, logprobs: dict[str, Any] | None,
+    prompt_tokens: int, completion_tokens: int,
+) -> dict[str, Any]:
+    out = env.head("chat.completion")
+    out["choices"] = [{
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs,
+        "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason),
+    }]
+    out["usage"] = usage(prompt_tokens, completion_tokens)
+    return out
+
+
+# ---- completions -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    prompts: list[str]
+    fields: SamplingFields
+    echo: bool = False
+
+    def parameters(self) -> GenerateParameters:
+        p = self.fields.parameters()
+        p.return_full_text = self.echo
+        return p
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    data = obj(body, "body")
+    if data.get("suffix"):
+        raise CompletionRequestError(
+            "suffix not supported",
+            "Suffix is not supported and can be achieved by preprocessing the prompt.",
+        )
+    prompt = required(data, "prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise wrong_type("prompt", "a string or an array of strings", prompt)
+    if not prompts:
+        raise UnprocessableError("`prompt` cannot be empty")
+    return CompletionRequest(
+        prompts=prompts, fields=_sampling_fields(data), echo=bool(opt_bool(data, "echo"))
+    )
+
+
+def completion(
+    env: Envelope, choices: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    out = env.head("text_completion")
+    out["choices"] = [
+        {"index": i, "text": text, "logprobs": None,
+         "finish_reason": FINISH_REASONS.get(reason, reason)}
+        for i, (text, reason) in enumerate(choices)
+    ]
+    out["usage"] = usage(prompt_tokens, completion_tokens)
+    return out
+
+
+def models_list(model_id: str) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}],
+    }

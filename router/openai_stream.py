@@ -1,0 +1,88 @@
+"""SSE chunks of the OpenAI streams (hot path): each chunk is a pre-rendered head and tail with the
+token's escaped text spliced in, instead of a dict through `json.dumps` per token.
+"""
+
+from __future__ import annotations
+
+import json
+from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
+from typing import Any
+
+from pytgi_router.errors import InferError
+from pytgi_router.events import TokenInfo
+from pytgi_router.openai_schemas import FINISH_REASONS, Envelope, chat_logprobs, usage
+
+
+def _head(env: Envelope, kind: str) -> str:
+    head = env.head(kind)
+    return json.dumps(head, separators=(",", ":"), ensure_ascii=False)[:-1]
+
+
+class ChatChunks:
+    """`chat.completion.chunk` events of one chat stream."""
+
+    __slots__ = ("_head", "_env", "logprobs")
+
+    def __init__(self, env: Envelope, logprobs: bool) -> None:
+        self._env = env
+        self._head = _head(env, "chat.completion.chunk")
+        self.logprobs = logprobs
+
+    def token(
+        self, token: TokenInfo, top: list[TokenInfo], finish_reason: str | None = None
+    ) -> bytes:
+        text = "" if token.special else token.text
+        lp = "null"
+        if self.logprobs:
+            lp = json.dumps(chat_logprobs([token], [top]), separators=(",", ":"),
+                            ensure_ascii=False)
+        fr = "null" if finish_reason is None else f'"{FINISH_REASONS.get(finish_reason, finish_reason)}"'
+        return (
+            f'data: {self._head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
+            f'"content":{_quote(text)}}},"logprobs":{lp},"finish_reason":{fr}}}],'
+            '"usage":null}\n\n'
+        ).encode()
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        return f'data: {self._head},"choices":[],"usage":{body}}}\n\n'.encode()
+
+
+class CompletionChunks:
+    """`text_completion` events of one completions stream (several prompts interleave)."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, env: Envelope) -> None:
+        self._head = _head(env, "text_completion")
+
+    def token(self, index: int, token: TokenInfo) -> bytes:
+        text = "" if token.special else token.text
+        return (
+            f'data: {self._head},"choices":[{{"index":{index},"text":{_quote(text)},'
+            '"logprobs":null,"finish_reason":null}]}\n\n'
+        ).encode()
+
+    def last(
+        self, index: int, token: TokenInfo, finish_reason: str, prompt_tokens: int,
+        completion_tokens: int,
+    ) -> bytes:
+        text = "" if token.special else token.text
+        reason = FINISH_REASONS.get(finish_reason, finish_reason)
+        body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        return (
+            f'data: {self._head},"choices":[{{"index":{index},"text":{_quote(text)},'
+            f'"logprobs":null,"finish_reason":"{reason}"}}],"usage":{body}}}\n\n'
+        ).encode()
+
+
+def error_chunk(err: InferError) -> bytes:
+    """An error after an OpenAI stream started (a `data: [DONE]` still follows)."""
+    body: dict[str, Any] = {
+        "error": {
+            "message": err.message,
+            "type": err.error_type,
+            "http_status_code": err.status_code,
+        }
+    }
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"

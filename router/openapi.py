@@ -1,0 +1,209 @@
+"""The OpenAPI 3 document of the HTTP API, and the /docs Swagger UI page that renders it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+
+from pytgi_router.http_io import json_response
+from pytgi_router.state import AppState
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _nullable(kind: str, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "nullable": True, **extra}
+
+
+def _obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        out["required"] = required
+    return out
+
+
+TOKEN = _obj({
+    "id": {"type": "integer"}, "text": {"type": "string"},
+    "logprob": _nullable("number"), "special": {"type": "boolean"},
+}, ["id", "text", "special"])
+
+PARAMETERS = _obj({
+    "best_of": _nullable("integer", minimum=1, example=1),
+    "decoder_input_details": {"type": "boolean", "default": False},
+    "details": {"type": "boolean", "default": False},
+    "do_sample": {"type": "boolean", "default": False,
+                  "description": "true when `parameters` is omitted entirely"},
+    "frequency_penalty": _nullable("number", minimum=-2.0, maximum=2.0),
+    "grammar": {"type": "object", "nullable": True,
+                "description": "{type: json|json_object|json_schema|regex, value}"},
+    "max_new_tokens": _nullable("integer", minimum=1,
+                                description="default: max_total_tokens - input tokens"),
+    "repetition_penalty": _nullable("number", exclusiveMinimum=0),
+    "return_full_text": _nullable("boolean"),
+    "seed": _nullable("integer", minimum=0),
+    "stop": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
+    "temperature": _nullable("number", exclusiveMinimum=0),
+    "top_k": _nullable("integer", minimum=1),
+    "top_n_tokens": _nullable("integer", minimum=0, maximum=5),
+    "top_p": _nullable("number", exclusiveMinimum=0, maximum=1),
+    "truncate": _nullable("integer", minimum=1),
+    "typical_p": _nullable("number", exclusiveMinimum=0, exclusiveMaximum=1),
+    "watermark": {"type": "boolean", "default": False},
+    "adapter_id": _nullable("string"),
+})
+
+DETAILS = _obj({
+    "finish_reason": {"type": "string", "enum": ["length", "eos_token", "stop_sequence"]},
+    "generated_tokens": {"type": "integer"},
+    "seed": _nullable("integer"),
+    "prefill": {"type": "array", "items": _ref("Token")},
+    "tokens": {"type": "array", "items": _ref("Token")},
+    "top_tokens": {"type": "array", "items": {"type": "array", "items": _ref("Token")}},
+    "best_of_sequences": {"type": "array", "items": {"type": "object"}},
+}, ["finish_reason", "generated_tokens", "prefill", "tokens"])
+
+SCHEMAS: dict[str, Any] = {
+    "Token": TOKEN,
+    "GenerateParameters": PARAMETERS,
+    "GenerateRequest": _obj({
+        "inputs": {"type": "string", "example": "My name is Olivier and I"},
+        "parameters": _ref("GenerateParameters"),
+    }, ["inputs"]),
+    "CompatGenerateRequest": _obj({
+        "inputs": {"type": "string"}, "parameters": _ref("GenerateParameters"),
+        "stream": {"type": "boolean", "default": False},
+    }, ["inputs"]),
+    "Details": DETAILS,
+    "GenerateResponse": _obj({
+        "generated_text": {"type": "string"}, "details": _ref("Details"),
+    }, ["generated_text"]),
+    "StreamResponse": _obj({
+        "index": {"type": "integer", "minimum": 1}, "token": _ref("Token"),
+        "top_tokens": {"type": "array", "items": _ref("Token")},
+        "generated_text": _nullable("string"),
+        "details": {"type": "object", "nullable": True},
+    }, ["index", "token"]),
+    "ErrorResponse": _obj({
+        "error": {"type": "string"}, "error_type": {"type": "string"},
+    }, ["error", "error_type"]),
+    "ChatRequest": _obj({
+        "model": {"type": "string"},
+        "messages": {"type": "array", "items": _obj({
+            "role": {"type": "string"}, "content": {"type": "string"},
+        }, ["role"])},
+        "max_tokens": _nullable("integer"), "temperature": _nullable("number"),
+        "top_p": _nullable("number"), "seed": _nullable("integer"),
+        "stop": {"type": "array", "items": {"type": "string"}},
+        "stream": {"type": "boolean"}, "logprobs": {"type": "boolean"},
+        "top_logprobs": _nullable("integer"), "presence_penalty": _nullable("number"),
+        "frequency_penalty": _nullable("number"),
+        "stream_options": _obj({"include_usage": {"type": "boolean"}}),
+        "response_format": {"type": "object", "nullable": True},
+    }, ["messages"]),
+    "ChatCompletion": {"type": "object", "description": "OpenAI `chat.completion`"},
+    "CompletionRequest": _obj({
+        "model": {"type": "string"},
+        "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+        "max_tokens": _nullable("integer"), "temperature": _nullable("number"),
+        "top_p": _nullable("number"), "seed": _nullable("integer"),
+        "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"},
+    }, ["prompt"]),
+    "Completion": {"type": "object", "description": "OpenAI `text_completion`"},
+    "Info": {"type": "object"},
+    "SimpleToken": _obj({
+        "id": {"type": "integer"}, "text": {"type": "string"},
+        "start": {"type": "integer"}, "stop": {"type": "integer"},
+    }),
+}
+
+ERRORS = {
+    str(code): {"description": text, "content": {"application/json": {"schema": _ref("ErrorResponse")}}}
+    for code, text in [(400, "Malformed body"), (401, "Bad API key"), (413, "Payload too large"),
+                       (422, "Input validation error"), (424, "Generation error"),
+                       (429, "Model is overloaded"), (500, "Incomplete generation"),
+                       (503, "Unhealthy or shutting down")]
+}
+
+
+def _post(summary: str, request: str, response: dict[str, Any], stream: bool = False) -> dict:
+    media = "text/event-stream" if stream else "application/json"
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": _ref(request)}}},
+        "responses": {"200": {"description": "OK", "content": {media: {"schema": response}}},
+                      **ERRORS},
+    }}
+
+
+def _get(summary: str, response: dict[str, Any] | None = None) -> dict:
+    ok: dict[str, Any] = {"description": "OK"}
+    if response is not None:
+        ok["content"] = {"application/json": {"schema": response}}
+    return {"get": {"summary": summary, "responses": {"200": ok, **ERRORS}}}
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    paths = {
+        "/": {**_post("Generate (compat: `stream` picks SSE)", "CompatGenerateRequest",
+                      {"type": "array", "items": _ref("GenerateResponse")}),
+              **_get("Health")},
+        "/generate": _post("Generate tokens", "GenerateRequest", _ref("GenerateResponse")),
+        "/generate_stream": _post("Generate a stream of tokens (SSE)", "GenerateRequest",
+                                  _ref("StreamResponse"), stream=True),
+        "/v1/chat/completions": _post("OpenAI chat completions", "ChatRequest",
+                                      _ref("ChatCompletion")),
+        "/v1/completions": _post("OpenAI completions", "CompletionRequest", _ref("Completion")),
+        "/tokenize": _post("Tokenize", "GenerateRequest",
+                           {"type": "array", "items": _ref("SimpleToken")}),
+        "/chat_tokenize": _post("Template and tokenize a chat", "ChatRequest", {"type": "object"}),
+        "/invocations": _post("SageMaker: generate, chat or completions", "CompatGenerateRequest",
+                              {"type": "object"}),
+        "/health": _get("Health of the shards"),
+        "/ping": _get("Health (SageMaker)"),
+        "/info": _get("Model and router info", _ref("Info")),
+        "/metrics": {"get": {"summary": "Prometheus metrics",
+                             "responses": {"200": {"description": "Prometheus text"}}}},
+        "/v1/models": _get("OpenAI model list", {"type": "object"}),
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "pytgi", "version": version,
+                 "description": "Text Generation Inference's HTTP API, served by pytgi",
+                 "license": {"name": "Apache 2.0"}},
+        "paths": paths,
+        "components": {"schemas": SCHEMAS},
+    }
+
+
+SWAGGER_PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>pytgi API</title>
+<link rel="stylesheet" href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="https://unpkg.com/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script>window.ui = SwaggerUIBundle({url: "/api-doc/openapi.json", dom_id: "#swagger-ui"});</script>
+</body></html>
+"""
+
+
+class DocsRoutes:
+    def __init__(self, state: AppState) -> None:
+        self.document = openapi_document(state.version)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/docs", self.docs, methods=["GET"]),
+            Route("/api-doc/openapi.json", self.openapi, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+        ]
+
+    async def docs(self, request: Request) -> Response:
+        return HTMLResponse(SWAGGER_PAGE)
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(self.document)

@@ -1,0 +1,129 @@
+"""POST /v1/chat/completions (OpenAI) and POST /chat_tokenize."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pytgi_router.disconnect import watching_disconnect
+from pytgi_router.errors import InferError, TemplateError
+from pytgi_router.events import End, Token
+from pytgi_router.generation import ClientDisconnected, Generations, Job
+from pytgi_router.http_io import json_response, read_json
+from pytgi_router.openai_schemas import (
+    ChatRequest,
+    Envelope,
+    chat_completion,
+    chat_logprobs,
+    parse_chat,
+)
+from pytgi_router.openai_stream import ChatChunks, error_chunk
+from pytgi_router.routes_generate import CLIENT_CLOSED
+from pytgi_router.routes_info import simple_tokens
+from pytgi_router.schemas import GenerateRequest
+from pytgi_router.sse import DONE, EventStreamResponse
+from pytgi_router.state import AppState
+from pytgi_router.streaming import encode_run
+
+
+class ChatRoutes:
+    def __init__(self, state: AppState, generations: Generations) -> None:
+        self.state = state
+        self.generations = generations
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/chat_tokenize", self.chat_tokenize, methods=["POST"]),
+        ]
+
+    def prompt(self, chat: ChatRequest) -> str:
+        template = self.state.chat_template
+        try:
+            if template is None:
+                raise TemplateError("template not found")
+            return template.apply(chat.messages)
+        except TemplateError:
+            m = self.state.metrics
+            m.request_count.inc()
+            m.request_failure.labels(err="template").inc()
+            raise
+
+    async def chat_tokenize(self, request: Request) -> Response:
+        chat = parse_chat(await read_json(request))
+        text = self.prompt(chat)
+        encoding = await self.state.validator.encode(text, add_special_tokens=False)
+        return json_response(
+            {"tokenize_response": simple_tokens(text, encoding), "templated_text": text}
+        )
+
+    async def chat(self, request: Request) -> Response:
+        return await self.chat_body(request, await read_json(request))
+
+    async def chat_body(self, request: Request, body: object) -> Response:
+        chat = parse_chat(body)
+        req = GenerateRequest(self.prompt(chat), chat.parameters(), add_special_tokens=False)
+        env = Envelope(
+            model=chat.fields.model or self.state.model_id,
+            system_fingerprint=self.state.system_fingerprint,
+        )
+        if chat.fields.stream:
+            return await self._stream(request, chat, req, env)
+        job = Job()
+        with self.state.serving():
+            async with watching_disconnect(request.receive, job.cancel):
+                try:
+                    result = await self.generations.generate(
+                        req, route="chat_completions", headers=request.headers, job=job
+                    )
+                except ClientDisconnected:
+                    return Response(status_code=CLIENT_CLOSED)
+        seq = result.best
+        logprobs = chat_logprobs(seq.tokens, seq.top_tokens) if chat.logprobs else None
+        out = chat_completion(
+            env, seq.generated_text, seq.end.finish_reason, logprobs, seq.input_length,
+            seq.end.generated_tokens,
+        )
+        headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
+        return json_response(out, headers=headers)
+
+    async def _stream(
+        self, request: Request, chat: ChatRequest, req: GenerateRequest, env: Envelope
+    ) -> Response:
+        job = Job()
+        runs = await self.generations.admit(
+            req, stream=True, route="chat_completions", headers=request.headers, job=job
+        )
+        run = runs[0]
+        enc = ChatEncoder(
+            ChatChunks(env, chat.logprobs), chat.fields.include_usage,
+            run.valid.request.input_length,
+        )
+        headers = {
+            "x-compute-type": self.state.settings.compute_type,
+            "x-compute-characters": str(len(req.inputs)),
+        }
+        events = encode_run(self.state, run, job, enc)
+        return EventStreamResponse(events, headers, on_disconnect=job.cancel)
+
+
+class ChatEncoder:
+    __slots__ = ("chunks", "include_usage", "input_length")
+
+    def __init__(self, chunks: ChatChunks, include_usage: bool, input_length: int) -> None:
+        self.chunks = chunks
+        self.include_usage = include_usage
+        self.input_length = input_length
+
+    def token(self, index: int, ev: Token) -> bytes:
+        return self.chunks.token(ev.token, ev.top_tokens)
+
+    def end(self, index: int, ev: End) -> bytes:
+        out = self.chunks.token(ev.token, ev.top_tokens, ev.finish_reason)
+        if self.include_usage:
+            out += self.chunks.usage(self.input_length, ev.generated_tokens)
+        return out + DONE
+
+    def error(self, err: InferError) -> bytes:
+        return error_chunk(err) + DONE

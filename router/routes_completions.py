@@ -1,0 +1,139 @@
+"""POST /v1/completions (OpenAI): one independent generate request per prompt."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pytgi_router.disconnect import watching_disconnect
+from pytgi_router.errors import InferError
+from pytgi_router.events import End, Token
+from pytgi_router.generation import ClientDisconnected, Generations, Job, Result, summed_headers
+from pytgi_router.http_errors import CompletionRequestError
+from pytgi_router.http_io import json_response, read_json
+from pytgi_router.openai_schemas import CompletionRequest, Envelope, completion, parse_completion
+from pytgi_router.openai_stream import CompletionChunks, error_chunk
+from pytgi_router.routes_generate import CLIENT_CLOSED
+from pytgi_router.schemas import GenerateRequest
+from pytgi_router.sse import DONE, EventStreamResponse
+from pytgi_router.state import AppState
+from pytgi_router.streaming import encode_run, merge
+
+
+class CompletionRoutes:
+    def __init__(self, state: AppState, generations: Generations) -> None:
+        self.state = state
+        self.generations = generations
+
+    def routes(self) -> list[Route]:
+        return [Route("/v1/completions", self.completions, methods=["POST"])]
+
+    async def completions(self, request: Request) -> Response:
+        return await self.completions_body(request, await read_json(request))
+
+    async def completions_body(self, request: Request, body: object) -> Response:
+        comp = parse_completion(body)
+        limit = self.state.settings.max_client_batch_size
+        if len(comp.prompts) > limit:
+            raise CompletionRequestError(
+                "batch size exceeded",
+                f"Number of prompts exceeds the maximum allowed batch size of {limit}",
+            )
+        env = Envelope(
+            model=comp.fields.model or self.state.model_id,
+            system_fingerprint=self.state.system_fingerprint,
+        )
+        requests = [GenerateRequest(p, comp.parameters()) for p in comp.prompts]
+        if comp.fields.stream:
+            return await self._stream(request, requests, env)
+        job = Job()
+        with self.state.serving():
+            async with watching_disconnect(request.receive, job.cancel):
+                try:
+                    results = await self._generate_all(request, requests, job)
+                except ClientDisconnected:
+                    return Response(status_code=CLIENT_CLOSED)
+        out = completion(
+            env,
+            [(r.best.generated_text, r.best.end.finish_reason) for r in results],
+            sum(r.best.input_length for r in results),
+            sum(r.best.end.generated_tokens for r in results),
+        )
+        characters = sum(len(p) for p in comp.prompts)
+        headers = summed_headers(
+            [r.timings for r in results], self.state.settings.compute_type, characters
+        )
+        return json_response(out, headers=headers)
+
+    async def _generate_all(
+        self, request: Request, requests: list[GenerateRequest], job: Job
+    ) -> list[Result]:
+        tasks = [
+            asyncio.ensure_future(self.generations.generate(
+                req, route="completions", headers=request.headers, job=job
+            ))
+            for req in requests
+        ]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            job.cancel()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _stream(
+        self, request: Request, requests: list[GenerateRequest], env: Envelope
+    ) -> Response:
+        """Every prompt is validated and admitted before the stream starts (HTTP errors)."""
+        job = Job()
+        runs = []
+        try:
+            for req in requests:
+                runs += await self.generations.admit(
+                    req, stream=True, route="completions", headers=request.headers, job=job
+                )
+        except InferError:
+            job.cancel()
+            for run in runs:
+                run.dropped()
+            raise
+        chunks = CompletionChunks(env)
+        streams: list[AsyncIterator[bytes]] = [
+            encode_run(self.state, run, job, CompletionEncoder(chunks, i,
+                                                               run.valid.request.input_length))
+            for i, run in enumerate(runs)
+        ]
+        headers = {
+            "x-compute-type": self.state.settings.compute_type,
+            "x-compute-characters": str(sum(len(r.inputs) for r in requests)),
+        }
+        return EventStreamResponse(merge(streams, DONE), headers, on_disconnect=job.cancel)
+
+
+class CompletionEncoder:
+    __slots__ = ("chunks", "index", "input_length")
+
+    def __init__(self, chunks: CompletionChunks, index: int, input_length: int) -> None:
+        self.chunks = chunks
+        self.index = index
+        self.input_length = input_length
+
+    def token(self, index: int, ev: Token) -> bytes:
+        return self.chunks.token(self.index, ev.token)
+
+    def end(self, index: int, ev: End) -> bytes:
+        return self.chunks.last(
+            self.index, ev.token, ev.finish_reason, self.input_length, ev.generated_tokens
+        )
+
+    def error(self, err: InferError) -> bytes:
+        return error_chunk(err)
+
+
+__all__ = ["CompletionRoutes", "CompletionRequest"]

@@ -1,0 +1,117 @@
+"""TGI's generate routes: POST /generate, /generate_stream and the compat POST /."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from pytgi_router.disconnect import watching_disconnect
+from pytgi_router.errors import InferError
+from pytgi_router.events import End, Token
+from pytgi_router.generation import ClientDisconnected, Generations, Job, Run
+from pytgi_router.http_io import json_response, read_json
+from pytgi_router.schemas import (
+    GenerateRequest,
+    error_event,
+    generate_response,
+    parse_generate,
+    stream_end_event,
+    stream_token_event,
+)
+from pytgi_router.sse import EventStreamResponse
+from pytgi_router.state import AppState
+from pytgi_router.streaming import encode_run
+
+# The status nginx uses for "client closed the request": nobody reads it, the logs do.
+CLIENT_CLOSED = 499
+
+
+class GenerateRoutes:
+    def __init__(self, state: AppState, generations: Generations) -> None:
+        self.state = state
+        self.generations = generations
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/generate", self.generate, methods=["POST"]),
+            Route("/generate_stream", self.generate_stream, methods=["POST"]),
+            Route("/", self.compat, methods=["POST"]),
+        ]
+
+    async def generate(self, request: Request) -> Response:
+        req = parse_generate(await read_json(request))
+        return await self.respond(request, req, route="generate")
+
+    async def generate_stream(self, request: Request) -> Response:
+        req = parse_generate(await read_json(request))
+        return await self.stream(request, req, route="generate_stream")
+
+    async def compat(self, request: Request) -> Response:
+        return await self.compat_body(request, await read_json(request))
+
+    async def compat_body(self, request: Request, body: object) -> Response:
+        """`stream` picks the route; without a model pipeline tag TGI returns the full text."""
+        req = parse_generate(body)
+        if req.parameters.return_full_text is None:
+            req.parameters.return_full_text = True
+        if req.stream:
+            return await self.stream(request, req, route="compat_generate")
+        return await self.respond(request, req, route="compat_generate", as_list=True)
+
+    # ---- non-streaming -----------------------------------------------------------------------
+
+    async def respond(
+        self, request: Request, req: GenerateRequest, *, route: str, as_list: bool = False
+    ) -> Response:
+        job = Job()
+        with self.state.serving():
+            async with watching_disconnect(request.receive, job.cancel):
+                try:
+                    result = await self.generations.generate(
+                        req, route=route, headers=request.headers, job=job
+                    )
+                except ClientDisconnected:
+                    return Response(status_code=CLIENT_CLOSED)
+        body = generate_response(result.best, result.others, details=result.valid.details)
+        headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
+        return json_response([body] if as_list else body, headers=headers)
+
+    # ---- streaming ---------------------------------------------------------------------------
+
+    async def stream(self, request: Request, req: GenerateRequest, *, route: str) -> Response:
+        """Validation and admission errors are HTTP errors (raised before the stream starts)."""
+        job = Job()
+        runs = await self.generations.admit(
+            req, stream=True, route=route, headers=request.headers, job=job
+        )
+        headers = {
+            "x-compute-type": self.state.settings.compute_type,
+            "x-compute-characters": str(len(req.inputs)),
+        }
+        run = runs[0]
+        enc = GenerateEncoder(run)
+        events = encode_run(self.state, run, job, enc)
+        return EventStreamResponse(events, headers, on_disconnect=job.cancel)
+
+
+class GenerateEncoder:
+    """TGI's StreamResponse events."""
+
+    __slots__ = ("details", "prefix", "input_length")
+
+    def __init__(self, run: Run) -> None:
+        valid = run.valid
+        self.details = valid.details
+        self.prefix = valid.request.inputs if valid.return_full_text else ""
+        self.input_length = valid.request.input_length
+
+    def token(self, index: int, ev: Token) -> bytes:
+        return stream_token_event(index, ev.token, ev.top_tokens)
+
+    def end(self, index: int, ev: End) -> bytes:
+        text = self.prefix + ev.generated_text
+        return stream_end_event(index, ev, text, self.input_length, details=self.details)
+
+    def error(self, err: InferError) -> bytes:
+        return error_event(err.to_json())

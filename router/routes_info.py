@@ -1,0 +1,77 @@
+"""Routes about the server rather than generation: health, info, metrics, models, tokenize."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from tokenizers import Encoding
+
+from pytgi_router.errors import UnhealthyError
+from pytgi_router.http_errors import ShuttingDownError
+from pytgi_router.http_io import error_response, json_response, read_json
+from pytgi_router.openai_schemas import models_list
+from pytgi_router.schemas import parse_generate
+from pytgi_router.state import AppState
+
+
+def simple_tokens(text: str, encoding: Encoding) -> list[dict[str, Any]]:
+    """TGI's `[{id, text, start, stop}]`; start/stop are UTF-8 byte offsets as in TGI (Rust)."""
+    ascii_only = text.isascii()
+    byte_at: list[int] = []
+    if not ascii_only:
+        byte_at = [0]
+        for ch in text:
+            byte_at.append(byte_at[-1] + len(ch.encode()))
+    out = []
+    for token_id, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True):
+        piece = text[start:stop]
+        if not ascii_only:
+            start, stop = byte_at[start], byte_at[stop]
+        out.append({"id": token_id, "text": piece, "start": start, "stop": stop})
+    return out
+
+
+class InfoRoutes:
+    def __init__(self, state: AppState) -> None:
+        self.state = state
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/", self.health, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+            Route("/ping", self.health, methods=["GET"]),
+            Route("/info", self.info, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+        ]
+
+    async def health(self, request: Request) -> Response:
+        """200 with an empty body when the shards answer, else 503 (also while draining)."""
+        if self.state.draining:
+            return error_response(ShuttingDownError())
+        if await self.state.infer.health():
+            return Response(status_code=200)
+        return error_response(UnhealthyError("unhealthy"))
+
+    async def info(self, request: Request) -> Response:
+        return json_response(self.state.info_json())
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def models(self, request: Request) -> Response:
+        return json_response(models_list(self.state.model_id))
+
+    async def tokenize(self, request: Request) -> Response:
+        req = parse_generate(await read_json(request))
+        validator = self.state.validator
+        encoding = await validator.encode(req.inputs, add_special_tokens=True)
+        truncate = req.parameters.truncate
+        if truncate is not None and len(encoding.ids) > truncate:
+            encoding.truncate(truncate, direction="left")
+        return json_response(simple_tokens(req.inputs, encoding))

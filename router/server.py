@@ -1,0 +1,177 @@
+"""The router process's lifecycle: tokenizer, shards (connect + warmup), HTTP serving, drain.
+
+SIGTERM/SIGINT drain: /health and new requests answer 503 at once, in-flight requests finish
+(up to --graceful-termination-timeout), then the server closes and the process exits 0. A second
+signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+
+from pytgi_router.app import create_app
+from pytgi_router.chat_template import load_chat_template
+from pytgi_router.client import ShardClient
+from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.metrics import Metrics
+from pytgi_router.model_files import ModelFiles
+from pytgi_router.settings import RouterSettings
+from pytgi_router.state import AppState
+from pytgi_router.tracing import Tracing
+from pytgi_router.validation import ValidationLimits, Validator
+
+log = logging.getLogger("pytgi.router")
+
+# Grace Hypercorn gives open connections once the drain is over (responses finishing a write).
+CLOSE_GRACE_S = 3.0
+
+
+def infer_settings(s: RouterSettings) -> InferSettings:
+    return InferSettings(
+        max_concurrent_requests=s.max_concurrent_requests,
+        max_batch_prefill_tokens=s.max_batch_prefill_tokens,
+        max_batch_total_tokens=s.max_batch_total_tokens,
+        max_batch_size=s.max_batch_size,
+        waiting_served_ratio=s.waiting_served_ratio,
+        max_waiting_tokens=s.max_waiting_tokens,
+        max_input_tokens=s.max_input_tokens,
+        max_total_tokens=s.max_total_tokens,
+        max_queue_size=s.max_queue_size,
+    )
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Binds here (not in Hypercorn) so that port 0 resolves to a real port we can announce."""
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class RouterServer:
+    def __init__(self, settings: RouterSettings) -> None:
+        self.settings = settings
+        self.tracing = Tracing(settings.otlp_endpoint, settings.otlp_service_name)
+        self.state: AppState | None = None
+        self._client: ShardClient | None = None
+        self._executor = ThreadPoolExecutor(settings.validation_workers, "pytgi-validation")
+        self._stop = asyncio.Event()
+        self._draining: asyncio.Task[None] | None = None
+        self.sock: socket.socket | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.sock is not None
+        return int(self.sock.getsockname()[1])
+
+    async def start(self) -> AppState:
+        s = self.settings
+        self.tracing.install_global()
+        files = ModelFiles(s.tokenizer_name, s.revision)
+        tokenizer = files.tokenizer()
+        template = load_chat_template(files, s.tokenizer_config_path)
+        if template is None:
+            log.warning("no chat template found: /v1/chat/completions will answer 422")
+        self._client = await ShardClient.connect(s.shard_uri)
+        metrics = Metrics(s.max_input_tokens or 1024, s.max_total_tokens or 2048)
+        infer = Infer(self._client, infer_settings(s), metrics)
+        info = await infer.start()
+        limits = ValidationLimits(
+            max_best_of=s.max_best_of,
+            max_stop_sequences=s.max_stop_sequences,
+            max_top_n_tokens=s.max_top_n_tokens,
+            max_input_tokens=info.max_input_tokens,
+            max_total_tokens=info.max_total_tokens,
+            grammar_supported=False,
+        )
+        validator = Validator(tokenizer, limits, self._executor)
+        self.state = AppState(
+            settings=s, infer=infer, info=info, validator=validator, metrics=metrics,
+            chat_template=template, tracing=self.tracing,
+        )
+        self.sock = bind_socket(s.hostname, s.port)
+        return self.state
+
+    async def serve(self) -> None:
+        """Serves until shutdown; start() must have run."""
+        assert self.state is not None and self.sock is not None
+        config = Config()
+        config.bind = [f"fd://{self.sock.fileno()}"]
+        config.graceful_timeout = CLOSE_GRACE_S
+        config.accesslog = None
+        config.errorlog = logging.getLogger("hypercorn.error")
+        app = create_app(self.state)
+        host = self.settings.hostname
+        shown = f"[{host}]" if ":" in host else host
+        print(f"Connected, serving on http://{shown}:{self.port}", flush=True)
+        log.info("model %s: %s", self.state.model_id, self.state.info)
+        await hypercorn_serve(app, config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+
+    def request_shutdown(self) -> None:
+        """First call: drain, then stop. Second call: stop now."""
+        if self._draining is None:
+            log.info("shutdown requested: draining in-flight requests")
+            self._draining = asyncio.ensure_future(self._drain())
+        else:
+            log.info("second shutdown request: stopping now")
+            self._stop.set()
+
+    async def _drain(self) -> None:
+        state = self.state
+        if state is not None:
+            state.draining = True
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.settings.graceful_termination_timeout
+            while (state.in_flight or state.infer.in_flight) and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+        self._stop.set()
+
+    async def close(self) -> None:
+        if self.state is not None:
+            await self.state.infer.stop(0.0)
+        if self._client is not None:
+            await self._client.close()
+        if self._draining is not None:
+            self._draining.cancel()
+        if self.sock is not None:
+            self.sock.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.tracing.shutdown()
+
+
+async def serve(settings: RouterSettings) -> int:
+    server = RouterServer(settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.request_shutdown)
+    try:
+        await server.start()
+        await server.serve()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+        await server.close()
+    log.info("router stopped")
+    return 0
+
+
+def run(settings: RouterSettings) -> int:
+    try:
+        return asyncio.run(serve(settings))
+    except Exception as err:
+        log.error("router failed: %s", err, exc_info=log.isEnabledFor(logging.DEBUG))
+        print(f"pytgi-router: error: {err}", flush=True)
+        return 1

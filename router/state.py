@@ -1,0 +1,94 @@
+"""AppState: everything a route handler needs, built once at start-up (no globals)."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+from pytgi_router.chat_template import ChatTemplate
+from pytgi_router.metrics import Metrics
+from pytgi_router.settings import RouterSettings
+from pytgi_router.tracing import Tracing
+from pytgi_router.validation import Validator
+
+if TYPE_CHECKING:
+    from pytgi_router.infer import Infer, ShardInfo
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("pytgi")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+@dataclass
+class AppState:
+    settings: RouterSettings
+    infer: Infer
+    info: ShardInfo
+    validator: Validator
+    metrics: Metrics
+    chat_template: ChatTemplate | None
+    tracing: Tracing = field(default_factory=Tracing)
+    model_sha: str | None = None
+    version: str = field(default_factory=package_version)
+    # Set on SIGTERM: /health and new requests answer 503 while in-flight ones finish.
+    draining: bool = False
+    # HTTP requests currently being served by the generation routes.
+    in_flight: int = 0
+    started_at: float = field(default_factory=time.time)
+
+    def enter(self) -> None:
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Counts a request in flight for the drain on shutdown."""
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    @property
+    def model_id(self) -> str:
+        return self.settings.served_model_id
+
+    @property
+    def system_fingerprint(self) -> str:
+        return f"{self.version}-native"
+
+    def info_json(self) -> dict[str, Any]:
+        """TGI's /info, plus the batching limits TGI 2.x used to show."""
+        s, i = self.settings, self.info
+        return {
+            "model_id": self.model_id,
+            "model_sha": self.model_sha,
+            "model_dtype": i.dtype,
+            "model_device_type": i.device_type,
+            "model_pipeline_tag": None,
+            "max_concurrent_requests": s.max_concurrent_requests,
+            "max_best_of": s.max_best_of,
+            "max_stop_sequences": s.max_stop_sequences,
+            "max_input_tokens": i.max_input_tokens,
+            "max_total_tokens": i.max_total_tokens,
+            "validation_workers": s.validation_workers,
+            "max_client_batch_size": s.max_client_batch_size,
+            "waiting_served_ratio": s.waiting_served_ratio,
+            "max_batch_total_tokens": i.max_batch_total_tokens,
+            "max_batch_prefill_tokens": i.max_batch_prefill_tokens,
+            "max_waiting_tokens": s.max_waiting_tokens,
+            "max_batch_size": s.max_batch_size,
+            "router": "text-generation-router",
+            "version": self.version,
+            "sha": None,
+            "docker_label": None,
+        }

@@ -1,0 +1,92 @@
+"""Turning one admitted run into SSE bytes with a route's encoder, and merging several runs.
+
+Hot path: one loop iteration per generated token; the encoders splice pre-rendered strings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Protocol
+
+from pytgi_router.errors import InferError
+from pytgi_router.events import End, Prefill, Token
+from pytgi_router.generation import Job, Run
+
+if TYPE_CHECKING:
+    from pytgi_router.state import AppState
+
+
+class Encoder(Protocol):
+    def token(self, index: int, ev: Token) -> bytes: ...
+
+    def end(self, index: int, ev: End) -> bytes: ...
+
+    def error(self, err: InferError) -> bytes: ...
+
+
+async def encode_run(
+    state: AppState, run: Run, job: Job, enc: Encoder
+) -> AsyncIterator[bytes]:
+    """Events of `run` as SSE bytes; failures after the start become the encoder's error event."""
+    state.enter()
+    index = 0
+    try:
+        async for ev in run.stream:
+            kind = type(ev)
+            if kind is Prefill:
+                continue
+            index += 1
+            if kind is End:
+                run.succeed(ev)  # type: ignore[arg-type]
+                yield enc.end(index, ev)  # type: ignore[arg-type]
+                return
+            yield enc.token(index, ev)  # type: ignore[arg-type]
+        err = run.incomplete(job, streaming=True)
+        if isinstance(err, InferError):
+            yield enc.error(err)
+    except InferError as err:
+        run.fail(err)
+        yield enc.error(err)
+    finally:
+        if not run.done:
+            run.stream.cancel()
+            run.dropped()
+        state.leave()
+
+
+async def merge(streams: list[AsyncIterator[bytes]], trailer: bytes = b"") -> AsyncIterator[bytes]:
+    """Interleaves several event streams as their events come (completions with many prompts)."""
+    if len(streams) == 1:
+        async for chunk in streams[0]:
+            yield chunk
+        if trailer:
+            yield trailer
+        return
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+    async def pump(it: AsyncIterator[bytes]) -> None:
+        try:
+            async for chunk in it:
+                await queue.put(chunk)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            else:
+                yield item
+        if trailer:
+            yield trailer
+    finally:
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
