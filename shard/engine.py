@@ -193,7 +193,8 @@ class Engine:
                 live = batch.filter(keep) if keep else None
         return generations, live, forward_done - start, time.perf_counter_ns() - forward_done
 
-    def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch:
+    def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch | None:
+        """Keeps the listed requests; None when none is left (the batch is dropped)."""
         batch = self.cache.pop(batch_id)
         try:
             with self._span("filter"):
@@ -202,9 +203,7 @@ class Engine:
             self.cache.set(batch)
             raise
         self.cache.set(kept)
-        if len(kept) == 0:
-            return generate_pb2.CachedBatch(id=batch_id)
-        return kept.to_pb()
+        return kept.to_pb() if len(kept) else None
 
     def clear(self, batch_id: int | None) -> None:
         if batch_id is None:

@@ -1,0 +1,160 @@
+"""`pytgi-shard`: the shard's command line.
+
+Subcommands register themselves through SUBCOMMANDS (one function each that adds its parser and
+sets `run`); `serve` lives here, others live with the code they drive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from pytgi_shard.logs import configure_logging
+from pytgi_shard.settings import DEFAULT_UDS_PATH, DTYPES, ShardSettings
+
+log = logging.getLogger("pytgi_shard")
+
+# Environment variables the launcher (and TGI's) sets for each shard; flags win over them.
+ENV_FALLBACKS = {
+    "rank": ("RANK", int),
+    "world_size": ("WORLD_SIZE", int),
+    "master_addr": ("MASTER_ADDR", str),
+    "master_port": ("MASTER_PORT", int),
+    "cuda_memory_fraction": ("CUDA_MEMORY_FRACTION", float),
+    "watermark_gamma": ("WATERMARK_GAMMA", float),
+    "watermark_delta": ("WATERMARK_DELTA", float),
+}
+
+
+def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("serve", help="load a model and serve it over gRPC")
+    p.add_argument("model_path", type=Path, help="local model directory (HF layout)")
+    p.add_argument("--rank", type=int, help="this shard's rank (env RANK; default 0)")
+    p.add_argument("--world-size", type=int, help="number of shards (env WORLD_SIZE; default 1)")
+    p.add_argument("--master-addr", help="rendezvous host (env MASTER_ADDR; default localhost)")
+    p.add_argument(
+        "--master-port", type=int, help="rendezvous port (env MASTER_PORT; default 29500)"
+    )
+    where = p.add_mutually_exclusive_group()
+    where.add_argument(
+        "--uds-path", help=f"socket base name; listens on PATH-RANK (default {DEFAULT_UDS_PATH})"
+    )
+    where.add_argument("--port", type=int, help="listen on this TCP port instead of a unix socket")
+    p.add_argument(
+        "--advertise-address",
+        help="HOST:PORT peers reach this rank at (TCP; default <hostname>:<port>)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        help="default: the checkpoint's half precision on GPU, float32 on CPU",
+    )
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--attention", default="reference", help="attention backend (default reference)")
+    p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
+    p.add_argument(
+        "--max-total-tokens", type=int, help="CPU KV budget in tokens when Warmup sets none"
+    )
+    p.add_argument(
+        "--cuda-memory-fraction",
+        type=float,
+        help="share of GPU memory to use (env CUDA_MEMORY_FRACTION; default 1.0)",
+    )
+    p.add_argument("--watermark-gamma", type=float, help="env WATERMARK_GAMMA; default 0.5")
+    p.add_argument("--watermark-delta", type=float, help="env WATERMARK_DELTA; default 2.0")
+    p.add_argument("--json-output", action="store_true", help="log JSON lines")
+    p.add_argument("--log-level", "--logger-level", dest="log_level", default="INFO")
+    p.add_argument("--otlp-endpoint", help="OTLP gRPC collector for traces")
+    p.add_argument("--otlp-service-name", default="pytgi.shard")
+    p.set_defaults(run=run_serve)
+
+
+# Other modules append their own registration function here.
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_serve_command]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pytgi-shard", description="pytgi model shard")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for register in SUBCOMMANDS:
+        register(subparsers)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> ShardSettings:
+    """The one place that reads the environment: unset flags take their variable's value."""
+    values = {}
+    for field, (var, kind) in ENV_FALLBACKS.items():
+        value = getattr(args, field)
+        if value is None and env.get(var):
+            try:
+                value = kind(env[var])
+            except ValueError as e:
+                raise ValueError(f"{var}={env[var]!r} is not a valid {kind.__name__}") from e
+        if value is not None:
+            values[field] = value
+    return ShardSettings(
+        model_path=args.model_path,
+        uds_path=None if args.port is not None else (args.uds_path or DEFAULT_UDS_PATH),
+        port=args.port,
+        advertise_address=args.advertise_address,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        attention=args.attention,
+        block_size=args.block_size,
+        max_total_tokens=args.max_total_tokens,
+        json_output=args.json_output,
+        log_level=args.log_level,
+        otlp_endpoint=args.otlp_endpoint,
+        otlp_service_name=args.otlp_service_name,
+        **values,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args, os.environ)
+    except ValueError as e:
+        print(f"pytgi-shard serve: error: {e}", file=sys.stderr)
+        return 2
+    configure_logging(settings.json_output, settings.log_level, settings.rank)
+    # Heavy imports after argument parsing, so `--help` and bad flags answer at once.
+    from pytgi_shard.server import remove_socket, serve
+    from pytgi_shard.startup import load_engine, peer_urls
+    from pytgi_shard.tracing import server_interceptors, setup_tracing
+
+    remove_socket(settings)
+    provider = (
+        setup_tracing(settings.otlp_endpoint, settings.otlp_service_name)
+        if settings.otlp_endpoint
+        else None
+    )
+    engine = None
+    try:
+        engine = load_engine(settings)
+        urls = peer_urls(settings, engine.dist)
+        asyncio.run(serve(settings, engine, urls, server_interceptors(provider)))
+    except Exception:
+        log.exception("shard %d failed", settings.rank)
+        return 1
+    finally:
+        if engine is not None:
+            engine.dist.close()
+        if provider is not None:
+            provider.shutdown()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
