@@ -48,7 +48,7 @@ class Weights:
         self._handles: dict[Path, Any] = {}
         self._routing: dict[str, Path] = {}
         for file in find_weight_files(model_path):
-            for name in self._handle(file).keys():
+            for name in self._handle(file).keys():  # noqa: SIM118 (safe_open is no mapping)
                 if name in self._routing:
                     raise ValueError(
                         f"tensor {name!r} is in both {self._routing[name].name} and {file.name}"

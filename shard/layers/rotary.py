@@ -95,9 +95,8 @@ class RotaryEmbedding:
     ) -> None:
         rope_type = rope_type_of(scaling)
         if rope_type not in SUPPORTED:
-            raise ValueError(
-                f"rope_scaling type {rope_type!r} is not supported (supported: {', '.join(SUPPORTED)})"
-            )
+            supported = ", ".join(SUPPORTED)
+            raise ValueError(f"rope_scaling type {rope_type!r} is not supported ({supported})")
         self.dim = dim
         self.base = base
         self.max_position_embeddings = max_position_embeddings

@@ -9,6 +9,8 @@ import torch
 
 from pytgi_shard.attention import get_backend
 from pytgi_shard.distributed import Dist
+from pytgi_shard.models.llama import Llama
+from pytgi_shard.models.llama_config import FAMILY_DEFAULTS
 from pytgi_shard.models.model import Model
 
 __all__ = ["Model", "get_model", "read_model_type"]
@@ -43,10 +45,9 @@ def get_model(
     """
     model_type = read_model_type(model_path)
     backend = get_backend(attention)
-    from pytgi_shard.models.llama import FAMILY, Llama
-
-    if model_type in FAMILY:
+    if model_type in FAMILY_DEFAULTS:
         return Llama.load(model_path, dtype, dist, backend)
+    # Imported only when needed: transformers takes seconds to import.
     from pytgi_shard.models.transformers_model import TransformersModel
 
     return TransformersModel.load(model_path, dtype, dist, backend, trust_remote_code)

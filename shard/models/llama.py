@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoConfig, PretrainedConfig
 
 from pytgi_shard.attention import AttentionBackend, AttentionMetadata
 from pytgi_shard.distributed import Dist
@@ -27,29 +26,15 @@ from pytgi_shard.layers.linear import RowParallelLinear, kv_head_partition, load
 from pytgi_shard.layers.lm_head import ParallelLMHead
 from pytgi_shard.layers.mlp import GatedMLP
 from pytgi_shard.layers.rotary import RotaryEmbedding, apply_rotary
+from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.models.model import Model
 from pytgi_shard.weights import Weights
-
-FAMILY = ("llama", "mistral", "qwen2")
-
-
-def head_dim_of(config: PretrainedConfig) -> int:
-    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-
-
-def layer_windows(config: PretrainedConfig) -> list[int | None]:
-    """The sliding window of each layer (None: full attention)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:  # Qwen2: only the layers marked sliding use the window
-        return [window if kind == "sliding_attention" else None for kind in layer_types]
-    return [window] * config.num_hidden_layers
 
 
 class LlamaAttention(nn.Module):
     def __init__(
         self,
-        config: PretrainedConfig,
+        config: LlamaConfig,
         weights: Weights,
         prefix: str,
         layer_idx: int,
@@ -59,11 +44,9 @@ class LlamaAttention(nn.Module):
         super().__init__()
         world = weights.dist.world_size
         kv_heads = config.num_key_value_heads
-        qkv_bias = config.model_type == "qwen2" or getattr(config, "attention_bias", False)
-        o_bias = config.model_type != "qwen2" and getattr(config, "attention_bias", False)
-        self.qkv = load_qkv(weights, prefix, config.num_attention_heads, kv_heads, qkv_bias)
-        self.o_proj = RowParallelLinear.load(weights, f"{prefix}.o_proj", o_bias)
-        self.head_dim = head_dim_of(config)
+        self.qkv = load_qkv(weights, prefix, config.num_attention_heads, kv_heads, config.qkv_bias)
+        self.o_proj = RowParallelLinear.load(weights, f"{prefix}.o_proj", config.o_bias)
+        self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads // world
         self.num_kv_heads = kv_heads // kv_head_partition(kv_heads, weights.dist)[1]
         self.q_size = self.num_heads * self.head_dim
@@ -96,7 +79,7 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(
         self,
-        config: PretrainedConfig,
+        config: LlamaConfig,
         weights: Weights,
         layer_idx: int,
         backend: AttentionBackend,
@@ -112,9 +95,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm.load(
             weights, f"{prefix}.post_attention_layernorm", eps
         )
-        self.mlp = GatedMLP.load(
-            weights, f"{prefix}.mlp", config.hidden_act, getattr(config, "mlp_bias", False)
-        )
+        self.mlp = GatedMLP.load(weights, f"{prefix}.mlp", config.hidden_act, config.mlp_bias)
 
     def forward(
         self,
@@ -130,31 +111,30 @@ class LlamaDecoderLayer(nn.Module):
 
 class Llama(nn.Module, Model):
     def __init__(
-        self, config: PretrainedConfig, weights: Weights, backend: AttentionBackend
+        self, config: LlamaConfig, weights: Weights, backend: AttentionBackend
     ) -> None:
         super().__init__()
         dist = weights.dist
-        windows = layer_windows(config)
+        windows = config.layer_windows
         self.embed_tokens = VocabParallelEmbedding.load(weights, "model.embed_tokens.weight")
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, weights, i, backend, windows[i])
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm.load(weights, "model.norm", config.rms_norm_eps)
-        tied = getattr(config, "tie_word_embeddings", False)
-        head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+        head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         self.lm_head = ParallelLMHead.load(weights, head)
         self.rotary = RotaryEmbedding(
-            head_dim_of(config),
-            float(getattr(config, "rope_theta", 10000.0)),
+            config.head_dim,
+            config.rope_theta,
             config.max_position_embeddings,
-            getattr(config, "rope_scaling", None),
+            config.rope_scaling,
             dist.device,
         )
         kv_heads = config.num_key_value_heads
         self.num_layers = config.num_hidden_layers
         self.num_kv_heads = kv_heads // kv_head_partition(kv_heads, dist)[1]
-        self.head_dim = head_dim_of(config)
+        self.head_dim = config.head_dim
         self.vocab_size = weights.shape(head)[0]
         self.dtype = weights.dtype
         self.device = dist.device
@@ -167,9 +147,7 @@ class Llama(nn.Module, Model):
     def load(
         cls, model_path: Path, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
     ) -> Llama:
-        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-        if config.model_type not in FAMILY:
-            raise ValueError(f"{config.model_type!r} is not a Llama-family model ({FAMILY})")
+        config = LlamaConfig.load(model_path)
         weights = Weights(model_path, dtype, dist)
         try:
             return cls(config, weights, backend)
