@@ -1,0 +1,69 @@
+"""pytgi-router flags: TGI's names, their environment forms, the legacy alias, bad combinations."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytgi_router.cli import parse_settings
+
+
+def test_flags_parse_into_settings() -> None:
+    s = parse_settings([
+        "--tokenizer-name", "/m", "--master-shard-address", "localhost:5000", "--port", "0",
+        "--max-input-tokens", "100", "--max-total-tokens", "200", "--max-best-of", "3",
+        "--cors-allow-origin", "http://a", "--cors-allow-origin", "http://b", "--api-key", "s3cr3t-KEY",
+        "--json-output", "--waiting-served-ratio", "1.5", "--graceful-termination-timeout", "5",
+    ], environ={})
+    assert s.tokenizer_name == "/m" and s.served_model_id == "/m"
+    assert s.shard_uri == "localhost:5000" and s.port == 0
+    assert (s.max_input_tokens, s.max_total_tokens, s.max_best_of) == (100, 200, 3)
+    assert s.cors_allow_origin == ("http://a", "http://b") and s.json_output
+    assert s.waiting_served_ratio == 1.5 and s.graceful_termination_timeout == 5
+    assert "s3cr3t-KEY" not in repr(s)  # the key never reaches logs through the settings
+
+
+def test_defaults_are_tgi_defaults() -> None:
+    s = parse_settings(["--tokenizer-name", "/m"], environ={})
+    assert s.shard_uri == "unix:///tmp/text-generation-server-0"
+    assert (s.max_concurrent_requests, s.max_best_of, s.max_stop_sequences, s.max_top_n_tokens,
+            s.max_client_batch_size, s.payload_limit) == (128, 2, 4, 5, 4, 2_000_000)
+    assert s.otlp_service_name == "pytgi.router" and s.graceful_termination_timeout == 90
+
+
+def test_environment_forms_and_command_line_precedence() -> None:
+    env = {"TOKENIZER_NAME": "/env", "MAX_BEST_OF": "4", "JSON_OUTPUT": "true", "PORT": "8081",
+           "CORS_ALLOW_ORIGIN": "http://x,http://y", "MODEL_ID": "served", "HOSTNAME": "pod-7f9",
+           "COMPUTE_TYPE": "1-cpu"}
+    s = parse_settings(["--max-best-of", "1"], environ=env)
+    assert s.tokenizer_name == "/env" and s.model_id == "served" and s.max_best_of == 1
+    assert s.json_output and s.port == 8081 and s.cors_allow_origin == ("http://x", "http://y")
+    # A container's HOSTNAME is its name, not an address: ignored as TGI does.
+    assert s.hostname == "0.0.0.0" and s.compute_type == "1-cpu"
+    assert parse_settings([], environ={**env, "HOSTNAME": "127.0.0.1"}).hostname == "127.0.0.1"
+
+
+def test_legacy_input_length_alias() -> None:
+    s = parse_settings(["--tokenizer-name", "/m", "--max-input-length", "50"], environ={})
+    assert s.max_input_tokens == 50
+    with pytest.raises(SystemExit):
+        parse_settings(["--tokenizer-name", "/m", "--max-input-length", "50",
+                        "--max-input-tokens", "60"], environ={})
+
+
+@pytest.mark.parametrize("argv", [
+    [],  # no tokenizer
+    ["--tokenizer-name", "/m", "--max-input-tokens", "10", "--max-total-tokens", "10"],
+    ["--tokenizer-name", "/m", "--max-total-tokens", "100", "--max-batch-total-tokens", "50"],
+    ["--tokenizer-name", "/m", "--max-best-of", "0"],
+    ["--tokenizer-name", "/m", "--port", "x"],
+])
+def test_bad_settings_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_settings(argv, environ={})
+    assert info.value.code == 2
+    assert "pytgi-router" in capsys.readouterr().err
+
+
+def test_bad_environment_value_is_named() -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(["--tokenizer-name", "/m"], environ={"MAX_BEST_OF": "many"})

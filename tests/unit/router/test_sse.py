@@ -1,0 +1,110 @@
+"""EventStreamResponse over the ASGI protocol: one flushed send per event, keep-alive comments
+when idle, and a client disconnect that cancels the producer and stops the writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pytgi_router.sse import KEEP_ALIVE, EventStreamResponse
+
+
+class Client:
+    """The server side of one HTTP connection, as the ASGI app sees it."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+        self.inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def receive(self) -> dict[str, Any]:
+        return await self.inbox.get()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    def disconnect(self) -> None:
+        self.inbox.put_nowait({"type": "http.disconnect"})
+
+    @property
+    def bodies(self) -> list[bytes]:
+        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
+
+
+def test_headers_and_one_send_per_event() -> None:
+    async def events() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield f"data: {i}\n\n".encode()
+
+    async def main() -> Client:
+        client = Client()
+        response = EventStreamResponse(events(), {"x-compute-type": "cpu"})
+        await response({"type": "http"}, client.receive, client.send)
+        return client
+
+    client = asyncio.run(main())
+    start = client.sent[0]
+    assert start["status"] == 200
+    headers = dict(start["headers"])
+    assert headers[b"content-type"] == b"text/event-stream"
+    assert headers[b"x-accel-buffering"] == b"no" and headers[b"x-compute-type"] == b"cpu"
+    assert client.bodies == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n", b""]
+    assert client.sent[-1]["more_body"] is False
+
+
+def test_keep_alive_comment_when_idle() -> None:
+    async def slow() -> AsyncIterator[bytes]:
+        yield b"data: a\n\n"
+        await asyncio.sleep(0.35)
+        yield b"data: b\n\n"
+
+    async def main() -> Client:
+        client = Client()
+        await EventStreamResponse(slow(), keep_alive_s=0.1)({}, client.receive, client.send)
+        return client
+
+    bodies = asyncio.run(main()).bodies
+    assert bodies[0] == b"data: a\n\n" and bodies[-2:] == [b"data: b\n\n", b""]
+    keep_alives = bodies[1:-2]
+    assert 2 <= len(keep_alives) <= 4 and set(keep_alives) == {KEEP_ALIVE}
+
+
+def test_disconnect_cancels_the_producer_and_stops_writing() -> None:
+    async def main() -> tuple[Client, bool, int]:
+        stop = asyncio.Event()
+        produced = 0
+
+        async def endless() -> AsyncIterator[bytes]:
+            nonlocal produced
+            while not stop.is_set():
+                produced += 1
+                yield b"data: x\n\n"
+                await asyncio.sleep(0.01)
+
+        client = Client()
+        response = EventStreamResponse(endless(), on_disconnect=stop.set)
+        task = asyncio.ensure_future(response({}, client.receive, client.send))
+        await asyncio.sleep(0.05)
+        client.disconnect()
+        await asyncio.wait_for(task, 2)
+        return client, response.disconnected, produced
+
+    client, disconnected, produced = asyncio.run(main())
+    assert disconnected
+    # Nothing is written after the disconnect, not even the closing empty body.
+    assert client.bodies and all(b == b"data: x\n\n" for b in client.bodies)
+    assert len(client.bodies) <= produced
+
+
+def test_a_failing_producer_still_closes_the_response() -> None:
+    async def broken() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+        raise RuntimeError("bug")
+
+    async def main() -> Client:
+        client = Client()
+        await EventStreamResponse(broken())({}, client.receive, client.send)
+        return client
+
+    client = asyncio.run(main())
+    assert client.bodies == [b"data: 1\n\n", b""]
