@@ -1,0 +1,222 @@
+"""The transformers baselines: `generate` request by request, `generate` on static batches, and
+transformers' own continuous batching (`generate_batch`), all greedy on the same token ids."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from pytgi_bench.system_result import SystemResult
+
+Prompts = list[list[int]]
+
+
+def _load(model_dir: Path, dtype: torch.dtype, device: str, attn: str | None = None):  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    kwargs = {"attn_implementation": attn} if attn else {}
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, **kwargs)
+    return model.to(device).eval()  # type: ignore[arg-type]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(
+    run: Callable[[Prompts, int], int],
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    device: str,
+    result: SystemResult,
+) -> SystemResult:
+    """Warm-up on a few prompts, then `repeats` timed passes over all of them."""
+    run(prompts[: min(4, len(prompts))], min(new_tokens, 8))
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        tokens = run(prompts, new_tokens)
+        _sync(device)
+        result.wall_s.append(time.perf_counter() - start)
+        result.output_tokens.append(tokens)
+    return result
+
+
+@torch.inference_mode()
+def hf_sequential(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+) -> SystemResult:
+    result = SystemResult("hf-sequential", "transformers generate, one request at a time")
+    start = time.perf_counter()
+    model = _load(model_dir, dtype, device)
+    result.startup_s = time.perf_counter() - start
+    pad = model.generation_config.pad_token_id
+
+    def run(batch: Prompts, n: int) -> int:
+        produced = 0
+        for ids in batch:
+            x = torch.tensor([ids], device=device)
+            out = model.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=n,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+            produced += out.shape[1] - x.shape[1]
+        return produced
+
+    return _timed(run, prompts, new_tokens, repeats, device, result)
+
+
+def _left_padded(batch: Prompts, pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, prompt in enumerate(batch):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        mask[row, width - len(prompt) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.inference_mode()
+def hf_static(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+    batch_size: int,
+) -> SystemResult:
+    result = SystemResult(
+        "hf-static",
+        f"transformers generate, static batches of {batch_size} (left padding, arrival order)",
+    )
+    start = time.perf_counter()
+    model = _load(model_dir, dtype, device)
+    result.startup_s = time.perf_counter() - start
+    pad = model.generation_config.pad_token_id
+    pad = 0 if pad is None else pad
+
+    def run(all_prompts: Prompts, n: int) -> int:
+        produced = 0
+        for first in range(0, len(all_prompts), batch_size):
+            ids, mask = _left_padded(all_prompts[first : first + batch_size], pad, device)
+            out = model.generate(
+                ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=pad
+            )
+            produced += (out.shape[1] - ids.shape[1]) * ids.shape[0]
+        return produced
+
+    result.extra["batch_size"] = batch_size
+    return _timed(run, prompts, new_tokens, repeats, device, result)
+
+
+class _ErrorCapture(logging.Handler):
+    """generate_batch logs its failures instead of raising: keep the first one."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.message: str | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.message is None:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                text = f"{text} ({type(record.exc_info[1]).__name__})"
+            self.message = text
+
+
+@contextlib.contextmanager
+def _cpu_memory_probe(available_bytes: int | None) -> Iterator[None]:
+    """transformers 4.57 sizes its paged cache from CUDA/MPS memory only (CPU reports None and
+    generate_batch fails); this reports `available_bytes` instead, for the patched CPU row."""
+    if available_bytes is None:
+        yield
+        return
+    from transformers.generation.continuous_batching import cache
+
+    handler = cache.PagedAttentionMemoryHandler
+    original = handler.__dict__["get_available_memory"]
+    handler.get_available_memory = staticmethod(  # type: ignore[method-assign]
+        lambda max_memory_percent=1.0: int(available_bytes * max_memory_percent)
+    )
+    try:
+        yield
+    finally:
+        handler.get_available_memory = original  # type: ignore[method-assign]
+
+
+@torch.inference_mode()
+def hf_continuous(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+    num_blocks: int | None = None,
+    max_batch_tokens: int | None = None,
+    cpu_memory_bytes: int | None = None,
+) -> SystemResult:
+    """`model.generate_batch` with the `sdpa_paged` attention; N/A with its error if it refuses.
+
+    `cpu_memory_bytes` patches transformers' memory probe on CPU (see _cpu_memory_probe).
+    """
+    from transformers import GenerationConfig
+
+    if cpu_memory_bytes is None:
+        result = SystemResult(
+            "hf-cb", "transformers continuous batching (generate_batch, sdpa_paged), unmodified"
+        )
+    else:
+        result = SystemResult(
+            "hf-cb-cpu-patched",
+            "transformers generate_batch with its CPU memory probe patched to work on CPU",
+        )
+        result.extra["cpu_memory_bytes"] = cpu_memory_bytes
+    start = time.perf_counter()
+    model = _load(model_dir, dtype, device, attn="sdpa_paged")
+    result.startup_s = time.perf_counter() - start
+    knobs = {"num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens}
+    config = GenerationConfig(
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=model.generation_config.pad_token_id,
+        **{k: v for k, v in knobs.items() if v is not None},
+    )
+    result.extra.update({k: v for k, v in knobs.items() if v is not None})
+    capture = _ErrorCapture()
+    cb_logger = logging.getLogger("ContinuousBatchingLogger")
+    cb_logger.addHandler(capture)
+    try:
+
+        def run(batch: Prompts, n: int) -> int:
+            config.max_new_tokens = n
+            outputs = model.generate_batch(batch, generation_config=config, progress_bar=False)
+            if len(outputs) != len(batch):
+                raise RuntimeError(capture.message or f"{len(outputs)}/{len(batch)} finished")
+            return sum(len(o.generated_tokens) for o in outputs.values())
+
+        with _cpu_memory_probe(cpu_memory_bytes):
+            return _timed(run, prompts, new_tokens, repeats, device, result)
+    except Exception as exc:  # any refusal of this setup is the row's N/A reason
+        return SystemResult.not_available(
+            result.system, result.description, f"{type(exc).__name__}: {exc}"
+        )
+    finally:
+        cb_logger.removeHandler(capture)

@@ -1,0 +1,135 @@
+"""A real pytgi server for a benchmark: `pytgi-launcher` in a child process, ready when /health
+answers 200, stopped (SIGTERM, then SIGKILL) on exit. Its logs go to a file, shown on failure."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+
+class ServerStartError(RuntimeError):
+    """The server died or never became healthy; the message ends with its last log lines."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class PytgiServer:
+    """`with PytgiServer(model_dir, log) as server:` ... `server.url`."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        port: int | None = None,
+        threads: int | None = None,
+        extra_args: list[str] | None = None,
+        start_timeout_s: float = 300.0,
+    ) -> None:
+        self.model_dir = model_dir
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.threads = threads
+        self.extra_args = extra_args or []
+        self.start_timeout_s = start_timeout_s
+        self.startup_s: float | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._uds = f"/tmp/pytgi-bench-{os.getpid()}-{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        bin_dir = Path(sys.executable).parent
+        return [
+            str(bin_dir / "pytgi-launcher"),
+            "--model-id",
+            str(self.model_dir),
+            "--port",
+            str(self.port),
+            "--hostname",
+            "127.0.0.1",
+            "--shard-uds-path",
+            self._uds,
+            *self.extra_args,
+        ]
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.threads is not None:
+            # Every torch process of the server gets the same thread budget as in-process rows.
+            env["OMP_NUM_THREADS"] = str(self.threads)
+            env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
+    def start(self) -> PytgiServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        started = time.perf_counter()
+        self._process = subprocess.Popen(
+            self.command(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self._env(),
+            start_new_session=True,
+        )
+        log.close()
+        deadline = started + self.start_timeout_s
+        while time.perf_counter() < deadline:
+            if self._process.poll() is not None:
+                raise ServerStartError(
+                    f"pytgi exited with code {self._process.returncode} while starting; "
+                    f"log {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    self.startup_s = time.perf_counter() - started
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ServerStartError(
+            f"pytgi was not healthy after {self.start_timeout_s:.0f} s; "
+            f"log {self.log_path}:\n{_tail(self.log_path)}"
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        # The launcher owns its children: SIGTERM lets it shut them down cleanly.
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def __enter__(self) -> PytgiServer:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
