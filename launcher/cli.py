@@ -1,0 +1,186 @@
+"""`pytgi-launcher`: TGI's launcher flags, each also read from its FOO_BAR environment variable.
+
+The command line wins over the environment, the environment over the defaults. `--env` has no
+environment form (as in TGI). The environment is read here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytgi_launcher.settings import DEFAULT_UDS_PATH, DEMO_MODEL, DTYPES, LauncherSettings
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+# (flag, type, help); the default shown is LauncherSettings'.
+_VALUED: list[tuple[str, Any, str]] = [
+    ("--model-id", str, f"local directory or Hub repo id (default: the bundled demo, {DEMO_MODEL})"),
+    ("--revision", str, "Hub revision (branch, tag or commit)"),
+    ("--num-shard", int, "number of shards (default: visible GPUs, 1 on CPU)"),
+    ("--dtype", str, f"one of {', '.join(DTYPES)} (default: bfloat16 on GPU, float32 on CPU)"),
+    ("--max-concurrent-requests", int, "in-flight requests before 429 (default 128)"),
+    ("--max-best-of", int, "upper bound of best_of (default 2)"),
+    ("--max-stop-sequences", int, "upper bound of stop sequences (default 4)"),
+    ("--max-top-n-tokens", int, "upper bound of top_n_tokens (default 5)"),
+    ("--max-input-tokens", int, "max prompt tokens (default: from warmup)"),
+    ("--max-input-length", int, "legacy alias of --max-input-tokens"),
+    ("--max-total-tokens", int, "max prompt + new tokens per request (default: from warmup)"),
+    ("--waiting-served-ratio", float, "min new-batch size relative to running (default 0.3)"),
+    ("--max-batch-prefill-tokens", int, "token budget of one prefill (default: router's)"),
+    ("--max-batch-total-tokens", int, "KV token budget (default: from warmup)"),
+    ("--max-waiting-tokens", int, "decode steps before waiting requests join (default 20)"),
+    ("--max-batch-size", int, "hard cap on requests per batch"),
+    ("--max-queue-size", int, "waiting requests before 429 (default unbounded)"),
+    ("--max-client-batch-size", int, "max prompts in one /v1/completions request (default 4)"),
+    ("--payload-limit", int, "HTTP body limit in bytes (default 2000000)"),
+    ("--validation-workers", int, "tokenizer workers in the router (default 2)"),
+    ("--tokenizer-config-path", str, "alternate tokenizer_config.json (e.g. a chat_template)"),
+    ("--hostname", str, "HTTP bind address (default 0.0.0.0)"),
+    ("--port", int, "HTTP port (default 3000)"),
+    ("--api-key", str, "require `Authorization: Bearer <key>` on generation routes"),
+    ("--shard-uds-path", str, f"shard socket base name, rank r on PATH-r (default {DEFAULT_UDS_PATH})"),
+    ("--master-addr", str, "torch.distributed rendezvous address (default localhost)"),
+    ("--master-port", int, "torch.distributed rendezvous port (default 29500)"),
+    ("--cuda-memory-fraction", float, "share of each GPU a shard may use (default 1.0)"),
+    ("--attention", str, "shard attention backend (default: the shard's choice)"),
+    ("--watermark-gamma", float, "watermark green-list fraction (default 0.5)"),
+    ("--watermark-delta", float, "watermark logit bias (default 2.0)"),
+    ("--huggingface-hub-cache", str, "Hub cache directory (default: huggingface_hub's)"),
+    ("--weights-cache-override", str, "directory that directly holds the model's files"),
+    ("--otlp-endpoint", str, "OTLP gRPC collector for traces, e.g. http://localhost:4317"),
+    ("--otlp-service-name", str, "service.name of router and shards' traces"),
+    ("--shard-startup-timeout", float, "seconds each start-up phase may take (default 600)"),
+    ("--graceful-termination-timeout", float, "seconds between SIGTERM and SIGKILL (default 90)"),
+]
+_SWITCHES: list[tuple[str, str]] = [
+    ("--trust-remote-code", "allow the model's own code from the Hub"),
+    ("--disable-grammar-support", "reject `grammar` / `response_format`"),
+    ("--json-output", "JSON log lines (launcher, router and shards)"),
+]
+# Accepted because TGI deployments pass them; they change nothing in pytgi.
+_ACCEPTED: list[str] = ["--prometheus-port", "--usage-stats"]
+
+
+def env_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_").upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pytgi-launcher",
+        description="Starts pytgi: the model's shards, then the HTTP router in front of them. "
+        "Every flag can also be given as an environment variable (--max-total-tokens -> "
+        "MAX_TOTAL_TOKENS); the command line wins.",
+        argument_default=argparse.SUPPRESS,
+    )
+    for flag, kind, text in _VALUED:
+        names = ["-p", flag] if flag == "--port" else [flag]
+        choices = DTYPES if flag == "--dtype" else None
+        p.add_argument(*names, type=kind, help=text, choices=choices)
+    p.add_argument("--sharded", type=_parse_bool, metavar="{true,false}",
+                   help="true: shard across all visible GPUs; false: one shard")
+    p.add_argument("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
+    for flag, text in _SWITCHES:
+        p.add_argument(flag, action="store_true", help=text)
+    for flag in _ACCEPTED:
+        p.add_argument(flag, help=argparse.SUPPRESS)
+    p.add_argument("-e", "--env", action="store_true",
+                   help="print the environment report (versions, CPU, GPUs) and exit")
+    return p
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {raw!r}")
+
+
+def _from_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for action in parser._actions:
+        if not action.option_strings or action.dest in ("help", "env"):
+            continue
+        flag = max(action.option_strings, key=len)
+        raw = environ.get(env_name(flag))
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            out[action.dest] = _env_value(action, raw)
+        except (ValueError, argparse.ArgumentTypeError):
+            parser.error(f"environment variable {env_name(flag)}={raw!r} is not valid for {flag}")
+    if "hostname" in out and not _is_bindable(out["hostname"]):
+        # Containers export HOSTNAME as their own name, which is no address to bind (TGI too).
+        del out["hostname"]
+    return out
+
+
+def _env_value(action: argparse.Action, raw: str) -> Any:
+    if isinstance(action, argparse._StoreTrueAction):
+        return _parse_bool(raw)
+    if action.dest == "cors_allow_origin":
+        return [origin.strip() for origin in raw.split(",") if origin.strip()]
+    value = action.type(raw) if callable(action.type) else raw
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(raw)
+    return value
+
+
+def _is_bindable(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def parse_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> LauncherSettings:
+    """Command line > environment > defaults (exits 2 with a usage message on bad input)."""
+    environ = os.environ if environ is None else environ
+    parser = build_parser()
+    cli = vars(parser.parse_args(argv))
+    values = _from_env(parser, environ)
+    values.update(cli)
+    legacy = values.pop("max_input_length", None)
+    if legacy is not None:
+        if "max_input_tokens" in cli and "max_input_length" in cli:
+            parser.error("--max-input-tokens and --max-input-length are aliases: set only one")
+        if "max_input_length" in cli or "max_input_tokens" not in values:
+            values["max_input_tokens"] = legacy
+    for flag in _ACCEPTED:
+        values.pop(flag.lstrip("-").replace("-", "_"), None)
+    if "cors_allow_origin" in values:
+        values["cors_allow_origin"] = tuple(values["cors_allow_origin"])
+    try:
+        return LauncherSettings(**values)
+    except ValueError as err:
+        parser.error(str(err))
+        raise  # unreachable: parser.error exits
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_settings(argv)
+    if settings.env:
+        from pytgi_launcher.env_report import environment_report
+
+        print(environment_report())
+        return 0
+    from pytgi_launcher.launch import launch
+
+    return launch(settings, dict(os.environ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The command lines and environments of the children, from the launcher's settings.
+
+Children run as `python -m ...` with the launcher's own interpreter, so they are the installed
+pytgi of this environment whatever PATH holds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from pytgi_launcher.settings import LauncherSettings
+
+
+def _opt(flag: str, value: object | None) -> list[str]:
+    return [] if value is None else [flag, str(value)]
+
+
+def _switch(flag: str, on: bool) -> list[str]:
+    return [flag] if on else []
+
+
+def shard_argv(
+    s: LauncherSettings, model_path: Path, rank: int, world_size: int, dtype: str
+) -> list[str]:
+    return [
+        sys.executable, "-m", "pytgi_shard.cli", "serve", str(model_path),
+        "--rank", str(rank), "--world-size", str(world_size),
+        "--master-addr", s.master_addr, "--master-port", str(s.master_port),
+        "--uds-path", s.shard_uds_path, "--dtype", dtype,
+        "--cuda-memory-fraction", str(s.cuda_memory_fraction),
+        *_switch("--trust-remote-code", s.trust_remote_code),
+        *_opt("--attention", s.attention),
+        *_opt("--watermark-gamma", s.watermark_gamma),
+        *_opt("--watermark-delta", s.watermark_delta),
+        *_switch("--json-output", s.json_output),
+        *_opt("--otlp-endpoint", s.otlp_endpoint),
+        *_opt("--otlp-service-name", s.otlp_service_name),
+    ]
+
+
+def shard_env(
+    s: LauncherSettings, environ: Mapping[str, str], rank: int, world_size: int
+) -> dict[str, str]:
+    """TGI's per-shard variables; the flags carry the same values, these serve code that reads
+    the environment (torch.distributed, NCCL)."""
+    env = {k: v for k, v in environ.items() if k != "LOG_LEVEL"}
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": s.master_addr, "MASTER_PORT": str(s.master_port),
+        "CUDA_MEMORY_FRACTION": str(s.cuda_memory_fraction),
+        "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "pytgi_router.cli",
+        "--master-shard-uds-path", f"{s.shard_uds_path}-0",
+        "--tokenizer-name", str(model_path),
+        "--model-id", s.model_id,
+        "--hostname", s.hostname, "--port", str(s.port),
+        "--max-concurrent-requests", str(s.max_concurrent_requests),
+        "--max-best-of", str(s.max_best_of),
+        "--max-stop-sequences", str(s.max_stop_sequences),
+        "--max-top-n-tokens", str(s.max_top_n_tokens),
+        "--waiting-served-ratio", str(s.waiting_served_ratio),
+        "--max-waiting-tokens", str(s.max_waiting_tokens),
+        "--max-client-batch-size", str(s.max_client_batch_size),
+        "--payload-limit", str(s.payload_limit),
+        "--validation-workers", str(s.validation_workers),
+        "--graceful-termination-timeout", str(s.graceful_termination_timeout),
+        *_opt("--max-input-tokens", s.max_input_tokens),
+        *_opt("--max-total-tokens", s.max_total_tokens),
+        *_opt("--max-batch-prefill-tokens", s.max_batch_prefill_tokens),
+        *_opt("--max-batch-total-tokens", s.max_batch_total_tokens),
+        *_opt("--max-batch-size", s.max_batch_size),
+        *_opt("--max-queue-size", s.max_queue_size),
+        *_opt("--tokenizer-config-path", s.tokenizer_config_path),
+        *_switch("--disable-grammar-support", s.disable_grammar_support),
+        *_switch("--json-output", s.json_output),
+        *_opt("--otlp-endpoint", s.otlp_endpoint),
+        *_opt("--otlp-service-name", s.otlp_service_name),
+        *[arg for origin in s.cors_allow_origin for arg in ("--cors-allow-origin", origin)],
+    ]
+
+
+def router_env(
+    s: LauncherSettings, environ: Mapping[str, str], compute_type: str
+) -> dict[str, str]:
+    env = dict(environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if s.api_key is not None:
+        # Through the environment rather than argv, where `ps` would show it to every user.
+        env["API_KEY"] = s.api_key
+    # The x-compute-type header: TGI's "<num_shard>-<gpu name>" unless the user set one.
+    env.setdefault("COMPUTE_TYPE", compute_type)
+    return env

@@ -1,0 +1,165 @@
+"""Model resolution: a local directory, a weights-cache override, or a Hub snapshot.
+
+Hub models are fetched with huggingface_hub's `snapshot_download` into its cache (safetensors
+preferred; `.bin` only when a repository has no safetensors, then converted once). Offline
+(HF_HUB_OFFLINE=1, or no network) a cached snapshot is used; with none, the error names the model
+and the cache path. Also `pytgi-shard download-weights MODEL_ID`, TGI's pre-fetch command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytgi_launcher.convert import ConversionError, bin_weights, convert_directory, has_safetensors
+
+log = logging.getLogger("pytgi.launcher")
+
+# Everything a server needs besides weights: configs, tokenizer files, chat templates.
+METADATA_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "tokenizer*"]
+
+
+class ModelNotFound(Exception):
+    """The model cannot be resolved; the message is one line a user can act on."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightsSource:
+    model_id: str
+    revision: str | None = None
+    huggingface_hub_cache: str | None = None
+    weights_cache_override: str | None = None
+    # None: huggingface_hub decides (HF_HUB_OFFLINE); True: only the local cache.
+    offline: bool | None = None
+
+
+def resolve_model(source: WeightsSource) -> Path:
+    """A local directory holding config, tokenizer and safetensors weights for `source`."""
+    if source.weights_cache_override:
+        return prepare_local(Path(source.weights_cache_override).expanduser(), "--weights-cache-override")
+    local = Path(source.model_id).expanduser()
+    if local.is_dir():
+        return prepare_local(local, "model directory")
+    if _looks_like_path(source.model_id):
+        raise ModelNotFound(f"model directory {source.model_id} does not exist")
+    return download_model(source)
+
+
+def _looks_like_path(model_id: str) -> bool:
+    return model_id.startswith(("/", "./", "../", "~")) or model_id.count("/") > 1
+
+
+def prepare_local(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise ModelNotFound(f"{what} {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise ModelNotFound(f"{what} {path} has no config.json: not a Hugging Face model folder")
+    _ensure_safetensors(path)
+    return path
+
+
+def _ensure_safetensors(path: Path) -> None:
+    if has_safetensors(path):
+        return
+    if not bin_weights(path):
+        raise ModelNotFound(f"{path} holds no *.safetensors or pytorch_model*.bin weights")
+    try:
+        convert_directory(path)
+    except ConversionError as e:
+        raise ModelNotFound(str(e)) from e
+
+
+def hub_cache_dir(source: WeightsSource) -> str:
+    from huggingface_hub import constants
+
+    return source.huggingface_hub_cache or constants.HF_HUB_CACHE
+
+
+def download_model(source: WeightsSource) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    name = source.model_id + (f"@{source.revision}" if source.revision else "")
+    cache = hub_cache_dir(source)
+
+    def fetch(weights: str) -> Path:
+        log.info("resolving %s (%s) in %s", name, weights, cache)
+        return Path(snapshot_download(
+            source.model_id, revision=source.revision, cache_dir=source.huggingface_hub_cache,
+            allow_patterns=[*METADATA_PATTERNS, weights], local_files_only=bool(source.offline),
+        ))
+
+    try:
+        path = fetch("*.safetensors")
+        if not has_safetensors(path):
+            path = fetch("*.bin")
+    except (GatedRepoError, RepositoryNotFoundError) as e:
+        raise ModelNotFound(f"model {name} is not on the Hub or needs a token (HF_TOKEN): "
+                            f"{_first_line(e)}") from e
+    except RevisionNotFoundError as e:
+        raise ModelNotFound(f"model {name}: revision not found on the Hub") from e
+    except LocalEntryNotFoundError as e:
+        raise ModelNotFound(
+            f"model {name} is not in the Hugging Face cache at {cache} and the Hub cannot be "
+            "reached (offline): download it once with network access, or point --model-id at "
+            "a local directory") from e
+    except (HfHubHTTPError, OSError) as e:
+        raise ModelNotFound(f"model {name}: download into {cache} failed: {_first_line(e)}") from e
+    return prepare_local(path, f"snapshot of {name}")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+# ---- `pytgi-shard download-weights` -------------------------------------------------------------
+
+
+def add_download_command(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "download-weights", help="fetch a Hub model into the cache (and convert .bin once)"
+    )
+    p.add_argument("model_id", help="Hub repo id or local directory")
+    p.add_argument("--revision", help="Hub revision (branch, tag or commit)")
+    p.add_argument("--huggingface-hub-cache", help="cache directory (env HUGGINGFACE_HUB_CACHE)")
+    p.add_argument("--weights-cache-override", help="env WEIGHTS_CACHE_OVERRIDE")
+    # TGI's launcher passes these; pytgi's behaviour is already what they ask for.
+    p.add_argument("--extension", default=".safetensors", help=argparse.SUPPRESS)
+    p.add_argument("--auto-convert", default="true", help=argparse.SUPPRESS)
+    p.add_argument("--logger-level", default="INFO", help=argparse.SUPPRESS)
+    p.add_argument("--json-output", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--merge-lora", action="store_true", help=argparse.SUPPRESS)
+    p.set_defaults(run=run_download)
+
+
+def source_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WeightsSource:
+    return WeightsSource(
+        model_id=args.model_id,
+        revision=args.revision,
+        huggingface_hub_cache=args.huggingface_hub_cache or env.get("HUGGINGFACE_HUB_CACHE"),
+        weights_cache_override=args.weights_cache_override or env.get("WEIGHTS_CACHE_OVERRIDE"),
+    )
+
+
+def run_download(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.logger_level.upper(), format="%(levelname)s %(message)s")
+    try:
+        path = resolve_model(source_from_args(args, os.environ))
+    except ModelNotFound as e:
+        print(f"pytgi-shard download-weights: error: {e}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0

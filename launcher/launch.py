@@ -1,0 +1,55 @@
+"""What `pytgi-launcher` does once its flags are parsed: resolve, plan, supervise."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+from pytgi_launcher.download import ModelNotFound, WeightsSource, resolve_model
+from pytgi_launcher.logs import LogSink, configure_logging
+from pytgi_launcher.settings import LauncherSettings
+from pytgi_launcher.supervisor import Plan, Supervisor
+
+
+def visible_gpus() -> tuple[int, str]:
+    """(count, name of GPU 0) as torch sees them; CUDA_VISIBLE_DEVICES narrows both."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0, ""
+    return torch.cuda.device_count(), torch.cuda.get_device_name(0)
+
+
+def compute_type(num_shard: int, gpu_name: str) -> str:
+    """TGI's x-compute-type value: "<num_shard>-<gpu name, lower case, dashes>"."""
+    device = gpu_name.lower().replace(" ", "-") if gpu_name else "cpu"
+    return f"{num_shard}-{device}"
+
+
+def fail(message: str) -> int:
+    print(f"pytgi-launcher: error: {message}", file=sys.stderr)
+    return 1
+
+
+def launch(settings: LauncherSettings, environ: Mapping[str, str]) -> int:
+    sink = LogSink(settings.json_output)
+    log = configure_logging(sink, environ.get("LOG_LEVEL", "INFO").upper())
+    source = WeightsSource(
+        model_id=settings.model_id,
+        revision=settings.revision,
+        huggingface_hub_cache=settings.huggingface_hub_cache,
+        weights_cache_override=settings.weights_cache_override,
+    )
+    try:
+        model_path = resolve_model(source)
+    except ModelNotFound as e:
+        return fail(str(e))
+    gpus, gpu_name = visible_gpus()
+    try:
+        num_shard = settings.num_shards(gpus)
+    except ValueError as e:
+        return fail(str(e))
+    dtype = settings.resolved_dtype(on_gpu=gpus > 0)
+    log.info("model %s at %s: %d shard(s), %s", settings.model_id, model_path, num_shard, dtype)
+    plan = Plan(settings, model_path, num_shard, dtype, compute_type(num_shard, gpu_name), environ)
+    return Supervisor(plan, sink, log).run()

@@ -1,0 +1,147 @@
+"""LauncherSettings: everything `pytgi-launcher` is configured with, built once by the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DTYPES = ("float16", "bfloat16", "float32")
+# The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
+DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
+# TGI's socket base name: shard r listens on `{base}-{r}`.
+DEFAULT_UDS_PATH = "/tmp/text-generation-server"
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherSettings:
+    model_id: str = str(DEMO_MODEL)
+    revision: str | None = None
+    # Resolved by `num_shards()` (TGI's find_num_shards) from these two and the visible GPUs.
+    num_shard: int | None = None
+    sharded: bool | None = None
+    # None: bfloat16 on GPU, float32 on CPU.
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
+    max_concurrent_requests: int = 128
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    waiting_served_ratio: float = 0.3
+    max_batch_prefill_tokens: int | None = None
+    max_batch_total_tokens: int | None = None
+    max_waiting_tokens: int = 20
+    max_batch_size: int | None = None
+    max_queue_size: int | None = None
+    max_client_batch_size: int = 4
+    payload_limit: int = 2_000_000
+    validation_workers: int = 2
+    disable_grammar_support: bool = False
+    tokenizer_config_path: str | None = None
+    # HTTP.
+    hostname: str = "0.0.0.0"
+    port: int = 3000
+    cors_allow_origin: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)
+    # Shards.
+    shard_uds_path: str = DEFAULT_UDS_PATH
+    master_addr: str = "localhost"
+    master_port: int = 29500
+    cuda_memory_fraction: float = 1.0
+    attention: str | None = None
+    watermark_gamma: float | None = None
+    watermark_delta: float | None = None
+    # Weights.
+    huggingface_hub_cache: str | None = None
+    weights_cache_override: str | None = None
+    # Observability.
+    json_output: bool = False
+    otlp_endpoint: str | None = None
+    # None: the router reports as pytgi.router and the shards as pytgi.shard; set, both use it.
+    otlp_service_name: str | None = None
+    # Supervision.
+    shard_startup_timeout: float = 600.0
+    graceful_termination_timeout: float = 90.0
+    env: bool = False
+
+    def __post_init__(self) -> None:
+        problems = self._problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        out: list[str] = []
+        if not self.model_id:
+            out.append("--model-id must not be empty")
+        if self.num_shard is not None and self.num_shard < 1:
+            out.append(f"--num-shard must be >= 1, got {self.num_shard}")
+        if self.sharded is True and self.num_shard is not None and self.num_shard <= 1:
+            out.append(f"--sharded true needs --num-shard > 1, got {self.num_shard}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        positive = {
+            "max-concurrent-requests": self.max_concurrent_requests,
+            "max-best-of": self.max_best_of,
+            "max-client-batch-size": self.max_client_batch_size,
+            "payload-limit": self.payload_limit,
+            "validation-workers": self.validation_workers,
+            "max-batch-prefill-tokens": self.max_batch_prefill_tokens,
+            "max-input-tokens": self.max_input_tokens,
+            "max-total-tokens": self.max_total_tokens,
+            "max-batch-total-tokens": self.max_batch_total_tokens,
+            "max-batch-size": self.max_batch_size,
+        }
+        out += [f"--{k} must be > 0, got {v}" for k, v in positive.items() if v is not None and v <= 0]
+        if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0 or self.max_waiting_tokens < 0:
+            out.append("--max-stop-sequences, --max-top-n-tokens, --max-waiting-tokens must be >= 0")
+        if (
+            self.max_input_tokens is not None
+            and self.max_total_tokens is not None
+            and self.max_input_tokens >= self.max_total_tokens
+        ):
+            out.append(
+                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens "
+                f"({self.max_total_tokens})"
+            )
+        if (
+            self.max_total_tokens is not None
+            and self.max_batch_total_tokens is not None
+            and self.max_total_tokens > self.max_batch_total_tokens
+        ):
+            out.append(
+                f"--max-total-tokens ({self.max_total_tokens}) must be <= "
+                f"--max-batch-total-tokens ({self.max_batch_total_tokens})"
+            )
+        for name, port in (("port", self.port), ("master-port", self.master_port)):
+            if not 0 < port < 65536:
+                out.append(f"--{name} must be in 1..65535, got {port}")
+        if not 0.0 < self.cuda_memory_fraction <= 1.0:
+            out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if self.shard_startup_timeout <= 0:
+            out.append("--shard-startup-timeout must be > 0")
+        if self.graceful_termination_timeout < 0:
+            out.append("--graceful-termination-timeout must be >= 0")
+        return out
+
+    def num_shards(self, visible_gpus: int) -> int:
+        """TGI's find_num_shards: the flags first, then the visible GPU count, then 1."""
+        if self.sharded is False:
+            return self.num_shard or 1
+        if self.num_shard is not None:
+            return self.num_shard
+        if self.sharded is True and visible_gpus <= 1:
+            raise ValueError(
+                f"--sharded true needs more than one visible GPU ({visible_gpus} visible): "
+                "give --num-shard N to shard on CPU"
+            )
+        return max(visible_gpus, 1)
+
+    def resolved_dtype(self, on_gpu: bool) -> str:
+        if self.dtype is not None:
+            return self.dtype
+        return "bfloat16" if on_gpu else "float32"
+
+    def shard_socket(self, rank: int) -> str:
+        return f"{self.shard_uds_path}-{rank}"
