@@ -70,11 +70,11 @@ class RouterServer:
         self._stop = asyncio.Event()
         self._draining: asyncio.Task[None] | None = None
         self.sock: socket.socket | None = None
+        self._port = 0
 
     @property
     def port(self) -> int:
-        assert self.sock is not None
-        return int(self.sock.getsockname()[1])
+        return self._port
 
     async def start(self) -> AppState:
         s = self.settings
@@ -102,13 +102,17 @@ class RouterServer:
             chat_template=template, tracing=self.tracing,
         )
         self.sock = bind_socket(s.hostname, s.port)
+        self._port = int(self.sock.getsockname()[1])
         return self.state
 
     async def serve(self) -> None:
         """Serves until shutdown; start() must have run."""
         assert self.state is not None and self.sock is not None
         config = Config()
-        config.bind = [f"fd://{self.sock.fileno()}"]
+        # Hypercorn owns the descriptor from here on (and closes it).
+        fd = self.sock.detach()
+        self.sock = None
+        config.bind = [f"fd://{fd}"]
         config.graceful_timeout = CLOSE_GRACE_S
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
