@@ -82,8 +82,9 @@ class RowParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dist: Dist) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
-        keep_bias = bias is not None and dist.rank == 0
-        self.bias = nn.Parameter(bias, requires_grad=False) if keep_bias else None
+        self.bias = (
+            nn.Parameter(bias, requires_grad=False) if bias is not None and dist.rank == 0 else None
+        )
         self.dist = dist
 
     @classmethod

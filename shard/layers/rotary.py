@@ -131,10 +131,11 @@ class RotaryEmbedding:
         """
         assert self.dynamic_factor is not None
         factor, limit, dim = self.dynamic_factor, self.max_position_embeddings, self.dim
-        seq = (positions + 1).double()
+        # float32 throughout, the arithmetic the checkpoints' reference implementation does.
+        seq = (positions + 1).float()
         base = self.base * ((factor * seq / limit) - (factor - 1)) ** (dim / (dim - 2))
-        exponent = torch.arange(0, dim, 2, device=positions.device).double() / dim
-        scaled = (1.0 / base.unsqueeze(-1) ** exponent).float()
+        exponent = torch.arange(0, dim, 2, device=positions.device).float() / dim
+        scaled = 1.0 / base.unsqueeze(-1) ** exponent
         beyond = (positions + 1 > limit).unsqueeze(-1)
         return torch.where(beyond, scaled, self.inv_freq.unsqueeze(0))
 

@@ -65,7 +65,7 @@ class LlamaConfig:
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LlamaConfig:
         model_type = raw.get("model_type")
-        if model_type not in FAMILY_DEFAULTS:
+        if not isinstance(model_type, str) or model_type not in FAMILY_DEFAULTS:
             families = ", ".join(FAMILY_DEFAULTS)
             raise ValueError(f"{model_type!r} is not a Llama-family model ({families})")
         c = {**FAMILY_DEFAULTS[model_type], **raw}

@@ -48,7 +48,7 @@ def _scale(module: torch.nn.Module, head_dim: int, scaling: float | None) -> flo
         return float(scaling)
     scale = head_dim**-0.5 if getattr(module, "scale_attn_weights", True) else 1.0
     if getattr(module, "scale_attn_by_inverse_layer_idx", False):
-        scale /= float(module.layer_idx + 1)
+        scale /= float(getattr(module, "layer_idx", 0)) + 1.0
     return scale
 
 
@@ -98,7 +98,7 @@ def _check_supported(config: PretrainedConfig, dist: Dist) -> None:
     if getattr(config, "attn_logit_softcapping", None) is not None:
         raise ValueError(f"{model_type} soft-caps attention logits, which the paged path lacks")
     model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
-    if model_class is not None and not model_class._supports_attention_backend:
+    if model_class is not None and not getattr(model_class, "_supports_attention_backend", False):
         _unsupported(model_type)
 
 
@@ -159,7 +159,7 @@ class TransformersModel(Model):
         _check_supported(config, dist)
         AttentionInterface.register(ATTENTION_NAME, paged_attention)
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 model_path,
                 dtype=dtype,
                 attn_implementation=ATTENTION_NAME,
