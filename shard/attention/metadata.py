@@ -32,7 +32,8 @@ class AttentionMetadata:
     max_seqlen_k: int
     block_size: int
     # Tensors a backend derives from the fields above (indices, masks) once per forward and every
-    # layer then reuses; keyed by the backend. Empty when the metadata is built.
+    # layer then reuses; keyed by the backend. Empty when the metadata is built, so build a new
+    # metadata for every forward rather than mutating one in place.
     plans: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -109,6 +109,14 @@ def _unsupported(model_type: str) -> None:
     )
 
 
+def _max_positions(config: PretrainedConfig) -> int:
+    # The engine sizes warmup and the token limits from it, so a model must state it.
+    limit = getattr(config, "max_position_embeddings", None)
+    if not limit:
+        raise ValueError(f"{config.model_type} config.json has no max_position_embeddings")
+    return int(limit)
+
+
 def _window(config: PretrainedConfig) -> int | None:
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
@@ -136,7 +144,7 @@ class TransformersModel(Model):
         self.dtype = next(model.parameters()).dtype
         self.device = dist.device
         self.model_type = config.model_type
-        self.max_position_embeddings = int(getattr(config, "max_position_embeddings", 0) or 0)
+        self.max_position_embeddings = _max_positions(config)
         self.sliding_window = _window(config)
         parameters = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in parameters
