@@ -1,0 +1,259 @@
+"""Infer (queue, scheduler, block allocator, gRPC client) against real `pytgi-shard serve` processes
+on the tiny llama: continuous batching, joining a running batch, batch-invariant greedy output,
+cancellation, overload and a shard that dies mid-generation."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from pytgi_router.client import ShardClient
+from pytgi_router.errors import GenerationError, OverloadedError, UnhealthyError
+from pytgi_router.events import End, Token
+from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.metrics import Metrics
+from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.request_stream import RequestStream
+from tests.shard_process import ShardProcesses, start_shards
+
+PROMPTS = [
+    "The quick brown fox", "To be, or not to be", "Hello world!", "Paged attention stores keys",
+    "Continuous batching adds", "Numbers: 0 1 2 3", "Unicode: café", "def main():",
+    "The lazy dog", "that is the question.", "How are you today?", "fixed-size blocks",
+    "between decode steps", "symbols: {}[]()", "Привет", "print('hello')",
+]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def shards(model: Path) -> Iterator[ShardProcesses]:
+    with start_shards(model) as processes:
+        yield processes
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(model / "tokenizer.json"))
+
+
+def settings(**overrides: int | None) -> InferSettings:
+    base = InferSettings(max_batch_prefill_tokens=512, max_batch_total_tokens=4096)
+    for key, value in overrides.items():
+        setattr(base, key, value)
+    return base
+
+
+@asynccontextmanager
+async def serving(shards: ShardProcesses, config: InferSettings) -> AsyncIterator[Infer]:
+    client = await ShardClient.connect(shards.urls[0])
+    infer = Infer(client, config, Metrics())
+    try:
+        await infer.start()
+        yield infer
+    finally:
+        await infer.stop()
+        await client.close()
+
+
+def request(tokenizer: Tokenizer, text: str, max_new_tokens: int) -> ValidRequest:
+    ids = tokenizer.encode(text).ids
+    # ignore_eos_token: a random model may pick EOS at any step; lengths must be predictable.
+    return ValidRequest(
+        inputs=text, input_ids=ids, truncate=len(ids), sampling=SamplingParameters(),
+        stopping=StoppingParameters(max_new_tokens=max_new_tokens, ignore_eos_token=True),
+    )
+
+
+@dataclass
+class Log:
+    """Arrival order of every event, across all requests of a test."""
+
+    order: list[tuple[int, int]] = field(default_factory=list)
+
+    async def read(
+        self,
+        key: int,
+        stream: RequestStream,
+        limit: int | None = None,
+        ids: list[int] | None = None,
+    ) -> list[int]:
+        """Token ids read from `stream` (appended to `ids`, to continue an earlier read)."""
+        ids = [] if ids is None else ids
+        async for event in stream:
+            if isinstance(event, Token):
+                ids.append(event.token.id)
+                self.order.append((key, len(ids)))
+                if isinstance(event, End):
+                    assert event.generated_tokens == len(ids)
+                    assert event.queued_at <= event.started_at <= event.finished_at
+            if limit is not None and len(ids) >= limit:
+                break
+        return ids
+
+    def position(self, key: int, index: int) -> int:
+        return self.order.index((key, index))
+
+
+async def solo(infer: Infer, req: ValidRequest) -> list[int]:
+    return await Log().read(0, infer.submit(req))
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_concurrent_requests_interleave_and_match_their_solo_runs(
+    shards: ShardProcesses, tokenizer: Tokenizer
+) -> None:
+    requests = [request(tokenizer, p, 4 + i % 5) for i, p in enumerate(PROMPTS)]
+
+    async def main() -> None:
+        async with serving(shards, settings()) as infer:
+            alone = [await solo(infer, r) for r in requests]
+            log = Log()
+            streams = [infer.submit(r) for r in requests]
+            together = await asyncio.gather(*(log.read(i, s) for i, s in enumerate(streams)))
+            assert together == alone
+            assert [len(t) for t in together] == [r.stopping.max_new_tokens for r in requests]
+            # One batch: every request's first token comes before any request's last one.
+            firsts = [log.position(i, 1) for i in range(len(requests))]
+            lasts = [log.position(i, len(t)) for i, t in enumerate(together)]
+            assert max(firsts) < min(lasts)
+            assert infer.in_flight == 0 and infer.kv_blocks_free == infer.kv_blocks_total
+
+    asyncio.run(main())
+
+
+def test_a_new_request_joins_the_running_batch(
+    shards: ShardProcesses, tokenizer: Tokenizer
+) -> None:
+    long_req = request(tokenizer, "The quick brown fox", 60)
+    short_req = request(tokenizer, "Hello world!", 3)
+
+    async def main() -> None:
+        async with serving(shards, settings()) as infer:
+            short_alone = await solo(infer, short_req)
+            log = Log()
+            long_stream = infer.submit(long_req)
+            long_head = await log.read(0, long_stream, limit=2)
+            long_rest = asyncio.ensure_future(log.read(0, long_stream, ids=long_head))
+            short = await log.read(1, infer.submit(short_req))
+            long_tokens = await long_rest
+            assert short == short_alone
+            assert len(long_tokens) == 60
+            assert log.position(1, 3) < log.position(0, 60), "short waited for the long one"
+            concat = infer.metrics.registry.get_sample_value(
+                "tgi_batch_concat", {"reason": "backpressure"}
+            )
+            assert concat is not None and concat >= 1
+
+    asyncio.run(main())
+
+
+def test_cancelled_requests_leave_within_a_step_and_free_their_blocks(
+    shards: ShardProcesses, tokenizer: Tokenizer
+) -> None:
+    async def main() -> None:
+        async with serving(shards, settings()) as infer:
+            total = infer.kv_blocks_total
+            streams = [infer.submit(request(tokenizer, p, 200)) for p in PROMPTS[:4]]
+            for i, stream in enumerate(streams):
+                await Log().read(i, stream, limit=2)
+            running_blocks = total - infer.kv_blocks_free
+            streams[0].cancel()
+            streams[1].cancel()
+            streams[1].cancel()
+            assert infer.in_flight == 2
+            # The two others are still generating while the cancelled ones' blocks come back.
+            await wait_until(lambda: infer.kv_blocks_free > total - running_blocks)
+            assert not streams[2].closed and not streams[3].closed
+            assert [e async for e in streams[0]] == []
+            streams[2].cancel()
+            streams[3].cancel()
+            await wait_until(lambda: infer.kv_blocks_free == total)
+            assert infer.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_queued_request_leaves_the_queue_at_once(
+    shards: ShardProcesses, tokenizer: Tokenizer
+) -> None:
+    async def main() -> None:
+        async with serving(shards, settings(max_batch_size=1)) as infer:
+            first = infer.submit(request(tokenizer, "The quick brown fox", 100))
+            await Log().read(0, first, limit=1)
+            waiting = infer.submit(request(tokenizer, "Hello world!", 5))
+            await asyncio.sleep(0.05)
+            assert infer.queue_size == 1, "max_batch_size=1 keeps the second one waiting"
+            waiting.cancel()
+            assert infer.queue_size == 0 and infer.in_flight == 1
+            first.cancel()
+            await wait_until(lambda: infer.kv_blocks_free == infer.kv_blocks_total)
+
+    asyncio.run(main())
+
+
+def test_overload_and_shutdown_refuse_requests(
+    shards: ShardProcesses, tokenizer: Tokenizer
+) -> None:
+    async def main() -> None:
+        async with serving(shards, settings(max_concurrent_requests=2)) as infer:
+            a = infer.submit(request(tokenizer, "The quick brown fox", 100))
+            infer.submit(request(tokenizer, "Hello world!", 100))
+            with pytest.raises(OverloadedError):
+                infer.submit(request(tokenizer, "To be", 3))
+            a.cancel()
+            assert len(await solo(infer, request(tokenizer, "To be", 3))) == 3
+        async with serving(shards, settings(max_queue_size=1)) as infer:
+            infer.submit(request(tokenizer, "The quick brown fox", 3))
+            # Submitted in the same tick: the first one still fills the queue.
+            with pytest.raises(OverloadedError):
+                infer.submit(request(tokenizer, "Hello world!", 3))
+        async with serving(shards, settings()) as infer:
+            reader = asyncio.ensure_future(
+                Log().read(0, infer.submit(request(tokenizer, "Hello world!", 20)))
+            )
+            await infer.stop(drain_timeout=10)
+            assert len(await reader) == 20, "stop(drain_timeout) lets in-flight requests finish"
+            with pytest.raises(UnhealthyError):
+                infer.submit(request(tokenizer, "To be", 3))
+
+    asyncio.run(main())
+
+
+def test_a_dead_shard_fails_in_flight_requests_and_health(
+    model: Path, tokenizer: Tokenizer
+) -> None:
+    async def main(processes: ShardProcesses) -> None:
+        async with serving(processes, settings()) as infer:
+            assert await infer.health()
+            streams = [infer.submit(request(tokenizer, p, 200)) for p in PROMPTS[:3]]
+            for i, stream in enumerate(streams):
+                await Log().read(i, stream, limit=1)
+            processes.procs[0].send_signal(signal.SIGKILL)
+            for i, stream in enumerate(streams):
+                with pytest.raises(GenerationError, match="Request failed during generation"):
+                    await asyncio.wait_for(Log().read(i, stream), timeout=10)
+            assert infer.in_flight == 0 and infer.kv_blocks_free == infer.kv_blocks_total
+            assert not await infer.health()
+            # The loop keeps serving: a new request fails fast instead of hanging.
+            with pytest.raises(GenerationError):
+                await asyncio.wait_for(solo(infer, request(tokenizer, "To be", 3)), timeout=10)
+
+    with start_shards(model) as processes:
+        asyncio.run(main(processes))
