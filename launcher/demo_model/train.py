@@ -11,7 +11,7 @@ Two stages, so the tokenizer is made once on any machine and the model on whiche
 The corpus is every modern-spelling play and poem (`*_gut.txt`; the First Folio spellings
 `*_gut_f.txt` are left out: "vnfold", "haue" would only teach the model two spellings of one word).
 The model is a standard `LlamaForCausalLM` checkpoint, written in the Transformers 4.x
-config layout that any Llama loader reads; the weights are saved in float32 (20 MB).
+config layout that any Llama loader reads; the weights are saved in float32 (9 MB).
 """
 
 from __future__ import annotations
@@ -42,18 +42,20 @@ CHAT_TEMPLATE = (
 
 @dataclass(frozen=True)
 class ModelShape:
-    """Sized for a CPU-only budget (~35 min on 2 shared cores); `--num-shard 2` divides every dim.
+    """Sized for a CPU-only budget (~40 min at nice 15 on 2 cores shared with other work).
 
-    5M parameters, 20 MB in float32. Head dim 64 suits every attention kernel.
+    At ~1e13 training FLOPs the best model is small (about a million non-embedding parameters)
+    and sees the corpus about once; 2.3M parameters in all, 9 MB in float32. Head dim 64 suits
+    every attention kernel, and `--num-shard 2` divides the heads and the vocabulary.
     """
 
     vocab_size: int = 4096
-    hidden_size: int = 256
-    intermediate_size: int = 704
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 2
     num_key_value_heads: int = 2
-    max_position_embeddings: int = 512
+    max_position_embeddings: int = 256
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
 
@@ -61,16 +63,16 @@ class ModelShape:
 @dataclass(frozen=True)
 class TrainPlan:
     seed: int = 1234
-    steps: int = 560
-    batch_size: int = 4
-    block_size: int = 512
-    lr: float = 1.5e-3
-    min_lr: float = 1.5e-4
+    steps: int = 1500
+    batch_size: int = 8
+    block_size: int = 256
+    lr: float = 2e-3
+    min_lr: float = 2e-4
     warmup: int = 40
     weight_decay: float = 0.1
     # About one epoch: too little data is seen twice for dropout to pay for its slower learning.
     dropout: float = 0.0
-    eval_every: int = 80
+    eval_every: int = 50
     eval_batches: int = 8
     val_fraction: float = 0.02
 
@@ -157,10 +159,14 @@ def encode_split(docs: list[str], tok: Tokenizer, val_fraction: float) -> tuple[
     return train, val
 
 
-def lr_at(step: int, plan: TrainPlan) -> float:
+def lr_at(step: int, plan: TrainPlan, time_fraction: float) -> float:
+    """Warmup, then cosine decay to min_lr by the last step or the time budget, whichever comes
+    first: on a shared CPU the step rate is unknown in advance, and a run cut short at half its
+    schedule would end at a high learning rate."""
     if step < plan.warmup:
         return plan.lr * (step + 1) / plan.warmup
-    progress = (step - plan.warmup) / max(1, plan.steps - plan.warmup)
+    progress = max((step - plan.warmup) / max(1, plan.steps - plan.warmup), time_fraction)
+    progress = min(progress, 1.0)
     return plan.min_lr + 0.5 * (plan.lr - plan.min_lr) * (1 + math.cos(math.pi * progress))
 
 
@@ -256,11 +262,12 @@ def train_model(args: argparse.Namespace) -> None:
     started = time.time()
     steps_done = 0
     for step in range(plan.steps):
-        if time.time() - started > args.max_minutes * 60:
+        time_fraction = (time.time() - started) / (args.max_minutes * 60)
+        if time_fraction >= 1.0:
             print(f"stopping at step {step}: --max-minutes {args.max_minutes} reached", flush=True)
             break
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, plan)
+            group["lr"] = lr_at(step, plan, time_fraction)
         x = batch(train_data, plan, gen, device)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             logits = model(input_ids=x[:, :-1]).logits
@@ -274,7 +281,8 @@ def train_model(args: argparse.Namespace) -> None:
         if steps_done % 10 == 0:
             print(f"step {steps_done} train {loss.item():.3f} {time.time() - started:.0f}s",
                   flush=True)
-        if steps_done % plan.eval_every == 0 or steps_done == plan.steps:
+        last = steps_done == plan.steps or time.time() - started >= args.max_minutes * 60
+        if steps_done % plan.eval_every == 0 or last:
             val = evaluate(model, val_data, plan, device)
             history.append((steps_done, loss.item(), val))
             print(f"step {steps_done} val {val:.3f}", flush=True)
@@ -289,7 +297,7 @@ def train_model(args: argparse.Namespace) -> None:
                for i, p in enumerate(["ROMEO.\n", "HAMLET.\nTo be", "KING.\nWhat news"])]
     log = {"shape": asdict(shape), "plan": asdict(plan), "params": n_params,
            "train_tokens": train_data.numel(), "val_tokens": val_data.numel(),
-           "steps_done": steps_done,
+           "steps_done": steps_done, "max_minutes": args.max_minutes,
            "tokens_seen": steps_done * plan.batch_size * plan.block_size,
            "best_val_loss": best[0], "best_step": best[1],
            "final_train_loss": history[-1][1] if history else None,
