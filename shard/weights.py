@@ -16,7 +16,9 @@ SINGLE_FILE = "model.safetensors"
 
 
 def find_weight_files(model_path: Path) -> list[Path]:
-    """The safetensors files of a checkpoint: those its index names, else every *.safetensors."""
+    """The safetensors files of a checkpoint: those its index names, else model.safetensors,
+    else every *.safetensors (Hub repos may also hold other formats' files, like Mistral's
+    consolidated.safetensors, which only the index or the single-file name tells apart)."""
     index = model_path / INDEX_FILE
     if index.is_file():
         try:
@@ -28,6 +30,8 @@ def find_weight_files(model_path: Path) -> list[Path]:
         if missing:
             raise ValueError(f"{index} names files that do not exist: {', '.join(missing)}")
         return files
+    if (model_path / SINGLE_FILE).is_file():
+        return [model_path / SINGLE_FILE]
     files = sorted(model_path.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no safetensors weights in {model_path} (only safetensors are loaded)")

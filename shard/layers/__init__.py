@@ -1,0 +1,1 @@
+"""Tensor-parallel building blocks of the models: linears, embeddings, norms, rotary."""

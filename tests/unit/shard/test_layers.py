@@ -232,3 +232,11 @@ def test_weights_errors(tmp_path: Path) -> None:
         Weights(tmp_path, torch.float32, rank(0, 1))
     with pytest.raises(ValueError, match="no safetensors weights"):
         Weights(tmp_path / "..", torch.float32, rank(0, 1))
+
+
+def test_single_file_checkpoint_ignores_other_safetensors(tmp_path: Path) -> None:
+    """Hub repos may carry another format's file beside model.safetensors (Mistral's)."""
+    save_file({"w": torch.ones(2)}, tmp_path / "model.safetensors")
+    save_file({"w": torch.zeros(2)}, tmp_path / "consolidated.safetensors")
+    weights = Weights(tmp_path, torch.float32, rank(0, 1))
+    assert torch.equal(weights.get_tensor("w"), torch.ones(2))
