@@ -100,11 +100,26 @@ def token_infos(tokens: generate_pb2.Tokens) -> list[TokenInfo]:
 def route_generation(entry: Entry, generation: generate_pb2.Generation, now: float) -> bool:
     """Pushes one step's events for `entry`; True when this generation finished it."""
     stream = entry.stream
-    if generation.HasField("prefill_tokens") and generation.prefill_tokens.ids:
+    request = entry.request
+    # Each protobuf field access costs a wrapper object: read only what the request can carry.
+    if request.prefill_logprobs and generation.HasField("prefill_tokens"):
         stream.push(Prefill(token_infos(generation.prefill_tokens)))
-    infos = token_infos(generation.tokens)
-    top = generation.top_tokens
+    tokens = generation.tokens
+    ids = tokens.ids
     finished = generation.HasField("generated_text")
+    if len(ids) == 1 and not request.top_n_tokens:
+        # The common step: one token, no alternatives.
+        try:
+            info = TokenInfo(ids[0], tokens.texts[0], tokens.logprobs[0], tokens.is_special[0])
+        except IndexError:
+            info = token_infos(tokens)[0]
+        if finished:
+            stream.push(_end(entry, info, [], generation.generated_text, now))
+        else:
+            stream.push(Token(info, []))
+        return finished
+    infos = token_infos(tokens)
+    top = generation.top_tokens
     last = len(infos) - 1 if finished else len(infos)
     for i, info in enumerate(infos):
         top_i = token_infos(top[i]) if i < len(top) else []

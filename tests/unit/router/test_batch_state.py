@@ -82,6 +82,7 @@ def test_request_pb_rejects_values_the_wire_cannot_carry() -> None:
 def test_route_generation_makes_tokens_then_end_with_timestamps() -> None:
     allocator = BlockAllocator(20, 4)
     entry = make_entry(1, allocator)
+    entry.request.prefill_logprobs = True
     entry.started_at = 5.0
     g = generation(1, 4, 5, final="done")
     g.top_tokens.extend([tokens(4, 9), tokens(5, 8)])
