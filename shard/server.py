@@ -54,7 +54,7 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
         call = contextvars.copy_context().run
         try:
             return await loop.run_in_executor(self.executor, call, fn, *args)
-        except tuple(_STATUS) as e:
+        except (InvalidRequest, BatchNotFound, OutOfMemory) as e:
             await _abort(context, _STATUS[type(e)], str(e))
         except Exception as e:
             log.exception("%s failed", getattr(fn, "__name__", "call"))

@@ -68,7 +68,7 @@ def prompt_lengths(limits: Limits, max_position_embeddings: int) -> list[int]:
     per_request = limits.max_input_tokens or max(
         (limits.max_total_tokens or max_position_embeddings) - 1, 1
     )
-    lengths = []
+    lengths: list[int] = []
     left = limits.max_prefill_tokens
     while left > 0 and (not limits.max_batch_size or len(lengths) < limits.max_batch_size):
         lengths.append(min(per_request, left))

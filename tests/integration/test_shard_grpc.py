@@ -7,6 +7,7 @@ and through real processes by the router's and launcher's tests.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from tokenizers import Tokenizer
 
 from pytgi_proto import generate_pb2 as pb
@@ -50,8 +52,10 @@ class Shards:
         self.pool.shutdown()
 
 
-def start(model: Path, world_size: int, tcp: bool) -> Shards:
-    shards = Shards(start_shards(model, world_size, tcp=tcp))
+def start(model: Path, world_size: int, tcp: bool, extra_args: list[str]) -> Shards:
+    # Spans leave the shard within 50 ms instead of the default 5 s.
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "50"}
+    shards = Shards(start_shards(model, world_size, tcp=tcp, extra_args=extra_args, env=env))
     try:
         shards.call("Warmup", pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=2048))
     except BaseException:
@@ -72,18 +76,57 @@ def stop(shards: Shards) -> None:
     assert not any(s.exists() for s in sockets)
 
 
-# Two ranks of each family; mistral's over TCP, the others over unix sockets.
+# Two ranks of each family; mistral's over TCP, the others over unix sockets; qwen2's export
+# traces to the test's collector.
 TCP = {"llama": False, "mistral": True, "qwen2": False}
+TRACED = "qwen2"
+
+
+class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+    """A minimal OTLP/gRPC trace collector: keeps (service, span name, trace id, parent id)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, str, str, str]] = []
+
+    def Export(self, request: Any, context: Any) -> Any:
+        for resource in request.resource_spans:
+            attrs = {a.key: a.value.string_value for a in resource.resource.attributes}
+            for scope in resource.scope_spans:
+                self.spans.extend(
+                    (
+                        attrs.get("service.name", ""),
+                        s.name,
+                        s.trace_id.hex(),
+                        s.parent_span_id.hex(),
+                    )
+                    for s in scope.spans
+                )
+        return trace_service_pb2.ExportTraceServiceResponse()
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model: Callable[..., Path]) -> Iterator[Callable[[str], Shards]]:
+def collector() -> Iterator[tuple[Collector, int]]:
+    found = Collector()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield found, port
+    server.stop(None)
+
+
+@pytest.fixture(scope="module")
+def servers(
+    tiny_model: Callable[..., Path], collector: tuple[Collector, int]
+) -> Iterator[Callable[[str], Shards]]:
     """Two-rank servers by family, started on first use and shared by the module's tests."""
     running: dict[str, Shards] = {}
+    otlp = ["--otlp-endpoint", f"http://127.0.0.1:{collector[1]}", "--otlp-service-name", "traced"]
 
     def get(family: str) -> Shards:
         if family not in running:
-            running[family] = start(tiny_model(family), 2, TCP[family])
+            extra = otlp if family == TRACED else []
+            running[family] = start(tiny_model(family), 2, TCP[family], extra)
         return running[family]
 
     yield get
@@ -265,3 +308,25 @@ def test_prefill_onto_a_cached_batch_then_filter_over_grpc(llama: Shards) -> Non
             break
         kept = step.batch
     assert tokens == alone[2]
+
+
+def test_shard_spans_join_the_callers_trace(
+    servers: Callable[[str], Shards], collector: tuple[Collector, int]
+) -> None:
+    shards = servers(TRACED)
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    metadata = (("traceparent", f"00-{trace_id}-{parent}-01"),)
+    ids = prompt_ids(shards.processes.model_path)
+    request = pb.PrefillRequest(batch=pb.Batch(id=5, requests=[make_request(1, ids, 1)]))
+    futures = [shards.pool.submit(s.Prefill, request, metadata=metadata) for s in shards.stubs]
+    assert all(not f.result().HasField("batch") for f in futures)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ours = [s for s in collector[0].spans if s[2] == trace_id]
+        if len([s for s in ours if s[1] in ("forward", "sample")]) >= 4:
+            break
+        time.sleep(0.05)
+    rpc = [s for s in ours if s[1].endswith("/Prefill")]
+    assert len(rpc) == 2 and all(s[0] == "traced" and s[3] == parent for s in rpc)
+    inner = {s[1] for s in ours if s[3] != parent}
+    assert {"forward", "sample"} <= inner
