@@ -74,10 +74,11 @@ def print_table(results: list[SystemResult], expected_tokens: int, out: IO[str])
                 notes += f" [TOKENS {r.output_tokens} != {want}]"
         else:
             notes = f"{r.status.upper()}: {r.error}"
+        wall = _fmt(r.median_wall_s if r.ok else None, ".2f")
+        speed = _fmt(r.tokens_per_s if r.ok else None, ".1f")
         print(
-            f"{r.system:<20} {_fmt(r.median_wall_s if r.ok else None, '8.2f')} "
-            f"{_fmt(r.tokens_per_s if r.ok else None, '9.1f')} {cells[0]:>7} {cells[1]:>9} "
-            f"{cells[2]:>8} {cells[3]:>9} {_fmt(r.startup_s, '8.1f')}  {notes}",
+            f"{r.system:<20} {wall:>8} {speed:>9} {cells[0]:>7} {cells[1]:>9} {cells[2]:>8} "
+            f"{cells[3]:>9} {_fmt(r.startup_s, '.1f'):>8}  {notes}",
             file=out,
         )
     print(

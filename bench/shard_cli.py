@@ -50,6 +50,7 @@ def add_shards_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     p.add_argument("--runs", "-r", type=int, default=10)
     p.add_argument("--warmups", "-w", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--connect-timeout", type=float, default=30.0, help="seconds")
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plot")
 
@@ -58,6 +59,9 @@ def _master(args: argparse.Namespace) -> str:
     if args.master:
         return str(args.master)
     path = args.master_shard_uds_path or f"{args.uds_path}-0"
+    if not Path(path).exists():
+        # gRPC would wait out the whole connect timeout on a socket that is not there.
+        raise ValueError(f"no shard socket at {path}: is `pytgi-shard serve` running there?")
     return f"unix://{path}"
 
 
@@ -148,6 +152,7 @@ def shards_command(args: argparse.Namespace) -> int:
             runs=args.runs,
             warmups=args.warmups,
             seed=args.seed,
+            connect_timeout_s=args.connect_timeout,
         )
         meta, results = asyncio.run(_run(settings, progress=True))
     except (ShardError, ValueError) as exc:
