@@ -58,7 +58,7 @@ class ForwardInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    # None: every token needs logits (not used for batches, which always select rows).
+    # The flat tokens that need logits; None: all of them (a decode step).
     lm_head_indices: torch.Tensor | None
     # Row of the logits holding each request's last token.
     last_rows: torch.Tensor

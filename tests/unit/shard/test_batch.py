@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.batch import Batch, BatchContext
 from pytgi_shard.engine import Engine
-from pytgi_shard.errors import BatchNotFound, InvalidRequest
+from pytgi_shard.errors import BatchNotFound, InvalidRequest, OutOfMemory
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
 from pytgi_shard.startup import load_engine
@@ -439,4 +439,9 @@ def test_warmup_sizes_the_cpu_cache_from_the_requested_budget(
     assert auto.max_total_tokens == 64 and auto.max_input_tokens == 63
     with pytest.raises(InvalidRequest):
         engine.warmup(pb.WarmupRequest(max_prefill_tokens=0))
+    # Terabytes of KV: a clear error naming the flags, and the engine still works.
+    with pytest.raises(OutOfMemory, match="--max-batch-prefill-tokens"):
+        engine.warmup(pb.WarmupRequest(max_prefill_tokens=100, max_batch_total_tokens=2**32 - 1))
+    assert engine.kv_cache.num_blocks == 1
+    engine.health()
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=4096))
