@@ -1,27 +1,16 @@
-"""Batch bookkeeping (flat layout, validation, filter, concatenate) and the engine on tiny models.
-
-The engine runs in-process here (one rank, the real start-up path); tests/integration drives the
-same engine through real `pytgi-shard serve` processes, 1 and 2 ranks.
-"""
+"""Batch bookkeeping: the flat layout, validation, filter and concatenate, with no model."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.batch import Batch, BatchContext
-from pytgi_shard.engine import Engine
-from pytgi_shard.errors import BatchNotFound, InvalidRequest, OutOfMemory
+from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.sampling import Watermark
-from pytgi_shard.settings import ShardSettings
-from pytgi_shard.startup import load_engine
-from pytgi_shard.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE
 
 BLOCK = 4
 CTX = BatchContext(
@@ -63,9 +52,6 @@ def batch_of(*requests: pb.Request, batch_id: int = 1) -> pb.Batch:
     return pb.Batch(id=batch_id, requests=requests, size=len(requests))
 
 
-# --- bookkeeping, no model -------------------------------------------------------------------
-
-
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
@@ -74,7 +60,10 @@ def batch_of(*requests: pb.Request, batch_id: int = 1) -> pb.Batch:
         (request(1, [5, 100]), "token id 100"),
         (request(1, [5] * 6, max_new=4, blocks=[1, 2]), "need 9"),
         (request(1, [5], blocks=[64, 1]), "block 64 is outside the KV cache"),
-        (request(1, [5, 6], max_new=2, blocks=[3], slots=[12, 14]), "slots must be the consecutive"),
+        (
+            request(1, [5, 6], max_new=2, blocks=[3], slots=[12, 14]),
+            "slots must be the consecutive",
+        ),
         (
             request(1, [5], parameters=pb.NextTokenChooserParameters(grammar="x", grammar_type=2)),
             "grammar",
@@ -100,7 +89,9 @@ def test_explicit_slots_that_follow_the_blocks_are_accepted() -> None:
 
 def test_prefill_inputs_are_flat_with_slots_from_block_tables() -> None:
     batch = Batch.from_pb(
-        batch_of(request(0, [5, 6, 7, 8, 9], blocks=[7, 3, 9]), request(1, [10, 11], blocks=[4, 5])),
+        batch_of(
+            request(0, [5, 6, 7, 8, 9], blocks=[7, 3, 9]), request(1, [10, 11], blocks=[4, 5])
+        ),
         CTX,
     )
     inputs = batch.prefill_inputs()
@@ -130,7 +121,9 @@ def test_prefill_logprob_requests_get_every_prompt_row() -> None:
 
 
 def test_decode_inputs_follow_appended_tokens() -> None:
-    batch = Batch.from_pb(batch_of(request(0, [5, 6, 7], blocks=[2, 6]), request(1, [9], blocks=[3])), CTX)
+    batch = Batch.from_pb(
+        batch_of(request(0, [5, 6, 7], blocks=[2, 6]), request(1, [9], blocks=[3])), CTX
+    )
     batch.append(torch.tensor([40, 41]))
     inputs = batch.decode_inputs()
     assert inputs.input_ids.tolist() == [40, 41]
@@ -166,282 +159,10 @@ def test_filter_and_concatenate_keep_rows_aligned() -> None:
 
 
 def test_to_pb_describes_the_cached_batch() -> None:
-    batch = Batch.from_pb(batch_of(request(4, [5, 6], blocks=[1, 2]), request(9, [7], blocks=[3])), CTX)
+    batch = Batch.from_pb(
+        batch_of(request(4, [5, 6], blocks=[1, 2]), request(9, [7], blocks=[3])), CTX
+    )
     batch.append(torch.tensor([1, 1]))
     cached = batch.to_pb()
     assert list(cached.request_ids) == [4, 9]
     assert (cached.size, cached.max_tokens, cached.current_tokens) == (2, 3 * BLOCK, 2)
-
-
-# --- the engine on tiny models ---------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def engines(tiny_model: Callable[..., Path]) -> Iterator[Callable[[str], Engine]]:
-    built: dict[str, Engine] = {}
-
-    def get(family: str) -> Engine:
-        if family not in built:
-            settings = ShardSettings(model_path=tiny_model(family), block_size=16)
-            engine = load_engine(settings)
-            engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=4096))
-            built[family] = engine
-        return built[family]
-
-    yield get
-
-
-def encode(engine: Engine, text: str) -> list[int]:
-    tok = Tokenizer.from_file(str(engine.settings.model_path / "tokenizer.json"))
-    return tok.encode(text).ids
-
-
-class Run:
-    """Drives an engine like the router: prefill, decode until done, collecting generations."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
-        self.tokens: dict[int, list[int]] = {}
-        self.logprobs: dict[int, list[float]] = {}
-        self.finals: dict[int, pb.GeneratedText] = {}
-        self.generations: dict[int, list[pb.Generation]] = {}
-
-    def absorb(self, generations: list[pb.Generation]) -> None:
-        for g in generations:
-            self.tokens.setdefault(g.request_id, []).extend(g.tokens.ids)
-            self.logprobs.setdefault(g.request_id, []).extend(g.tokens.logprobs)
-            self.generations.setdefault(g.request_id, []).append(g)
-            if g.HasField("generated_text"):
-                self.finals[g.request_id] = g.generated_text
-
-    def prefill(self, batch: pb.Batch, cached: pb.CachedBatch | None = None) -> pb.CachedBatch | None:
-        req = pb.PrefillRequest(batch=batch)
-        if cached is not None:
-            req.cached_batch.CopyFrom(cached)
-        response = self.engine.prefill(req)
-        self.absorb(list(response.generations))
-        return response.batch if response.HasField("batch") else None
-
-    def decode(self, *cached: pb.CachedBatch) -> pb.CachedBatch | None:
-        response = self.engine.decode(pb.DecodeRequest(batches=cached))
-        self.absorb(list(response.generations))
-        return response.batch if response.HasField("batch") else None
-
-    def finish(self, cached: pb.CachedBatch | None) -> None:
-        while cached is not None:
-            cached = self.decode(cached)
-
-
-def solo(engine: Engine, req: pb.Request) -> Run:
-    run = Run(engine)
-    run.finish(run.prefill(batch_of(req, batch_id=1000 + req.id)))
-    return run
-
-
-def hf_greedy(path: Path, prompt: list[int], max_new: int) -> tuple[list[int], list[float]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
-    )  # fmt: skip
-    ids = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.logits, ids, strict=False)]
-    return ids, logprobs
-
-
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gpt2"])
-def test_greedy_matches_transformers_generate(engines: Callable[[str], Engine], family: str) -> None:
-    engine = engines(family)
-    prompt = encode(engine, "The quick brown fox")
-    expected, expected_lps = hf_greedy(engine.settings.model_path, prompt, 12)
-    run = solo(engine, request(1, prompt, max_new=12, block_size=16))
-    assert run.tokens[1] == expected
-    torch.testing.assert_close(run.logprobs[1], expected_lps, rtol=1e-4, atol=1e-4)
-    final = run.finals[1]
-    assert final.generated_tokens == len(expected)
-    assert final.finish_reason == (EOS_TOKEN if len(expected) < 12 else LENGTH)
-    assert not final.HasField("seed")
-
-
-def test_prefill_logprobs_match_the_model_and_first_is_nan(
-    engines: Callable[[str], Engine],
-) -> None:
-    from transformers import AutoModelForCausalLM
-
-    engine = engines("llama")
-    prompt = encode(engine, "Hello world! How are you")
-    run = solo(engine, request(1, prompt, max_new=1, block_size=16, prefill_logprobs=True))
-    prefill = run.generations[1][0].prefill_tokens
-    assert list(prefill.ids) == prompt
-    assert math.isnan(prefill.logprobs[0]) and prefill.is_special[0]
-    hf = AutoModelForCausalLM.from_pretrained(engine.settings.model_path, torch_dtype=torch.float32)
-    logits = hf(torch.tensor([prompt])).logits[0]
-    expected = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), prompt[1:]]
-    torch.testing.assert_close(list(prefill.logprobs[1:]), expected.tolist(), rtol=1e-4, atol=1e-4)
-
-
-MIXED = [
-    dict(),
-    dict(parameters=pb.NextTokenChooserParameters(do_sample=True, seed=7, temperature=0.8, top_k=20)),
-    dict(parameters=pb.NextTokenChooserParameters(repetition_penalty=1.5, frequency_penalty=0.5)),
-    dict(top_n_tokens=3, parameters=pb.NextTokenChooserParameters(top_p=0.8, seed=3)),
-    dict(parameters=pb.NextTokenChooserParameters(typical_p=0.7, watermark=True, seed=11)),
-]
-
-
-def test_concatenate_and_filter_give_every_request_its_solo_tokens(
-    engines: Callable[[str], Engine],
-) -> None:
-    engine = engines("llama")
-    texts = ["The quick", "To be, or not", "Hello", "Paged attention stores", "def main():"]
-    reqs = [
-        request(i, encode(engine, t), max_new=6 + i, block_size=16, ignore_eos=True, **MIXED[i])
-        for i, t in enumerate(texts)
-    ]
-    alone = {r.id: solo(engine, r) for r in reqs}
-    run = Run(engine)
-    a = run.prefill(batch_of(*reqs[:2], batch_id=1))
-    assert a is not None
-    a = run.decode(a)
-    merged = run.prefill(batch_of(*reqs[2:], batch_id=2), cached=a)
-    assert merged is not None and merged.id == 1 and list(merged.request_ids) == [0, 1, 2, 3, 4]
-    merged = run.decode(merged)
-    assert merged is not None
-    kept = engine.filter(merged.id, [0, 2, 3, 4])
-    assert kept is not None and list(kept.request_ids) == [0, 2, 3, 4]
-    run.finish(run.decode(kept))
-    for r in reqs:
-        if r.id == 1:
-            assert run.tokens[1] == alone[1].tokens[1][: len(run.tokens[1])]
-            continue
-        assert run.tokens[r.id] == alone[r.id].tokens[r.id]
-        torch.testing.assert_close(run.logprobs[r.id], alone[r.id].logprobs[r.id], rtol=1e-4, atol=1e-4)
-        assert run.finals[r.id].text == alone[r.id].finals[r.id].text
-    assert all(len(g.top_tokens) == 1 and len(g.top_tokens[0].ids) >= 3 for g in run.generations[3])
-    assert run.finals[0].finish_reason == LENGTH
-
-
-def test_decode_of_several_cached_batches_concatenates_them(
-    engines: Callable[[str], Engine],
-) -> None:
-    engine = engines("qwen2")
-    reqs = [request(i, encode(engine, t), max_new=5, block_size=16, ignore_eos=True)
-            for i, t in enumerate(["Hello world", "Unicode: café"])]  # fmt: skip
-    alone = {r.id: solo(engine, r).tokens[r.id] for r in reqs}
-    run = Run(engine)
-    a = run.prefill(batch_of(reqs[0], batch_id=1))
-    b = run.prefill(batch_of(reqs[1], batch_id=2))
-    assert a is not None and b is not None
-    merged = run.decode(a, b)
-    assert merged is not None and merged.id == 1
-    with pytest.raises(BatchNotFound):
-        engine.filter(2, [1])
-    run.finish(merged)
-    assert run.tokens == alone
-
-
-def test_seeded_sampling_is_reproducible(engines: Callable[[str], Engine]) -> None:
-    engine = engines("mistral")
-    prompt = encode(engine, "Continuous batching")
-    params = pb.NextTokenChooserParameters(do_sample=True, seed=1234, temperature=1.5)
-    first = solo(engine, request(1, prompt, max_new=10, block_size=16, ignore_eos=True, parameters=params))
-    again = solo(engine, request(2, prompt, max_new=10, block_size=16, ignore_eos=True, parameters=params))
-    params.seed = 99
-    other = solo(engine, request(3, prompt, max_new=10, block_size=16, ignore_eos=True, parameters=params))
-    assert first.tokens[1] == again.tokens[2] != other.tokens[3]
-    assert first.finals[1].seed == 1234
-
-
-def test_eos_and_stop_sequences_end_requests(engines: Callable[[str], Engine]) -> None:
-    engine = engines("llama")
-    prompt = encode(engine, "To be, or not to be")
-    free = solo(engine, request(1, prompt, max_new=8, block_size=16, ignore_eos=True))
-    tokens, texts = free.tokens[1], [g.tokens.texts[0] for g in free.generations[1]]
-    # A stop sequence that ends inside the 4th token's text.
-    text_to_4 = "".join(texts[:4])
-    assert texts[3], "the 4th token must produce text for this test"
-    stopped = solo(engine, request(2, prompt, max_new=8, block_size=16, ignore_eos=True, stop=[text_to_4[-2:]]))
-    final = stopped.finals[2]
-    assert final.finish_reason == STOP_SEQUENCE and final.generated_tokens <= 4
-    assert text_to_4[-2:] in final.text
-    # EOS: make the 3rd generated token an EOS id of this engine.
-    saved = engine.detokenizer.eos_ids
-    engine.detokenizer.eos_ids = frozenset({tokens[2]})
-    try:
-        eos = solo(engine, request(3, prompt, max_new=8, block_size=16))
-        ignored = solo(engine, request(4, prompt, max_new=8, block_size=16, ignore_eos=True))
-    finally:
-        engine.detokenizer.eos_ids = saved
-    assert eos.finals[3].finish_reason == EOS_TOKEN
-    assert eos.tokens[3] == tokens[: tokens.index(tokens[2]) + 1]
-    assert ignored.finals[4].finish_reason == LENGTH and ignored.tokens[4] == tokens
-
-
-def test_a_failing_step_drops_its_batch_and_the_engine_keeps_serving(
-    engines: Callable[[str], Engine], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    engine = engines("llama")
-    prompt = encode(engine, "Hello")
-    run = Run(engine)
-    cached = run.prefill(batch_of(request(1, prompt, max_new=5, block_size=16), batch_id=5))
-    assert cached is not None
-    monkeypatch.setattr(engine.model, "forward", _raise)
-    with pytest.raises(RuntimeError, match="injected"):
-        engine.decode(pb.DecodeRequest(batches=[cached]))
-    monkeypatch.undo()
-    with pytest.raises(BatchNotFound):
-        engine.decode(pb.DecodeRequest(batches=[cached]))
-    assert solo(engine, request(2, prompt, max_new=3, block_size=16)).finals[2].generated_tokens
-
-
-def _raise(*args: object, **kwargs: object) -> torch.Tensor:
-    raise RuntimeError("injected failure")
-
-
-def test_bad_calls_leave_the_cache_intact(engines: Callable[[str], Engine]) -> None:
-    engine = engines("llama")
-    prompt = encode(engine, "Hello")
-    run = Run(engine)
-    cached = run.prefill(batch_of(request(1, prompt, max_new=5, block_size=16), batch_id=8))
-    assert cached is not None
-    with pytest.raises(InvalidRequest, match="already in batch 8"):
-        run.prefill(batch_of(request(1, prompt, block_size=16), batch_id=9), cached=cached)
-    with pytest.raises(InvalidRequest, match="already exists"):
-        run.prefill(batch_of(request(2, prompt, block_size=16), batch_id=8))
-    with pytest.raises(BatchNotFound):
-        engine.decode(pb.DecodeRequest(batches=[cached, pb.CachedBatch(id=77)]))
-    with pytest.raises(InvalidRequest, match="not in batch"):
-        engine.filter(8, [1, 2])
-    run.finish(cached)
-    assert run.finals[1].generated_tokens == 5
-    engine.clear(None)
-
-
-def test_health_runs_a_forward_in_block_zero(engines: Callable[[str], Engine]) -> None:
-    engines("gpt2").health()
-    engines("llama").health()
-
-
-def test_warmup_sizes_the_cpu_cache_from_the_requested_budget(
-    engines: Callable[[str], Engine],
-) -> None:
-    engine = engines("llama")
-    response = engine.warmup(
-        pb.WarmupRequest(max_prefill_tokens=100, max_input_tokens=60, max_batch_total_tokens=1000)
-    )
-    assert response.num_blocks == math.ceil(1000 / 16) + 1 == engine.kv_cache.num_blocks
-    assert response.max_supported_total_tokens == (response.num_blocks - 1) * 16
-    assert response.max_input_tokens == 60 and response.block_size == 16
-    assert response.max_total_tokens == 256  # the model's context, below the capacity
-    auto = engine.warmup(pb.WarmupRequest(max_prefill_tokens=100, max_batch_total_tokens=64))
-    assert auto.max_total_tokens == 64 and auto.max_input_tokens == 63
-    with pytest.raises(InvalidRequest):
-        engine.warmup(pb.WarmupRequest(max_prefill_tokens=0))
-    # Terabytes of KV: a clear error naming the flags, and the engine still works.
-    with pytest.raises(OutOfMemory, match="--max-batch-prefill-tokens"):
-        engine.warmup(pb.WarmupRequest(max_prefill_tokens=100, max_batch_total_tokens=2**32 - 1))
-    assert engine.kv_cache.num_blocks == 1
-    engine.health()
-    engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=4096))
