@@ -3,7 +3,8 @@
 Hub models are fetched with huggingface_hub's `snapshot_download` into its cache (safetensors
 preferred; `.bin` only when a repository has no safetensors, then converted once). Offline
 (HF_HUB_OFFLINE=1, or no network) a cached snapshot is used; with none, the error names the model
-and the cache path. Also `pytgi-shard download-weights MODEL_ID`, TGI's pre-fetch command.
+and the cache path. Also `pytgi-shard download-weights [MODEL_ID]`, TGI's pre-fetch command, which
+prints the resolved local folder on stdout (logs go to stderr) for scripts and containers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytgi_launcher.convert import ConversionError, bin_weights, convert_directory, has_safetensors
+from pytgi_launcher.settings import DEMO_MODEL
 
 log = logging.getLogger("pytgi.launcher")
 
@@ -36,15 +38,18 @@ class WeightsSource:
     weights_cache_override: str | None = None
     # None: huggingface_hub decides (HF_HUB_OFFLINE); True: only the local cache.
     offline: bool | None = None
+    # Config and tokenizer files only (what a router needs), no weights.
+    metadata_only: bool = False
 
 
 def resolve_model(source: WeightsSource) -> Path:
     """A local directory holding config, tokenizer and safetensors weights for `source`."""
     if source.weights_cache_override:
-        return prepare_local(Path(source.weights_cache_override).expanduser(), "--weights-cache-override")
+        override = Path(source.weights_cache_override).expanduser()
+        return prepare_local(override, "--weights-cache-override", source.metadata_only)
     local = Path(source.model_id).expanduser()
     if local.is_dir():
-        return prepare_local(local, "model directory")
+        return prepare_local(local, "model directory", source.metadata_only)
     if _looks_like_path(source.model_id):
         raise ModelNotFound(f"model directory {source.model_id} does not exist")
     return download_model(source)
@@ -54,12 +59,13 @@ def _looks_like_path(model_id: str) -> bool:
     return model_id.startswith(("/", "./", "../", "~")) or model_id.count("/") > 1
 
 
-def prepare_local(path: Path, what: str) -> Path:
+def prepare_local(path: Path, what: str, metadata_only: bool = False) -> Path:
     if not path.is_dir():
         raise ModelNotFound(f"{what} {path} does not exist")
     if not (path / "config.json").is_file():
         raise ModelNotFound(f"{what} {path} has no config.json: not a Hugging Face model folder")
-    _ensure_safetensors(path)
+    if not metadata_only:
+        _ensure_safetensors(path)
     return path
 
 
@@ -101,9 +107,12 @@ def download_model(source: WeightsSource) -> Path:
         ))
 
     try:
-        path = fetch("*.safetensors")
-        if not has_safetensors(path):
-            path = fetch("*.bin")
+        if source.metadata_only:
+            path = fetch("config.json")
+        else:
+            path = fetch("*.safetensors")
+            if not has_safetensors(path):
+                path = fetch("*.bin")
     except (GatedRepoError, RepositoryNotFoundError) as e:
         raise ModelNotFound(f"model {name} is not on the Hub or needs a token (HF_TOKEN): "
                             f"{_first_line(e)}") from e
@@ -116,7 +125,7 @@ def download_model(source: WeightsSource) -> Path:
             "a local directory") from e
     except (HfHubHTTPError, OSError) as e:
         raise ModelNotFound(f"model {name}: download into {cache} failed: {_first_line(e)}") from e
-    return prepare_local(path, f"snapshot of {name}")
+    return prepare_local(path, f"snapshot of {name}", source.metadata_only)
 
 
 def _first_line(e: BaseException) -> str:
@@ -131,8 +140,11 @@ def add_download_command(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "download-weights", help="fetch a Hub model into the cache (and convert .bin once)"
     )
-    p.add_argument("model_id", help="Hub repo id or local directory")
+    p.add_argument("model_id", nargs="?", default=str(DEMO_MODEL),
+                   help="Hub repo id or local directory (default: the bundled demo model)")
     p.add_argument("--revision", help="Hub revision (branch, tag or commit)")
+    p.add_argument("--metadata-only", action="store_true",
+                   help="config and tokenizer files only (what a router needs)")
     p.add_argument("--huggingface-hub-cache", help="cache directory (env HUGGINGFACE_HUB_CACHE)")
     p.add_argument("--weights-cache-override", help="env WEIGHTS_CACHE_OVERRIDE")
     # TGI's launcher passes these; pytgi's behaviour is already what they ask for.
@@ -151,6 +163,7 @@ def source_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Weight
         revision=args.revision,
         huggingface_hub_cache=args.huggingface_hub_cache or env.get("HUGGINGFACE_HUB_CACHE"),
         weights_cache_override=args.weights_cache_override or env.get("WEIGHTS_CACHE_OVERRIDE"),
+        metadata_only=args.metadata_only,
     )
 
 

@@ -14,6 +14,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytgi_launcher.ctl import add_ctl_command
+from pytgi_launcher.download import add_download_command
 from pytgi_shard.logs import configure_logging
 from pytgi_shard.settings import DEFAULT_UDS_PATH, DTYPES, ShardSettings
 
@@ -75,7 +77,9 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
 
 
 # Other modules append their own registration function here.
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_serve_command]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_serve_command, add_download_command, add_ctl_command,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
