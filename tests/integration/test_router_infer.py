@@ -257,3 +257,34 @@ def test_a_dead_shard_fails_in_flight_requests_and_health(
 
     with start_shards(model) as processes:
         asyncio.run(main(processes))
+
+
+def test_two_ranks_generate_like_one_and_a_dead_rank_fails_fast(
+    model: Path, tokenizer: Tokenizer, shards: ShardProcesses
+) -> None:
+    requests = [request(tokenizer, p, 6) for p in PROMPTS[:4]]
+
+    async def one_rank() -> list[list[int]]:
+        async with serving(shards, settings()) as infer:
+            return [await solo(infer, r) for r in requests]
+
+    async def two_ranks(processes: ShardProcesses, expected: list[list[int]]) -> None:
+        async with serving(processes, settings()) as infer:
+            assert infer.info.world_size == 2
+            log = Log()
+            streams = [infer.submit(r) for r in requests]
+            got = await asyncio.gather(*(log.read(i, s) for i, s in enumerate(streams)))
+            assert got == expected
+            stream = infer.submit(request(tokenizer, "The quick brown fox", 200))
+            await Log().read(0, stream, limit=1)
+            # Rank 0 is left blocked in a collective: the client must not wait for it.
+            processes.procs[1].send_signal(signal.SIGKILL)
+            with pytest.raises(GenerationError):
+                await asyncio.wait_for(Log().read(0, stream), timeout=10)
+            assert infer.kv_blocks_free == infer.kv_blocks_total
+            # Rank 0 would sit in its collective until gloo's timeout, deaf to SIGTERM.
+            processes.procs[0].send_signal(signal.SIGKILL)
+
+    expected = asyncio.run(one_rank())
+    with start_shards(model, world_size=2) as processes:
+        asyncio.run(two_ranks(processes, expected))
