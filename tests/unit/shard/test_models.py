@@ -147,6 +147,7 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, port: int, paths: list[Path], out_dir: Path) -> None:
+    torch.set_num_threads(1)  # two ranks on a small CI machine: no oversubscription
     dist = init_distributed(rank, 2, "127.0.0.1", port, CPU)
     try:
         results = {}
@@ -159,26 +160,31 @@ def _rank_main(rank: int, port: int, paths: list[Path], out_dir: Path) -> None:
 
 
 def test_two_ranks_match_one(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
-    """world_size 2 over gloo: every rank returns the world-size-1 (and transformers) logits."""
+    """world_size 2 over gloo: every rank returns the world-size-1 logits.
+
+    World size 1 equals transformers for the tiny families (test_logits_match_transformers); the
+    odd-vocabulary model exists only here, so it is also held against transformers here.
+    """
     from transformers import AutoConfig
 
+    odd_vocab = _odd_vocab_llama(tmp_path / "odd-vocab")
     paths = [
         tiny_model("llama", sharded=True),  # two KV heads: one per rank
         tiny_model("mistral"),  # one KV head: replicated
         tiny_model("qwen2"),  # q/k/v bias (rank 0's o_proj has none), tied embeddings
-        _odd_vocab_llama(tmp_path / "odd-vocab"),
+        odd_vocab,
     ]
     mp.spawn(_rank_main, args=(_free_port(), paths, tmp_path), nprocs=2, join=True)
     for path in paths:
         seqs = sequences(AutoConfig.from_pretrained(path).vocab_size)
         single = get_model(path, dtype=torch.float32, dist=single_process(CPU))
         expected = paged_logits(single, seqs)
-        reference = hf_logits(path, seqs)
+        if path == odd_vocab:
+            assert_matches(expected, hf_logits(path, seqs))
         for rank in range(2):
             got = torch.load(tmp_path / f"rank{rank}.pt")[path.name]
             for g, e in zip(got, expected, strict=True):
                 torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
-            assert_matches(got, reference)
 
 
 def test_sharded_fallback_model_is_refused(tiny_model: Callable[..., Path]) -> None:
