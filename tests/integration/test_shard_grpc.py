@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_proto import generate_pb2_grpc
+from tests.hf_reference import hf_greedy
 from tests.shard_process import ShardProcesses, start_shards
 
 BLOCK = 16
@@ -184,21 +185,6 @@ def _ranks_agree(shards: Shards) -> bool:
 
     first = strip(shards.last_answers[0])
     return all(strip(a) == first for a in shards.last_answers[1:])
-
-
-def hf_greedy(model: Path, ids: list[int], max_new: int) -> tuple[list[int], list[float]]:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model, torch_dtype=torch.float32)
-    out = hf.generate(
-        torch.tensor([ids]), max_new_tokens=max_new, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
-    )  # fmt: skip
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [
-        torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.logits, tokens, strict=False)
-    ]
-    return tokens, logprobs
 
 
 def check_greedy(shards: Shards) -> None:

@@ -20,6 +20,7 @@ from pytgi_shard.errors import BatchNotFound, InvalidRequest, OutOfMemory
 from pytgi_shard.settings import ShardSettings
 from pytgi_shard.startup import load_engine
 from pytgi_shard.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE
+from tests.hf_reference import hf_greedy
 from tests.unit.shard.test_batch import batch_of, request
 
 
@@ -85,21 +86,6 @@ def solo(engine: Engine, req: pb.Request) -> Run:
     run = Run(engine)
     run.finish(run.prefill(batch_of(req, batch_id=1000 + req.id)))
     return run
-
-
-def hf_greedy(path: Path, prompt: list[int], max_new: int) -> tuple[list[int], list[float]]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
-    out = model.generate(
-        torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
-        output_logits=True, return_dict_in_generate=True,
-    )  # fmt: skip
-    ids = out.sequences[0, len(prompt) :].tolist()
-    logprobs = [
-        torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.logits, ids, strict=False)
-    ]
-    return ids, logprobs
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gpt2"])
