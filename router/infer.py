@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from itertools import count
 
+from opentelemetry import trace
+
 from pytgi_proto import generate_pb2
 
 from .batch_state import request_pb
@@ -231,6 +233,9 @@ class Infer:
             raise ValidationError(str(err)) from err
         stream = RequestStream(lambda _: self._cancel(entry))
         entry = Entry(entry_id, request, stream, pb)
+        span_context = trace.get_current_span().get_span_context()
+        if span_context.is_valid:
+            entry.trace_context = span_context
         self._in_flight += 1
         self._idle.clear()
         scheduler.queue.append(entry)

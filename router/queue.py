@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opentelemetry.trace import SpanContext
+
 from pytgi_proto import generate_pb2
 
 from .block_allocator import BlockAllocator
@@ -31,6 +33,8 @@ class Entry:
     started_at: float = 0.0
     # Until it finishes, fails or is cancelled, the entry holds one max_concurrent_requests permit.
     holds_permit: bool = True
+    # The span current at submission (the HTTP request's), linked from the batch's prefill span.
+    trace_context: SpanContext | None = None
 
     @property
     def queued_at(self) -> float:

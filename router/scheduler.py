@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from opentelemetry import trace
+from opentelemetry.trace import Link
 
 from pytgi_proto import generate_pb2
 
@@ -192,7 +193,11 @@ class Scheduler:
         for entry in entries:
             entry.started_at = now
         cached = self.running.cached
-        await self._step("prefill", lambda: self.client.prefill(batch, cached), len(entries))
+        # TGI's shape: a batch span links to the request spans it serves (follows-from).
+        links = [Link(e.trace_context) for e in entries if e.trace_context is not None]
+        await self._step(
+            "prefill", lambda: self.client.prefill(batch, cached), len(entries), links
+        )
 
     async def _decode(self) -> None:
         cached = self.running.cached
@@ -200,14 +205,20 @@ class Scheduler:
         await self._step("decode", lambda: self.client.decode([cached]), len(self.running))
 
     async def _step(
-        self, method: str, call: Callable[[], Awaitable[StepResponse]], size: int
+        self,
+        method: str,
+        call: Callable[[], Awaitable[StepResponse]],
+        size: int,
+        links: list[Link] | None = None,
     ) -> None:
         """One shard call, then routing its generations and filtering the batch."""
         metrics = self._method_metrics[method]
         metrics.count.inc()
         start = time.perf_counter()
         try:
-            with self._tracer.start_as_current_span(method, attributes={"batch_size": size}):
+            with self._tracer.start_as_current_span(
+                method, links=links, attributes={"batch_size": size}
+            ):
                 response = await call()
         except Exception as err:  # ShardError, or a bug: either way this batch is lost
             metrics.failure.inc()

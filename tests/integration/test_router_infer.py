@@ -5,7 +5,10 @@ cancellation, overload and a shard that dies mid-generation."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -288,3 +291,68 @@ def test_two_ranks_generate_like_one_and_a_dead_rank_fails_fast(
     expected = asyncio.run(one_rank())
     with start_shards(model, world_size=2) as processes:
         asyncio.run(two_ranks(processes, expected))
+
+
+# Tracing needs an SDK tracer provider installed process-wide, which must not leak into the other
+# tests: this part runs in its own interpreter and prints the finished spans as JSON.
+TRACED_ROUTER = """
+import asyncio, json, sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pytgi_router.client import ShardClient
+from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.metrics import Metrics
+from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+
+async def main():
+    client = await ShardClient.connect(sys.argv[1])
+    infer = Infer(client, InferSettings(max_batch_prefill_tokens=64, max_batch_total_tokens=512),
+                  Metrics())
+    await infer.start()
+    stopping = StoppingParameters(3, ignore_eos_token=True)
+    request = ValidRequest("hi", [1, 40, 41], 3, SamplingParameters(), stopping)
+    with trace.get_tracer("test").start_as_current_span("request"):
+        stream = infer.submit(request)
+    async for _ in stream:
+        pass
+    await infer.stop()
+    await client.close()
+
+asyncio.run(main())
+print(json.dumps([
+    {"name": s.name, "id": s.context.span_id, "trace": s.context.trace_id,
+     "parent": s.parent.span_id if s.parent else None,
+     "links": [link.context.span_id for link in s.links]}
+    for s in exporter.get_finished_spans()
+]))
+"""
+
+
+def test_batch_spans_link_requests_and_parent_the_shard_calls(shards: ShardProcesses) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", TRACED_ROUTER, shards.urls[0]],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    spans = json.loads(out.stdout.strip().splitlines()[-1])
+    by_name: dict[str, list[dict]] = {}
+    for span in spans:
+        by_name.setdefault(span["name"], []).append(span)
+    (request_span,) = by_name["request"]
+    (prefill,) = by_name["prefill"]
+    assert prefill["links"] == [request_span["id"]]
+    decodes = by_name["decode"]
+    assert len(decodes) == 2
+    # The gRPC client spans (whose context the interceptor injects into the call's metadata)
+    # are children of the batch spans.
+    rpc = "/pytgi.generate.v1.TextGenerationService/"
+    (prefill_call,) = by_name[rpc + "Prefill"]
+    assert (prefill_call["parent"], prefill_call["trace"]) == (prefill["id"], prefill["trace"])
+    decode_parents = sorted(s["parent"] for s in by_name[rpc + "Decode"])
+    assert decode_parents == sorted(s["id"] for s in decodes)
