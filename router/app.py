@@ -163,7 +163,7 @@ class Invocations:
     def __init__(self, gen: GenerateRoutes, chat: ChatRoutes, comp: CompletionRoutes) -> None:
         self.gen, self.chat, self.comp = gen, chat, comp
 
-    async def __call__(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response:
         body = await read_json(request)
         if isinstance(body, dict):
             if "inputs" in body:
@@ -189,7 +189,7 @@ def create_app(state: AppState) -> Starlette:
         *gen.routes(),
         *chat.routes(),
         *comp.routes(),
-        Route("/invocations", Invocations(gen, chat, comp), methods=["POST"]),
+        Route("/invocations", Invocations(gen, chat, comp).handle, methods=["POST"]),
         *DocsRoutes(state).routes(),
     ]
     origins = list(settings.cors_allow_origin) or ["*"]
