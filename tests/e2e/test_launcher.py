@@ -1,0 +1,237 @@
+"""End to end through `pytgi-launcher`: real shard and router processes, real HTTP, real clients.
+
+Two launchers: one on the tiny Llama with two shards and JSON logs (greedy text equals
+transformers', then SIGTERM leaves nothing behind); one on the bundled demo model, exactly what
+`make run` starts, whose shard is then SIGKILLed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from text_generation import Client
+
+START_TIMEOUT = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def assert_all_gone(pids: set[int], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if alive(p)], "orphan processes left behind"
+
+
+class Launcher:
+    """A `pytgi-launcher` process on free ports and a private socket directory."""
+
+    def __init__(self, *flags: str) -> None:
+        # Unix socket paths must stay short (~107 bytes): not under pytest's deep tmp_path.
+        self.workdir = Path(tempfile.mkdtemp(prefix="pytgi-l-", dir="/tmp"))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.uds = str(self.workdir / "s")
+        argv = [sys.executable, "-m", "pytgi_launcher.cli", "--hostname", "127.0.0.1",
+                "--port", str(self.port), "--shard-uds-path", self.uds,
+                "--master-port", str(free_port()), "--graceful-termination-timeout", "20", *flags]
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        threading.Thread(target=self._read, daemon=True).start()
+        self.children: set[int] = set()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            if "ready: http://" in line:
+                self.ready.set()
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_ready(self) -> Launcher:
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.ready.wait(0.2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"launcher did not become ready:\n{self.output}")
+        self.children = descendants(self.proc.pid)
+        return self
+
+    def wait(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout)
+        time.sleep(0.2)  # the reader thread drains the last lines
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def child_pid(launcher: Launcher, name: str) -> int:
+    """The pid the launcher logged for `name` ("shard 1", "router")."""
+    for line in launcher.lines:
+        text = line
+        if line.startswith("{"):
+            text = json.loads(line).get("message", "")
+        if f"started {name} (pid " in text:
+            return int(text.split("(pid ", 1)[1].split(")", 1)[0])
+    raise AssertionError(f"no pid logged for {name}:\n{launcher.output}")
+
+
+@pytest.fixture(scope="module")
+def tiny_launcher(tiny_model: Callable[..., Path]) -> Iterator[Launcher]:
+    launcher = Launcher("--model-id", str(tiny_model("llama")), "--num-shard", "2",
+                        "--json-output")
+    try:
+        yield launcher.wait_ready()
+    finally:
+        launcher.close()
+
+
+def transformers_greedy(model_dir: Path, prompt: str, new_tokens: int) -> tuple[list[int], str]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype="float32")
+    ids = tok(prompt, return_tensors="pt").input_ids
+    out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    new = out[0, ids.shape[1]:].tolist()
+    return new, tok.decode(new, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("prompt", ["The quick brown fox", "To be, or not to be"])
+def test_two_shard_greedy_text_equals_transformers(
+    tiny_launcher: Launcher, tiny_model: Callable[..., Path], prompt: str
+) -> None:
+    response = Client(tiny_launcher.url, timeout=60).generate(
+        prompt, max_new_tokens=12, do_sample=False
+    )
+    ids, text = transformers_greedy(tiny_model("llama"), prompt, 12)
+    assert [t.id for t in response.details.tokens] == ids
+    assert response.generated_text == text
+
+
+def test_json_output_covers_every_process(tiny_launcher: Launcher) -> None:
+    records = [json.loads(line) for line in tiny_launcher.lines]
+    assert all(isinstance(r, dict) and "message" in r for r in records)
+    assert {r["process"] for r in records} == {"launcher", "shard-0", "shard-1", "router"}
+
+
+def test_sigterm_drains_and_leaves_no_orphans(tiny_launcher: Launcher) -> None:
+    """Last test of the module: it stops the shared launcher."""
+    children = tiny_launcher.children
+    assert len(children) >= 3, "two shards and a router"
+    tiny_launcher.proc.send_signal(signal.SIGTERM)
+    assert tiny_launcher.wait() == 0, tiny_launcher.output
+    assert_all_gone(children)
+    assert not list(tiny_launcher.workdir.glob("s-*")), "shard sockets removed"
+    messages = [json.loads(line)["message"] for line in tiny_launcher.lines]
+    assert "received SIGTERM: shutting down" in messages
+    assert messages.index("router exited with code 0") < messages.index("shard-0 exited with code 0")
+
+
+@pytest.fixture(scope="module")
+def demo_launcher() -> Iterator[Launcher]:
+    """What `make run` starts (no --model-id: the bundled demo), here on two shards."""
+    launcher = Launcher("--num-shard", "2")
+    try:
+        yield launcher.wait_ready()
+    finally:
+        launcher.close()
+
+
+def test_demo_model_is_the_default_and_writes_text(demo_launcher: Launcher) -> None:
+    client = Client(demo_launcher.url, timeout=60)
+    response = client.generate("ROMEO.\n", max_new_tokens=40, do_sample=True, temperature=0.8,
+                               seed=7)
+    assert response.details.generated_tokens == 40 or response.details.finish_reason == "eos_token"
+    words = [w for w in response.generated_text.split() if w.isalpha()]
+    assert len(words) >= 10, response.generated_text
+    info = httpx.get(f"{demo_launcher.url}/info", timeout=10).json()
+    assert info["model_id"].endswith("demo_model")
+
+
+def test_killed_shard_stops_everything_with_a_clear_message(demo_launcher: Launcher) -> None:
+    children = demo_launcher.children
+    os.kill(child_pid(demo_launcher, "shard 1"), signal.SIGKILL)
+    assert demo_launcher.wait() == 1, demo_launcher.output
+    assert "shard 1 was killed by SIGKILL; the other processes were stopped" in demo_launcher.output
+    assert_all_gone(children)
+
+
+def test_shard_startup_failure_is_reported_with_its_error(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_model("llama"), broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    launcher = Launcher("--model-id", str(broken), "--num-shard", "1")
+    try:
+        assert launcher.wait(START_TIMEOUT) == 1, launcher.output
+    finally:
+        launcher.close()
+    assert "shard 0 exited with code 1 during start-up" in launcher.output
+    tail = launcher.output.split("Last lines of its log:", 1)[1]
+    assert "Error" in tail, "the shard's error is quoted"
+
+
+def test_startup_timeout_names_the_shard(tiny_model: Callable[..., Path]) -> None:
+    launcher = Launcher("--model-id", str(tiny_model("llama")), "--num-shard", "1",
+                        "--shard-startup-timeout", "0.5")
+    try:
+        assert launcher.wait(START_TIMEOUT) == 1, launcher.output
+    finally:
+        launcher.close()
+    assert "shard 0 did not become ready within 0.5s (--shard-startup-timeout)" in launcher.output
+    assert_all_gone({child_pid(launcher, "shard 0")})
