@@ -53,6 +53,25 @@ class InferSettings:
     health_recent_s: float = 5.0
     health_timeout_s: float = 5.0
 
+    def __post_init__(self) -> None:
+        problems = [
+            f"`{name}` must be >= {low}, got {value}"
+            for name, value, low in (
+                ("max_concurrent_requests", self.max_concurrent_requests, 1),
+                ("max_batch_prefill_tokens", self.max_batch_prefill_tokens, 1),
+                ("max_batch_total_tokens", self.max_batch_total_tokens, 1),
+                ("max_batch_size", self.max_batch_size, 1),
+                ("waiting_served_ratio", self.waiting_served_ratio, 0),
+                ("max_waiting_tokens", self.max_waiting_tokens, 0),
+                ("max_input_tokens", self.max_input_tokens, 1),
+                ("max_total_tokens", self.max_total_tokens, 2),
+                ("max_queue_size", self.max_queue_size, 1),
+            )
+            if value is not None and value < low
+        ]
+        if problems:
+            raise ValueError("; ".join(problems))
+
 
 @dataclass
 class ShardInfo:

@@ -53,7 +53,6 @@ def test_prefill_budget_is_capped_by_the_kv_cache() -> None:
         (InferSettings(max_input_tokens=300, max_total_tokens=300), "must be >= 1 and <"),
         (InferSettings(max_total_tokens=5000), "Not enough memory to handle max_total_tokens=5000"),
         (InferSettings(max_batch_prefill_tokens=100, max_input_tokens=200), "must be >="),
-        (InferSettings(max_batch_prefill_tokens=0), "must be >= 1"),
     ],
 )
 def test_incompatible_settings_fail_with_a_clear_message(
@@ -66,3 +65,16 @@ def test_incompatible_settings_fail_with_a_clear_message(
 def test_no_usable_block_is_an_error() -> None:
     with pytest.raises(InferStartError):
         derive_info(InferSettings(), INFO, warmup(num_blocks=1), 1)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"max_concurrent_requests": 0}, {"max_batch_size": 0}, {"waiting_served_ratio": -0.1},
+        {"max_batch_total_tokens": 0}, {"max_queue_size": 0}, {"max_batch_prefill_tokens": 0},
+    ],
+)
+def test_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
+    name = next(iter(bad))
+    with pytest.raises(ValueError, match=name):
+        InferSettings(**bad)  # type: ignore[arg-type]
