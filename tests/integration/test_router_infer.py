@@ -137,6 +137,17 @@ def test_concurrent_requests_interleave_and_match_their_solo_runs(
             lasts = [log.position(i, len(t)) for i, t in enumerate(together)]
             assert max(firsts) < min(lasts)
             assert infer.in_flight == 0 and infer.kv_blocks_free == infer.kv_blocks_total
+            sample = infer.metrics.registry.get_sample_value
+            assert sample("tgi_batch_max_total_tokens") == infer.info.max_batch_total_tokens
+            assert sample("pytgi_kv_blocks_total") == infer.kv_blocks_total
+            assert sample("pytgi_kv_blocks_free") == infer.kv_blocks_total
+            assert sample("tgi_batch_current_size") == 0 and sample("tgi_queue_size") == 0
+            # 16 solo runs plus the shared batch.
+            assert sample("tgi_batch_inference_success", {"method": "prefill"}) == 17
+            decodes = sample("tgi_batch_inference_count", {"method": "decode"})
+            assert decodes == sample("tgi_batch_inference_success", {"method": "decode"})
+            assert sample("tgi_batch_next_size_count") == 17
+            assert sample("tgi_batch_forward_duration_count", {"method": "decode"}) == decodes
 
     asyncio.run(main())
 
@@ -254,6 +265,10 @@ def test_a_dead_shard_fails_in_flight_requests_and_health(
                     await asyncio.wait_for(Log().read(i, stream), timeout=10)
             assert infer.in_flight == 0 and infer.kv_blocks_free == infer.kv_blocks_total
             assert not await infer.health()
+            failures = infer.metrics.registry.get_sample_value(
+                "tgi_batch_inference_failure", {"method": "decode"}
+            )
+            assert failures == 1
             # The loop keeps serving: a new request fails fast instead of hanging.
             with pytest.raises(GenerationError):
                 await asyncio.wait_for(solo(infer, request(tokenizer, "To be", 3)), timeout=10)
