@@ -25,6 +25,7 @@ import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -204,7 +205,7 @@ def evaluate(model: torch.nn.Module, data: torch.Tensor, plan: TrainPlan, device
     return sum(losses) / len(losses)
 
 
-def sample(model: torch.nn.Module, tok: Tokenizer, prompt: str, device: str, seed: int) -> str:
+def sample(model: Any, tok: Tokenizer, prompt: str, device: str, seed: int) -> str:
     torch.manual_seed(seed)
     ids = torch.tensor([tok.encode(prompt).ids], device=device)
     model.eval()
@@ -246,7 +247,8 @@ def train_model(args: argparse.Namespace) -> None:
           flush=True)
 
     skip = ("architectures", "model_type", "torch_dtype", "transformers_version")
-    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k not in skip}))
+    # Any: transformers' decorated `.to` and `.generate` confuse mypy.
+    model: Any = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k not in skip}))
     model.to(device)
     if plan.dropout > 0:
         add_residual_dropout(model, plan.dropout)

@@ -235,3 +235,19 @@ def test_startup_timeout_names_the_shard(tiny_model: Callable[..., Path]) -> Non
         launcher.close()
     assert "shard 0 did not become ready within 0.5s (--shard-startup-timeout)" in launcher.output
     assert_all_gone({child_pid(launcher, "shard 0")})
+
+
+def test_sigint_during_startup_stops_cleanly(tiny_model: Callable[..., Path]) -> None:
+    launcher = Launcher("--model-id", str(tiny_model("llama")), "--num-shard", "2")
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while "started shard 1" not in launcher.output and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shards = {child_pid(launcher, "shard 0"), child_pid(launcher, "shard 1")}
+        launcher.proc.send_signal(signal.SIGINT)
+        assert launcher.wait(START_TIMEOUT) == 0, launcher.output
+    finally:
+        launcher.close()
+    assert "received SIGINT: shutting down" in launcher.output
+    assert "started router" not in launcher.output, "no router is started after a stop signal"
+    assert_all_gone(shards)
