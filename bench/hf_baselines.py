@@ -20,7 +20,7 @@ def _load(model_dir: Path, dtype: torch.dtype, device: str, attn: str | None = N
     from transformers import AutoModelForCausalLM
 
     kwargs = {"attn_implementation": attn} if attn else {}
-    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=dtype, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **kwargs)
     return model.to(device).eval()  # type: ignore[arg-type]
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
@@ -22,37 +24,42 @@ if TYPE_CHECKING:
     from pytgi_router.client import ShardClient
 
 Prompts = list[list[int]]
+T = TypeVar("T")
 
 
 class InProcessShardClient:
     """The router's ShardClient interface over one in-process Engine (one rank, no transport).
 
-    Engine calls block the event loop while they compute, exactly like one gRPC shard that
-    serves a call at a time; the router's own code runs unchanged between them.
+    Engine calls run one at a time on a dedicated thread, as the shard's gRPC server runs them,
+    so the router's own code keeps running on the event loop while the model computes.
     """
 
     def __init__(self, engine) -> None:  # type: ignore[no-untyped-def]
         self._engine = engine
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self.urls = ["in-process"]
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     @property
     def world_size(self) -> int:
         return 1
 
     async def info(self) -> generate_pb2.InfoResponse:
-        return self._engine.info()  # type: ignore[no-any-return]
+        return await self._call(self._engine.info)
 
     async def health(self) -> None:
-        self._engine.health()
+        await self._call(self._engine.health)
 
     async def service_discovery(self) -> list[str]:
         return list(self.urls)
 
     async def clear_cache(self, batch_id: int | None = None) -> None:
-        self._engine.clear(batch_id)
+        await self._call(self._engine.clear, batch_id)
 
     async def warmup(self, req: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
-        return self._engine.warmup(req)  # type: ignore[no-any-return]
+        return await self._call(self._engine.warmup, req)
 
     async def prefill(
         self, batch: generate_pb2.Batch, cached: generate_pb2.CachedBatch | None
@@ -60,32 +67,28 @@ class InProcessShardClient:
         request = generate_pb2.PrefillRequest(batch=batch)
         if cached is not None:
             request.cached_batch.CopyFrom(cached)
-        return self._engine.prefill(request)  # type: ignore[no-any-return]
+        return await self._call(self._engine.prefill, request)
 
     async def decode(self, batches: list[generate_pb2.CachedBatch]) -> generate_pb2.DecodeResponse:
-        return self._engine.decode(generate_pb2.DecodeRequest(batches=batches))  # type: ignore[no-any-return]
+        request = generate_pb2.DecodeRequest(batches=batches)
+        return await self._call(self._engine.decode, request)
 
     async def filter_batch(
         self, batch_id: int, request_ids: list[int]
     ) -> generate_pb2.CachedBatch | None:
-        return self._engine.filter(batch_id, request_ids)  # type: ignore[no-any-return]
+        return await self._call(self._engine.filter, batch_id, request_ids)
 
     async def close(self) -> None:
-        return None
+        self._thread.shutdown(wait=True)
 
 
-def load_engine(model_dir: Path, dtype: torch.dtype, device: str):  # type: ignore[no-untyped-def]
-    """The shard's Engine for `model_dir` on one rank, as `pytgi-shard serve` builds it."""
-    from pytgi_shard.detokenizer import Detokenizer
-    from pytgi_shard.distributed import single_process
-    from pytgi_shard.engine import Engine
-    from pytgi_shard.models import get_model
+def load_engine(model_dir: Path, dtype: torch.dtype):  # type: ignore[no-untyped-def]
+    """The shard's Engine for `model_dir` on one rank, built as `pytgi-shard serve` builds it."""
     from pytgi_shard.settings import ShardSettings
+    from pytgi_shard.startup import load_engine as shard_load_engine
 
-    settings = ShardSettings(model_path=model_dir)
-    dist = single_process(torch.device(device))
-    model = get_model(model_dir, dtype=dtype, dist=dist, attention=settings.attention)
-    return Engine(model, Detokenizer.from_model_dir(model_dir), dist, settings)
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    return shard_load_engine(ShardSettings(model_path=model_dir, dtype=names[dtype]))
 
 
 async def _generate_all(infer, prompts: Prompts, new_tokens: int) -> int:  # type: ignore[no-untyped-def]
@@ -122,10 +125,10 @@ async def _run(
     from pytgi_router.metrics import Metrics
 
     start = time.perf_counter()
-    engine = load_engine(model_dir, dtype, device)
+    engine = load_engine(model_dir, dtype)
     settings = InferSettings(max_concurrent_requests=max(128, len(prompts)))
-    client = cast("ShardClient", InProcessShardClient(engine))
-    infer = Infer(client, settings, Metrics())
+    direct = InProcessShardClient(engine)
+    infer = Infer(cast("ShardClient", direct), settings, Metrics())
     info = await infer.start()
     result.startup_s = time.perf_counter() - start
     result.extra["max_batch_total_tokens"] = info.max_batch_total_tokens
@@ -141,6 +144,7 @@ async def _run(
             result.output_tokens.append(tokens)
     finally:
         await infer.stop()
+        await direct.close()
     return result
 
 

@@ -123,7 +123,7 @@ def build_random_llama(
     seed: int = 0,
 ) -> Path:
     """Writes an EOS-free random Llama of `shape` to `out` (skipped when already built)."""
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig
 
     marker = out / "bench_model.json"
     spec = {"shape": shape.name, "dtype": str(dtype), "seed": seed, "eos_free": True}
@@ -148,9 +148,9 @@ def build_random_llama(
         torch_dtype=str(dtype).removeprefix("torch."),
     )
     torch.manual_seed(seed)
+    # Built directly in `dtype` on `device`: an 8B model in float32 would need 32 GB first.
     with torch.device(device):
-        # transformers' typing of `.to` is narrower than its behaviour.
-        model = LlamaForCausalLM(config).to(dtype)  # type: ignore[arg-type]
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     suppress_tokens(model, [eos, *range(tokenizer_vocab, config.vocab_size)])
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad).save_pretrained(out)
@@ -178,7 +178,7 @@ def eos_free_copy(source: Path, out: Path) -> Path:
     if marker.is_file() and json.loads(marker.read_text()) == spec and is_checkpoint(out):
         return out
     out.mkdir(parents=True, exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     _, eos, _ = _special_ids(source)
     vocab = _write_tokenizer(out, source)
     suppress_tokens(model, [eos, *range(vocab, model.config.vocab_size)])
