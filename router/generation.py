@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from pytgi_router.validation import ValidGenerate
 if TYPE_CHECKING:
     from pytgi_router.request_stream import RequestStream
     from pytgi_router.state import AppState
+
+log = logging.getLogger("pytgi.router")
 
 
 class ClientDisconnected(Exception):
@@ -121,13 +124,14 @@ class Result:
 class Run:
     """One admitted generation: its stream, span and timings; records its outcome once."""
 
-    __slots__ = ("state", "valid", "stream", "trace", "start", "queued", "done")
+    __slots__ = ("state", "route", "valid", "stream", "trace", "start", "queued", "done")
 
     def __init__(
-        self, state: AppState, valid: ValidGenerate, stream: RequestStream, trace: RequestTrace,
-        start: float, queued: float,
+        self, state: AppState, route: str, valid: ValidGenerate, stream: RequestStream,
+        trace: RequestTrace, start: float, queued: float,
     ) -> None:
         self.state = state
+        self.route = route
         self.valid = valid
         self.stream = stream
         self.trace = trace
@@ -160,6 +164,11 @@ class Run:
             "generated_tokens": end.generated_tokens, "finish_reason": end.finish_reason,
         })
         self.trace.end()
+        log.info(
+            "%s: %d tokens (%s) in %.3fs: validation %.1fms, queue %.1fms, inference %.3fs, "
+            "%.1fms/token", self.route, end.generated_tokens, end.finish_reason, t.total,
+            t.validation * 1e3, t.queue * 1e3, t.inference, t.per_token * 1e3,
+        )
         return t
 
     def fail(self, err: InferError) -> None:
@@ -168,6 +177,7 @@ class Run:
         self.done = True
         self.state.metrics.request_failure.labels(err=err.metric_label).inc()
         self.trace.end(err)
+        log.warning("%s failed: %s", self.route, err.message)
 
     def dropped(self) -> None:
         """The client went away before the end (TGI's `dropped` failure)."""
@@ -210,13 +220,16 @@ class Generations:
                 valid = await state.validator.validate(req, stream=stream)
             m.request_input_length.observe(valid.request.input_length)
             m.request_max_new_tokens.observe(valid.request.stopping.max_new_tokens)
-            return self._submit(valid, trace, start, job)
+            return self._submit(route, valid, trace, start, job)
         except InferError as err:
             m.request_failure.labels(err=err.metric_label).inc()
             trace.end(err)
+            log.info("%s refused (%d): %s", route, err.status_code, err.message)
             raise
 
-    def _submit(self, valid: ValidGenerate, trace: RequestTrace, start: float, job: Job) -> list[Run]:
+    def _submit(
+        self, route: str, valid: ValidGenerate, trace: RequestTrace, start: float, job: Job
+    ) -> list[Run]:
         requests = [valid.request]
         for _ in range(valid.best_of - 1):
             # best_of runs N independent samples: each gets its own seed.
@@ -235,10 +248,10 @@ class Generations:
             raise
         for s in streams:
             job.add(s)
-        runs = [Run(self.state, valid, streams[0], trace, start, queued)]
+        runs = [Run(self.state, route, valid, streams[0], trace, start, queued)]
         for s in streams[1:]:
             # best_of siblings: the first run owns the request's metrics and span.
-            sibling = Run(self.state, valid, s, RequestTrace(INVALID_SPAN), start, queued)
+            sibling = Run(self.state, route, valid, s, RequestTrace(INVALID_SPAN), start, queued)
             sibling.done = True
             runs.append(sibling)
         return runs

@@ -23,6 +23,15 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, ensure_ascii=False)
 
 
+def announce(message: str, json_output: bool) -> None:
+    """A line that must always be printed (e.g. "ready"), whatever LOG_LEVEL says."""
+    if json_output:
+        record = logging.LogRecord("pytgi.router", logging.INFO, "", 0, message, None, None)
+        print(JsonFormatter().format(record), flush=True)
+    else:
+        print(message, flush=True)
+
+
 def configure_logging(json_output: bool) -> None:
     """Called once from the CLI; LOG_LEVEL (TGI's variable) picks the level, default INFO."""
     handler = logging.StreamHandler(sys.stdout)

@@ -21,10 +21,9 @@ def _head(env: Envelope, kind: str) -> str:
 class ChatChunks:
     """`chat.completion.chunk` events of one chat stream."""
 
-    __slots__ = ("_head", "_env", "logprobs")
+    __slots__ = ("_head", "logprobs")
 
     def __init__(self, env: Envelope, logprobs: bool) -> None:
-        self._env = env
         self._head = _head(env, "chat.completion.chunk")
         self.logprobs = logprobs
 

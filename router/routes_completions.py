@@ -15,7 +15,7 @@ from pytgi_router.events import End, Token
 from pytgi_router.generation import ClientDisconnected, Generations, Job, Result, summed_headers
 from pytgi_router.http_errors import CompletionRequestError
 from pytgi_router.http_io import json_response, read_json
-from pytgi_router.openai_schemas import CompletionRequest, Envelope, completion, parse_completion
+from pytgi_router.openai_schemas import Envelope, completion, parse_completion
 from pytgi_router.openai_stream import CompletionChunks, error_chunk
 from pytgi_router.routes_generate import CLIENT_CLOSED
 from pytgi_router.schemas import GenerateRequest
@@ -134,6 +134,3 @@ class CompletionEncoder:
 
     def error(self, err: InferError) -> bytes:
         return error_chunk(err)
-
-
-__all__ = ["CompletionRoutes", "CompletionRequest"]

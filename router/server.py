@@ -21,6 +21,7 @@ from pytgi_router.app import create_app
 from pytgi_router.chat_template import load_chat_template
 from pytgi_router.client import ShardClient
 from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.logs import announce
 from pytgi_router.metrics import Metrics
 from pytgi_router.model_files import ModelFiles
 from pytgi_router.settings import RouterSettings
@@ -119,7 +120,7 @@ class RouterServer:
         app = create_app(self.state)
         host = self.settings.hostname
         shown = f"[{host}]" if ":" in host else host
-        print(f"Connected, serving on http://{shown}:{self.port}", flush=True)
+        announce(f"Connected, serving on http://{shown}:{self.port}", self.settings.json_output)
         log.info("model %s: %s", self.state.model_id, self.state.info)
         await hypercorn_serve(app, config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
 
