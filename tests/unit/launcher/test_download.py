@@ -179,3 +179,33 @@ def test_launcher_exits_with_one_error_line_when_offline_and_uncached(tmp_path: 
     assert len(lines) == 1, done.stderr
     assert "pytgi-test/absent" in lines[0] and str(cache) in lines[0]
     assert lines[0].startswith("pytgi-launcher: error:")
+
+
+def download_weights(*args: str) -> subprocess.CompletedProcess[str]:
+    script = str(Path(sys.executable).with_name("pytgi-shard"))
+    return subprocess.run([script, "download-weights", *args], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_download_weights_command_prints_the_snapshot(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    cache = tmp_path / "hub"
+    snapshot = hub_cache(cache, "pytgi-test/tiny-llama", tiny_model("llama"))
+    done = download_weights("pytgi-test/tiny-llama", "--huggingface-hub-cache", str(cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(snapshot)
+
+
+def test_metadata_only_needs_no_weights(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    files = tmp_path / "files"
+    shutil.copytree(tiny_model("llama"), files, ignore=shutil.ignore_patterns("*.safetensors"))
+    cache = tmp_path / "hub"
+    snapshot = hub_cache(cache, "pytgi-test/tokenizer-only", files)
+    done = download_weights("pytgi-test/tokenizer-only", "--metadata-only",
+                            "--huggingface-hub-cache", str(cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(snapshot)
+    done = download_weights("pytgi-test/tokenizer-only", "--huggingface-hub-cache", str(cache))
+    assert done.returncode == 1
+    assert "holds no *.safetensors or pytorch_model*.bin weights" in done.stderr
