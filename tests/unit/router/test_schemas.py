@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from text_generation.types import Response as TGResponse
@@ -214,3 +216,35 @@ def test_openai_stream_error_has_a_message() -> None:
     err = InferError("boom")
     data = sse_json(error_chunk(err))
     assert data["error"]["message"] == "boom" and data["error"]["http_status_code"] == 500
+
+
+# ---- arbitrary JSON never crashes the parsers ---------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+_keys = st.sampled_from([
+    "best_of", "temperature", "repetition_penalty", "frequency_penalty", "top_k", "top_p",
+    "typical_p", "do_sample", "max_new_tokens", "return_full_text", "stop", "truncate",
+    "watermark", "details", "decoder_input_details", "seed", "top_n_tokens", "grammar",
+    "adapter_id", "messages", "prompt", "max_tokens", "logprobs", "top_logprobs",
+    "stream_options", "response_format", "tools", "suffix", "presence_penalty",
+])
+
+
+@settings(max_examples=300, deadline=None)
+@given(params=st.dictionaries(_keys, _json, max_size=6), inputs=_json)
+def test_any_json_is_parsed_or_refused_cleanly(params: dict[str, Any], inputs: Any) -> None:
+    for parse, body in (
+        (parse_generate, {"inputs": inputs, "parameters": params}),
+        (parse_chat, {**params, "messages": inputs}),
+        (parse_completion, {**params, "prompt": inputs}),
+    ):
+        try:
+            parse(body)
+        except InferError as err:
+            assert err.status_code in (400, 422) and err.message

@@ -8,6 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from pytgi_router.errors import ValidationError
@@ -194,3 +196,37 @@ def test_chat_prompts_skip_special_tokens(validator: Validator, tokenizer: Token
     valid = asyncio.run(validator.validate(req))
     assert valid.request.input_ids == tokenizer.encode("<s>Hi", add_special_tokens=False).ids
     assert valid.request.add_special_tokens is False
+
+
+_num = st.one_of(st.none(), st.floats(-10, 10, allow_nan=False), st.integers(-5, 300))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    params=st.fixed_dictionaries({}, optional={
+        "temperature": _num, "top_p": _num, "top_k": st.integers(-5, 50) | st.none(),
+        "typical_p": _num, "repetition_penalty": _num, "frequency_penalty": _num,
+        "max_new_tokens": st.integers(0, 300) | st.none(), "truncate": st.integers(0, 80),
+        "best_of": st.integers(0, 3), "do_sample": st.booleans(),
+        "seed": st.integers(0, 2**64 - 1), "top_n_tokens": st.integers(0, 7),
+        "stop": st.lists(st.text(max_size=3), max_size=6),
+    }),
+    inputs=st.text(max_size=300),
+    stream=st.booleans(),
+)
+def test_any_typed_parameters_validate_or_fail_cleanly(
+    tokenizer: Tokenizer, params: dict[str, Any], inputs: str, stream: bool
+) -> None:
+    v = Validator(tokenizer, LIMITS)
+    try:
+        valid = run(v, {"inputs": inputs, "parameters": params}, stream)
+    except ValidationError as err:
+        assert err.message.startswith("Input validation error: ")
+        return
+    r = valid.request
+    # Whatever passes fits the shard's limits and the proto's field types.
+    assert 0 < r.input_length <= LIMITS.max_input_tokens
+    assert r.input_length + r.stopping.max_new_tokens <= LIMITS.max_total_tokens
+    assert r.stopping.max_new_tokens >= 1 and 0 <= r.sampling.seed < 2**64
+    assert r.sampling.temperature > 0 and 0 < r.sampling.top_p <= 1
+    assert 0 <= r.sampling.top_k < 2**32 and r.top_n_tokens <= LIMITS.max_top_n_tokens
