@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 from collections.abc import Mapping
 
@@ -26,6 +27,18 @@ def compute_type(num_shard: int, gpu_name: str) -> str:
     return f"{num_shard}-{device}"
 
 
+def port_in_use(hostname: str, port: int) -> bool:
+    """Whether the router could not bind (hostname, port): checked before any model loads."""
+    family = socket.AF_INET6 if ":" in hostname else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((hostname.strip("[]"), port))
+        except OSError:
+            return True
+    return False
+
+
 def fail(message: str) -> int:
     print(f"pytgi-launcher: error: {message}", file=sys.stderr)
     return 1
@@ -40,6 +53,9 @@ def launch(settings: LauncherSettings, environ: Mapping[str, str]) -> int:
         huggingface_hub_cache=settings.huggingface_hub_cache,
         weights_cache_override=settings.weights_cache_override,
     )
+    if port_in_use(settings.hostname, settings.port):
+        return fail(f"cannot serve on {settings.hostname}:{settings.port}: the address is in use "
+                    "(choose another --port)")
     try:
         model_path = resolve_model(source)
     except ModelNotFound as e:

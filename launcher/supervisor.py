@@ -117,15 +117,21 @@ class Supervisor:
         for rank in range(p.num_shard):
             argv = shard_argv(p.settings, p.model_path, rank, p.num_shard, p.dtype)
             env = shard_env(p.settings, p.environ, rank, p.num_shard)
-            child = ChildProcess(f"shard-{rank}", argv, env, self.sink)
+            child = self._spawn(f"shard-{rank}", argv, env)
             self.log.info("started shard %d (pid %d) of %d", rank, child.pid, p.num_shard)
             self.shards.append(child)
 
     def _start_router(self) -> None:
         p = self.plan
         env = router_env(p.settings, p.environ, p.compute_type)
-        self.router = ChildProcess("router", router_argv(p.settings, p.model_path), env, self.sink)
+        self.router = self._spawn("router", router_argv(p.settings, p.model_path), env)
         self.log.info("started router (pid %d), waiting for warmup", self.router.pid)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> ChildProcess:
+        try:
+            return ChildProcess(name, argv, env, self.sink)
+        except OSError as e:
+            raise LaunchFailed(f"cannot start {_title(name)} ({argv[0]}): {e}") from e
 
     def _shard_ready(self, child: ChildProcess) -> bool:
         rank = self.shards.index(child)

@@ -252,3 +252,18 @@ def test_sigint_during_startup_stops_cleanly(tiny_model: Callable[..., Path]) ->
     assert "received SIGINT: shutting down" in launcher.output
     assert "started router" not in launcher.output, "no router is started after a stop signal"
     assert_all_gone(shards)
+
+
+def test_port_in_use_fails_before_loading_anything() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-m", "pytgi_launcher.cli", "--hostname", "127.0.0.1",
+             "--port", str(port)], capture_output=True, text=True, timeout=60,
+        )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"pytgi-launcher: error: cannot serve on 127.0.0.1:{port}: "
+                                   "the address is in use (choose another --port)")
+    assert "started shard" not in done.stdout
