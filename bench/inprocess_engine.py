@@ -46,35 +46,46 @@ class InProcessShardClient:
     def world_size(self) -> int:
         return 1
 
-    async def info(self) -> generate_pb2.InfoResponse:
+    def connection_lost(self) -> bool:
+        return False
+
+    # `timeout` (the router's deadline of a shard call) has nothing to bound in-process.
+    async def info(self, timeout: float | None = None) -> generate_pb2.InfoResponse:
         return await self._call(self._engine.info)
 
-    async def health(self) -> None:
+    async def health(self, timeout: float | None = None) -> None:
         await self._call(self._engine.health)
 
     async def service_discovery(self) -> list[str]:
         return list(self.urls)
 
-    async def clear_cache(self, batch_id: int | None = None) -> None:
+    async def clear_cache(self, batch_id: int | None = None, timeout: float | None = None) -> None:
         await self._call(self._engine.clear, batch_id)
 
-    async def warmup(self, req: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
+    async def warmup(
+        self, req: generate_pb2.WarmupRequest, timeout: float | None = None
+    ) -> generate_pb2.WarmupResponse:
         return await self._call(self._engine.warmup, req)
 
     async def prefill(
-        self, batch: generate_pb2.Batch, cached: generate_pb2.CachedBatch | None
+        self,
+        batch: generate_pb2.Batch,
+        cached: generate_pb2.CachedBatch | None,
+        timeout: float | None = None,
     ) -> generate_pb2.PrefillResponse:
         request = generate_pb2.PrefillRequest(batch=batch)
         if cached is not None:
             request.cached_batch.CopyFrom(cached)
         return await self._call(self._engine.prefill, request)
 
-    async def decode(self, batches: list[generate_pb2.CachedBatch]) -> generate_pb2.DecodeResponse:
+    async def decode(
+        self, batches: list[generate_pb2.CachedBatch], timeout: float | None = None
+    ) -> generate_pb2.DecodeResponse:
         request = generate_pb2.DecodeRequest(batches=batches)
         return await self._call(self._engine.decode, request)
 
     async def filter_batch(
-        self, batch_id: int, request_ids: list[int]
+        self, batch_id: int, request_ids: list[int], timeout: float | None = None
     ) -> generate_pb2.CachedBatch | None:
         return await self._call(self._engine.filter, batch_id, request_ids)
 

@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--json-output", action="store_true", help="JSON log lines")
     add("--disable-grammar-support", action="store_true", help="reject `grammar`")
     add("-g", "--graceful-termination-timeout", type=float, help="drain seconds (default 90)")
+    add("--shard-step-timeout", type=float,
+        help="seconds one Prefill/Decode may take before its batch fails with 424 and the router "
+             "reconnects to the shards (default 300)")
     # Accepted for TGI compatibility (launchers pass them); they change nothing here.
     for flag in ("--prometheus-port", "--usage-stats"):
         add(flag, help=argparse.SUPPRESS)

@@ -21,9 +21,16 @@ from pytgi_proto import generate_pb2, generate_pb2_grpc
 T = TypeVar("T")
 
 # Prefill responses with prompt logprobs and top tokens can be large: no message size cap.
+# A channel that leaves READY means the shard process went away (the watchdog reconnects), so
+# it must not go idle on its own after a quiet half hour, gRPC's default.
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
+    ("grpc.client_idle_timeout_ms", 2**31 - 1),
+    # While a restarted shard loads, connect attempts retry quickly rather than backing off
+    # towards gRPC's two-minute default.
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -77,6 +84,12 @@ class ShardClient:
     def world_size(self) -> int:
         return len(self._stubs)
 
+    def connection_lost(self) -> bool:
+        """Whether a rank's connection dropped since `connect` (its process died or restarted):
+        cheap, no RPC. A restarted shard answers again on the same address, but un-warmed."""
+        ready = grpc.ChannelConnectivity.READY
+        return any(c.get_state(try_to_connect=False) != ready for c in self._channels)
+
     async def _all(self, rpc: str, request: Any, timeout: float | None = None) -> Any:
         """Calls `rpc` on every rank; rank 0's answer, or ShardError as soon as one fails."""
         calls: list[Awaitable[Any]] = [
@@ -104,48 +117,58 @@ class ShardClient:
                 raise ShardError(f"Server error (rank {rank}): {_describe(failure)}") from failure
         return tasks[0].result()
 
-    async def info(self) -> generate_pb2.InfoResponse:
-        response: generate_pb2.InfoResponse = await self._all("Info", generate_pb2.InfoRequest())
+    async def info(self, timeout: float | None = None) -> generate_pb2.InfoResponse:
+        response: generate_pb2.InfoResponse = await self._all(
+            "Info", generate_pb2.InfoRequest(), timeout
+        )
         return response
 
-    async def health(self) -> None:
-        await self._all("Health", generate_pb2.HealthRequest())
+    async def health(self, timeout: float | None = None) -> None:
+        await self._all("Health", generate_pb2.HealthRequest(), timeout)
 
     async def service_discovery(self) -> list[str]:
         response = await self._all("ServiceDiscovery", generate_pb2.ServiceDiscoveryRequest())
         return list(response.urls)
 
-    async def clear_cache(self, batch_id: int | None = None) -> None:
+    async def clear_cache(self, batch_id: int | None = None, timeout: float | None = None) -> None:
         request = generate_pb2.ClearCacheRequest()
         if batch_id is not None:
             request.id = batch_id
-        await self._all("ClearCache", request)
+        await self._all("ClearCache", request, timeout)
 
-    async def warmup(self, req: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
-        response: generate_pb2.WarmupResponse = await self._all("Warmup", req)
+    async def warmup(
+        self, req: generate_pb2.WarmupRequest, timeout: float | None = None
+    ) -> generate_pb2.WarmupResponse:
+        response: generate_pb2.WarmupResponse = await self._all("Warmup", req, timeout)
         return response
 
     async def prefill(
-        self, batch: generate_pb2.Batch, cached: generate_pb2.CachedBatch | None
+        self,
+        batch: generate_pb2.Batch,
+        cached: generate_pb2.CachedBatch | None,
+        timeout: float | None = None,
     ) -> generate_pb2.PrefillResponse:
         request = generate_pb2.PrefillRequest(batch=batch)
         if cached is not None:
             request.cached_batch.CopyFrom(cached)
-        response: generate_pb2.PrefillResponse = await self._all("Prefill", request)
+        response: generate_pb2.PrefillResponse = await self._all("Prefill", request, timeout)
         return response
 
-    async def decode(self, batches: list[generate_pb2.CachedBatch]) -> generate_pb2.DecodeResponse:
+    async def decode(
+        self, batches: list[generate_pb2.CachedBatch], timeout: float | None = None
+    ) -> generate_pb2.DecodeResponse:
         response: generate_pb2.DecodeResponse = await self._all(
-            "Decode", generate_pb2.DecodeRequest(batches=batches)
+            "Decode", generate_pb2.DecodeRequest(batches=batches), timeout
         )
         return response
 
     async def filter_batch(
-        self, batch_id: int, request_ids: list[int]
+        self, batch_id: int, request_ids: list[int], timeout: float | None = None
     ) -> generate_pb2.CachedBatch | None:
         response = await self._all(
             "FilterBatch",
             generate_pb2.FilterBatchRequest(batch_id=batch_id, request_ids=request_ids),
+            timeout,
         )
         return response.batch if response.HasField("batch") else None
 

@@ -107,6 +107,10 @@ class Metrics:
         # pytgi additions.
         self.kv_blocks_free = Gauge("pytgi_kv_blocks_free", "Free KV-cache blocks", registry=r)
         self.kv_blocks_total = Gauge("pytgi_kv_blocks_total", "KV-cache blocks", registry=r)
+        self.shard_reconnects = Counter(
+            "pytgi_shard_reconnects", "Times the router re-connected to and re-warmed the shards",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

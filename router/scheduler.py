@@ -112,8 +112,11 @@ class Scheduler:
         budgets: Budgets,
         metrics: Metrics,
         release: Callable[[Entry], None],
+        step_timeout_s: float | None = None,
     ) -> None:
         self.client = client
+        # Deadline of every shard call: a wedged shard fails its batch instead of hanging it.
+        self.step_timeout_s = step_timeout_s
         self.queue = queue
         self.budgets = budgets
         self.metrics = metrics
@@ -122,6 +125,8 @@ class Scheduler:
         # False after a failed batch, True again after a successful one (or a passing Health).
         self.healthy = True
         self.last_success = 0.0
+        # time.monotonic() when the shard call in progress began; None between calls.
+        self.step_started: float | None = None
         self._work = asyncio.Event()
         self._next_batch_id = 0
         self._tracer = trace.get_tracer(__name__)
@@ -195,14 +200,18 @@ class Scheduler:
         cached = self.running.cached
         # TGI's shape: a batch span links to the request spans it serves (follows-from).
         links = [Link(e.trace_context) for e in entries if e.trace_context is not None]
+        timeout = self.step_timeout_s
         await self._step(
-            "prefill", lambda: self.client.prefill(batch, cached), len(entries), links
+            "prefill", lambda: self.client.prefill(batch, cached, timeout), len(entries), links
         )
 
     async def _decode(self) -> None:
         cached = self.running.cached
         assert cached is not None
-        await self._step("decode", lambda: self.client.decode([cached]), len(self.running))
+        timeout = self.step_timeout_s
+        await self._step(
+            "decode", lambda: self.client.decode([cached], timeout), len(self.running)
+        )
 
     async def _step(
         self,
@@ -215,15 +224,19 @@ class Scheduler:
         metrics = self._method_metrics[method]
         metrics.count.inc()
         start = time.perf_counter()
+        self.step_started = time.monotonic()
         try:
             with self._tracer.start_as_current_span(
                 method, links=links, attributes={"batch_size": size}
             ):
                 response = await call()
         except Exception as err:  # ShardError, or a bug: either way this batch is lost
+            self.step_started = None
             metrics.failure.inc()
             await self._fail_running(err)
             return
+        # (A cancelled task leaves it set: Infer then discards this scheduler.)
+        self.step_started = None
         end = time.perf_counter()
         metrics.success.inc()
         metrics.duration.observe(end - start)
@@ -248,13 +261,13 @@ class Scheduler:
         cached = self.running.cached
         assert cached is not None
         if kept:
-            filtered = await self.client.filter_batch(cached.id, kept)
+            filtered = await self.client.filter_batch(cached.id, kept, self.step_timeout_s)
             if filtered is None:
                 self.running.drop_batch()
             else:
                 self.running.cached = filtered
         else:
-            await self.client.clear_cache(cached.id)
+            await self.client.clear_cache(cached.id, self.step_timeout_s)
             self.running.cached = None
 
     async def _fail_running(self, err: Exception) -> None:
@@ -269,7 +282,7 @@ class Scheduler:
         self.running.fail_all(GenerationError(reason))
         self._publish_batch_gauges()
         try:
-            await asyncio.wait_for(self.client.clear_cache(None), CLEAR_CACHE_TIMEOUT_S)
+            await self.client.clear_cache(None, CLEAR_CACHE_TIMEOUT_S)
         except Exception as clear_err:  # the shard may be gone; the next batch will tell
             logger.warning("ClearCache after a failed batch failed: %s", clear_err)
 

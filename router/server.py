@@ -2,7 +2,8 @@
 
 SIGTERM/SIGINT drain: /health and new requests answer 503 at once, in-flight requests finish
 (up to --graceful-termination-timeout), then the server closes and the process exits 0. A second
-signal stops at once.
+signal stops at once. Shards that die or restart do not stop the router: its watchdog
+reconnects to the same addresses and re-warms them (see watchdog.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from hypercorn.config import Config
 from pytgi_router.app import create_app
 from pytgi_router.chat_template import load_chat_template
 from pytgi_router.client import ShardClient
-from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.infer import Infer
+from pytgi_router.infer_settings import InferSettings
 from pytgi_router.logs import announce
 from pytgi_router.metrics import Metrics
 from pytgi_router.model_files import ModelFiles
@@ -28,6 +30,7 @@ from pytgi_router.settings import RouterSettings
 from pytgi_router.state import AppState
 from pytgi_router.tracing import Tracing
 from pytgi_router.validation import ValidationLimits, Validator
+from pytgi_router.watchdog import Watchdog
 
 log = logging.getLogger("pytgi.router")
 
@@ -46,6 +49,7 @@ def infer_settings(s: RouterSettings) -> InferSettings:
         max_input_tokens=s.max_input_tokens,
         max_total_tokens=s.max_total_tokens,
         max_queue_size=s.max_queue_size,
+        shard_step_timeout_s=s.shard_step_timeout,
     )
 
 
@@ -66,7 +70,8 @@ class RouterServer:
         self.settings = settings
         self.tracing = Tracing(settings.otlp_endpoint, settings.otlp_service_name)
         self.state: AppState | None = None
-        self._client: ShardClient | None = None
+        self._infer: Infer | None = None
+        self._watchdog: Watchdog | None = None
         self._executor = ThreadPoolExecutor(settings.validation_workers, "pytgi-validation")
         self._stop = asyncio.Event()
         self._draining: asyncio.Task[None] | None = None
@@ -85,10 +90,15 @@ class RouterServer:
         template = load_chat_template(files, s.tokenizer_config_path)
         if template is None:
             log.warning("no chat template found: /v1/chat/completions will answer 422")
-        self._client = await ShardClient.connect(s.shard_uri)
+        client = await ShardClient.connect(s.shard_uri)
         metrics = Metrics(s.max_input_tokens or 1024, s.max_total_tokens or 2048)
-        infer = Infer(self._client, infer_settings(s), metrics)
+        # Reconnection reaches the same addresses: a restarted shard group listens there again.
+        infer = self._infer = Infer(
+            client, infer_settings(s), metrics, lambda: ShardClient.connect(s.shard_uri)
+        )
         info = await infer.start()
+        self._watchdog = Watchdog(infer)
+        self._watchdog.start()
         limits = ValidationLimits(
             max_best_of=s.max_best_of,
             max_stop_sequences=s.max_stop_sequences,
@@ -144,10 +154,11 @@ class RouterServer:
         self._stop.set()
 
     async def close(self) -> None:
-        if self.state is not None:
-            await self.state.infer.stop(0.0)
-        if self._client is not None:
-            await self._client.close()
+        if self._watchdog is not None:
+            await self._watchdog.stop()
+        if self._infer is not None:
+            await self._infer.stop(0.0)
+            await self._infer.client.close()
         if self._draining is not None:
             self._draining.cancel()
         if self.sock is not None:

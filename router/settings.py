@@ -44,6 +44,8 @@ class RouterSettings:
     otlp_service_name: str = "pytgi.router"
     json_output: bool = False
     graceful_termination_timeout: float = 90.0
+    # The longest one shard call may take before its batch fails (a wedged shard).
+    shard_step_timeout: float = 300.0
     # Value of the x-compute-type header (TGI reads COMPUTE_TYPE).
     compute_type: str = "gpu+optimized"
 
@@ -89,6 +91,8 @@ class RouterSettings:
             )
         if self.graceful_termination_timeout < 0:
             out.append("--graceful-termination-timeout must be >= 0")
+        if not self.shard_step_timeout > 0:
+            out.append(f"--shard-step-timeout must be > 0, got {self.shard_step_timeout}")
         return out
 
     @property

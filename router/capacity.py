@@ -1,0 +1,122 @@
+"""What the shards can hold, and the limits the router serves with: derived from Info and Warmup
+and checked like TGI's router checks them."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from pytgi_proto import generate_pb2
+
+from .infer_settings import InferSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardInfo:
+    """What /info and validation need, filled at start()."""
+
+    model_type: str
+    dtype: str
+    device_type: str
+    block_size: int
+    world_size: int
+    max_input_tokens: int
+    max_total_tokens: int
+    max_batch_total_tokens: int
+    max_batch_prefill_tokens: int
+    num_blocks: int
+    attention_impl: str
+    window_size: int | None
+
+
+class InferStartError(RuntimeError):
+    """The settings and the shards' capacity are incompatible; the message says which flag."""
+
+
+def warmup_request(settings: InferSettings) -> generate_pb2.WarmupRequest:
+    return generate_pb2.WarmupRequest(
+        max_prefill_tokens=settings.max_batch_prefill_tokens,
+        max_input_tokens=settings.max_input_tokens or 0,
+        max_total_tokens=settings.max_total_tokens or 0,
+        max_batch_size=settings.max_batch_size or 0,
+        max_batch_total_tokens=settings.max_batch_total_tokens or 0,
+    )
+
+
+def pinned_settings(settings: InferSettings, served: ShardInfo) -> InferSettings:
+    """`settings` with the request limits already served: a shard group that comes back (after a
+    restart) must accept what the validator was built to let through, or not be used at all."""
+    return dataclasses.replace(
+        settings,
+        max_input_tokens=served.max_input_tokens,
+        max_total_tokens=served.max_total_tokens,
+        max_batch_prefill_tokens=served.max_batch_prefill_tokens,
+    )
+
+
+def derive_info(
+    settings: InferSettings,
+    info: generate_pb2.InfoResponse,
+    warmup: generate_pb2.WarmupResponse,
+    world_size: int,
+) -> ShardInfo:
+    """Final limits from the settings and the shards' answers, checked like TGI's router."""
+    block_size = warmup.block_size or info.block_size
+    if block_size < 1:
+        raise InferStartError("the shards reported no KV block size")
+    supported = warmup.max_supported_total_tokens
+    num_blocks = warmup.num_blocks or supported // block_size + 1
+    if num_blocks < 2:
+        raise InferStartError(f"the shards' KV cache holds no usable block ({num_blocks})")
+    capacity = (num_blocks - 1) * block_size
+    max_batch_total = capacity
+    if settings.max_batch_total_tokens is not None:
+        if settings.max_batch_total_tokens > capacity:
+            logger.warning("--max-batch-total-tokens=%d exceeds the KV cache (%d tokens): using %d",
+                           settings.max_batch_total_tokens, capacity, capacity)
+        max_batch_total = min(settings.max_batch_total_tokens, capacity)
+    max_total = settings.max_total_tokens or warmup.max_total_tokens
+    max_input = settings.max_input_tokens or warmup.max_input_tokens
+    prefill = settings.max_batch_prefill_tokens
+    if prefill > max_batch_total:
+        # Harmless but meaningless: no prefill can hold more than the KV cache.
+        logger.warning("--max-batch-prefill-tokens=%d exceeds the KV budget: using %d",
+                       prefill, max_batch_total)
+        prefill = max_batch_total
+    # Defaults must not make a full-length request unschedulable; explicit values are checked.
+    if settings.max_total_tokens is None:
+        max_total = min(max_total, max_batch_total)
+    if settings.max_input_tokens is None:
+        max_input = min(max_input, prefill, max_total - 1)
+    check_limits(max_input, max_total, prefill, max_batch_total)
+    return ShardInfo(
+        model_type=info.model_type,
+        dtype=info.dtype,
+        device_type=info.device_type,
+        block_size=block_size,
+        world_size=info.world_size or world_size,
+        max_input_tokens=max_input,
+        max_total_tokens=max_total,
+        max_batch_total_tokens=max_batch_total,
+        max_batch_prefill_tokens=prefill,
+        num_blocks=num_blocks,
+        attention_impl=info.attention_impl,
+        window_size=info.window_size if info.HasField("window_size") else None,
+    )
+
+
+def check_limits(max_input: int, max_total: int, prefill: int, max_batch_total: int) -> None:
+    if prefill < 1:
+        raise InferStartError(f"`max_batch_prefill_tokens` must be >= 1, got {prefill}")
+    if max_input < 1 or max_input >= max_total:
+        raise InferStartError(f"`max_input_tokens` ({max_input}) must be >= 1 and < "
+                              f"`max_total_tokens` ({max_total})")
+    if max_total > max_batch_total:
+        raise InferStartError(f"Not enough memory to handle max_total_tokens={max_total}: the KV "
+                              f"cache holds {max_batch_total} tokens (`max_batch_total_tokens`)")
+    if max_input > prefill:
+        raise InferStartError(f"`max_batch_prefill_tokens` ({prefill}) must be >= "
+                              f"`max_input_tokens` ({max_input})")

@@ -1,0 +1,48 @@
+"""InferSettings: the inference core's knobs (budgets, limits, shard timeouts), from the CLI."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class InferSettings:
+    max_concurrent_requests: int = 128
+    max_batch_prefill_tokens: int = 4096
+    max_batch_total_tokens: int | None = None  # None → from the shard's Warmup
+    max_batch_size: int | None = None
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
+    max_input_tokens: int | None = None  # None → from Warmup
+    max_total_tokens: int | None = None  # None → from Warmup
+    # Bound on waiting requests; None → 2 x max_concurrent_requests (overflow → OverloadedError).
+    max_queue_size: int | None = None
+    # health(): a batch that succeeded this recently proves the shards; else a Health RPC with
+    # this timeout.
+    health_recent_s: float = 5.0
+    health_timeout_s: float = 5.0
+    # The longest one Prefill/Decode (or Warmup) may take: a wedged shard then fails its batch
+    # with a generation error instead of hanging every request forever. Generous, because a
+    # large prefill on a slow device is legitimately slow.
+    shard_step_timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"`{name}` must be >= {low}, got {value}"
+            for name, value, low in (
+                ("max_concurrent_requests", self.max_concurrent_requests, 1),
+                ("max_batch_prefill_tokens", self.max_batch_prefill_tokens, 1),
+                ("max_batch_total_tokens", self.max_batch_total_tokens, 1),
+                ("max_batch_size", self.max_batch_size, 1),
+                ("waiting_served_ratio", self.waiting_served_ratio, 0),
+                ("max_waiting_tokens", self.max_waiting_tokens, 0),
+                ("max_input_tokens", self.max_input_tokens, 1),
+                ("max_total_tokens", self.max_total_tokens, 2),
+                ("max_queue_size", self.max_queue_size, 1),
+            )
+            if value is not None and value < low
+        ]
+        if not self.shard_step_timeout_s > 0:
+            problems.append(f"`shard_step_timeout_s` must be > 0, got {self.shard_step_timeout_s}")
+        if problems:
+            raise ValueError("; ".join(problems))
