@@ -56,6 +56,8 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--otlp-endpoint", str, "OTLP gRPC collector for traces, e.g. http://localhost:4317"),
     ("--otlp-service-name", str, "service.name of router and shards' traces"),
     ("--shard-startup-timeout", float, "seconds each start-up phase may take (default 600)"),
+    ("--max-shard-restarts", int, "restarts of the shard group after a shard dies, with backoff; "
+     "the router stays up and reconnects (0: stop everything, as TGI; default 3)"),
     ("--graceful-termination-timeout", float, "seconds between SIGTERM and SIGKILL (default 90)"),
 ]
 _SWITCHES: list[tuple[str, str]] = [

@@ -45,7 +45,8 @@ def shard_env(
 ) -> dict[str, str]:
     """TGI's per-shard variables; the flags carry the same values, these serve code that reads
     the environment (torch.distributed, NCCL)."""
-    env = {k: v for k, v in environ.items() if k != "LOG_LEVEL"}
+    # The API key is the router's alone: a shard has no use for it in its environment.
+    env = {k: v for k, v in environ.items() if k not in ("LOG_LEVEL", "API_KEY")}
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
         "MASTER_ADDR": s.master_addr, "MASTER_PORT": str(s.master_port),

@@ -63,6 +63,8 @@ class LauncherSettings:
     otlp_service_name: str | None = None
     # Supervision.
     shard_startup_timeout: float = 600.0
+    # Times the shard group is restarted after a shard dies (0: any death stops all, as TGI).
+    max_shard_restarts: int = 3
     graceful_termination_timeout: float = 90.0
     env: bool = False
 
@@ -119,6 +121,8 @@ class LauncherSettings:
                 out.append(f"--{name} must be in 1..65535, got {port}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
             out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if self.max_shard_restarts < 0:
+            out.append(f"--max-shard-restarts must be >= 0, got {self.max_shard_restarts}")
         if self.shard_startup_timeout <= 0:
             out.append("--shard-startup-timeout must be > 0")
         if self.graceful_termination_timeout < 0:

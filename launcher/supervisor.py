@@ -2,8 +2,11 @@
 
 Start-up: all N shards at once (they rendezvous with each other), each waited for until its gRPC
 health says SERVING (`--shard-startup-timeout`); then the router, which connects to rank 0 and runs
-Warmup before its /health turns 200 (same timeout). Afterwards, every 100 ms: a child that exits
-stops everything and the launcher exits 1, naming the child and quoting its last lines.
+Warmup before its /health turns 200 (same timeout). Afterwards, every 100 ms: a shard that exits
+makes the launcher restart the whole shard group (`--max-shard-restarts`, with backoff; see
+restart.py) while the router stays up and reconnects; a router that exits, or a shard death with
+no restart left, stops everything and the launcher exits 1, naming the child and quoting its last
+lines.
 SIGINT/SIGTERM: the router is sent SIGTERM first (it drains in-flight requests), then the shards;
 each gets `--graceful-termination-timeout` seconds before SIGKILL; the launcher exits 0. A second
 signal skips the waiting. Whatever happens, no child outlives the launcher.
@@ -25,17 +28,26 @@ from pytgi_launcher.child import ChildProcess
 from pytgi_launcher.commands import router_argv, router_env, shard_argv, shard_env
 from pytgi_launcher.logs import LogSink
 from pytgi_launcher.readiness import local_url, router_healthy, shard_serving, shard_target
+from pytgi_launcher.restart import RestartPolicy
 from pytgi_launcher.settings import LauncherSettings
 
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 10.0
 # After a child died nothing is worth draining for long: the others get this much grace.
 FAILURE_GRACE = 10.0
+# Survivors of a group that lost a rank are stuck in collectives, deaf to SIGTERM: brief grace.
+RESTART_GRACE = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class LaunchFailed(Exception):
     """A child died or never became ready; the message says which and why."""
+
+
+class ChildDied(LaunchFailed):
+    def __init__(self, child: ChildProcess, message: str) -> None:
+        super().__init__(message)
+        self.child = child
 
 
 @dataclass
@@ -57,6 +69,9 @@ class Supervisor:
         self.log = log
         self.shards: list[ChildProcess] = []
         self.router: ChildProcess | None = None
+        self.restarts = RestartPolicy(plan.settings.max_shard_restarts)
+        # time.monotonic() when the current shard group became ready.
+        self._shards_up_since = 0.0
         self._stop = threading.Event()
         self._signals = 0
 
@@ -99,6 +114,7 @@ class Supervisor:
         self._start_shards()
         if not self._wait_ready(self.shards, self._shard_ready, "shard"):
             return self._shutdown()
+        self._shards_up_since = time.monotonic()
         self._start_router()
         assert self.router is not None
         if not self._wait_ready([self.router], lambda _c: self._router_ready(), "router"):
@@ -109,8 +125,47 @@ class Supervisor:
             local_url(s.hostname, s.port), s.model_id, self.plan.num_shard, self.plan.dtype,
         )
         while not self._stop.wait(POLL_SECONDS):
-            self._check_alive()
+            try:
+                self._check_alive()
+            except ChildDied as death:
+                if death.child not in self.shards:
+                    raise
+                self._restart_shards(death.child)
         return self._shutdown()
+
+    def _restart_shards(self, dead: ChildProcess) -> None:
+        """Restarts the whole group after `dead` died, as long as the policy allows; raises
+        LaunchFailed when it does not (or the router dies meanwhile)."""
+        limit = self.plan.settings.max_shard_restarts
+        while True:
+            what = f"{_title(dead.name)} {dead.exit_description()}"
+            delay = self.restarts.next_delay(time.monotonic() - self._shards_up_since)
+            if delay is None:
+                raise LaunchFailed(
+                    f"{what} and no shard restart is left (--max-shard-restarts={limit}); the "
+                    f"other processes were stopped. Last lines of its log:\n{dead.last_lines()}"
+                )
+            self.log.warning(
+                "%s; restarting the shard group in %gs (restart %d of %d), the router stays up. "
+                "Last lines of its log:\n%s",
+                what, delay, self.restarts.used, limit, dead.last_lines(),
+            )
+            self._stop_group(self.shards, RESTART_GRACE)
+            self.shards = []
+            if self._stop.wait(delay):
+                return
+            self._start_shards()
+            try:
+                if not self._wait_ready(self.shards, self._shard_ready, "shard"):
+                    return
+            except ChildDied as death:
+                if death.child not in self.shards:
+                    raise
+                dead = death.child
+                continue
+            self._shards_up_since = time.monotonic()
+            self.log.info("shard group restarted: the router reconnects to it")
+            return
 
     def _start_shards(self) -> None:
         p = self.plan
@@ -177,7 +232,8 @@ class Supervisor:
             if not child.alive():
                 child.flush_log(1.0)
                 when = " during start-up" if during_startup else ""
-                raise LaunchFailed(
+                raise ChildDied(
+                    child,
                     f"{_title(child.name)} {child.exit_description()}{when}; the other processes "
                     f"were stopped. Last lines of its log:\n{child.last_lines()}"
                 )

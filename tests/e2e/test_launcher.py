@@ -184,8 +184,9 @@ def test_sigterm_drains_and_leaves_no_orphans(tiny_launcher: Launcher) -> None:
 
 @pytest.fixture(scope="module")
 def demo_launcher() -> Iterator[Launcher]:
-    """What `make run` starts (no --model-id: the bundled demo), here on two shards."""
-    launcher = Launcher("--num-shard", "2")
+    """What `make run` starts (no --model-id: the bundled demo), here on two shards, with TGI's
+    policy of stopping on any death (restarts: tests/reliability/test_shard_restart.py)."""
+    launcher = Launcher("--num-shard", "2", "--max-shard-restarts", "0")
     try:
         yield launcher.wait_ready()
     finally:
@@ -207,7 +208,8 @@ def test_killed_shard_stops_everything_with_a_clear_message(demo_launcher: Launc
     children = demo_launcher.children
     os.kill(child_pid(demo_launcher, "shard 1"), signal.SIGKILL)
     assert demo_launcher.wait() == 1, demo_launcher.output
-    assert "shard 1 was killed by SIGKILL; the other processes were stopped" in demo_launcher.output
+    assert ("shard 1 was killed by SIGKILL and no shard restart is left (--max-shard-restarts=0);"
+            " the other processes were stopped") in demo_launcher.output
     assert_all_gone(children)
 
 
