@@ -36,6 +36,9 @@ log = logging.getLogger("pytgi.router")
 
 # Grace Hypercorn gives open connections once the drain is over (responses finishing a write).
 CLOSE_GRACE_S = 3.0
+# One reconnection attempt's wait for the shards' sockets: short, so that a group that comes
+# back is found within a second or two by the watchdog's next attempt.
+RECONNECT_TIMEOUT_S = 3.0
 
 
 def infer_settings(s: RouterSettings) -> InferSettings:
@@ -94,7 +97,8 @@ class RouterServer:
         metrics = Metrics(s.max_input_tokens or 1024, s.max_total_tokens or 2048)
         # Reconnection reaches the same addresses: a restarted shard group listens there again.
         infer = self._infer = Infer(
-            client, infer_settings(s), metrics, lambda: ShardClient.connect(s.shard_uri)
+            client, infer_settings(s), metrics,
+            lambda: ShardClient.connect(s.shard_uri, RECONNECT_TIMEOUT_S),
         )
         info = await infer.start()
         self._watchdog = Watchdog(infer)
