@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -138,7 +139,6 @@ def run_in_process(system: str, spec: dict[str, Any], work: Path) -> SystemResul
     spec_path, out_path = work / f"{system}.spec.json", work / f"{system}.result.json"
     spec_path.write_text(json.dumps({**spec, "system": system}))
     out_path.unlink(missing_ok=True)
-    print(f"[compare] {system} ...", file=sys.stderr, flush=True)
     command = [sys.executable, "-m", "pytgi_bench.system_worker", str(spec_path), str(out_path)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=_WORKER_TIMEOUT_S)
@@ -152,60 +152,65 @@ def run_in_process(system: str, spec: dict[str, Any], work: Path) -> SystemResul
     return SystemResult.from_json(json.loads(out_path.read_text()))
 
 
-def run_http(
-    model_dir: Path, prompts: list[tuple[str, list[int]]], args: argparse.Namespace, work: Path
-) -> SystemResult:
-    from pytgi_bench.benchmark import run_benchmark
-    from pytgi_bench.server_process import PytgiServer, ServerStartError
-    from pytgi_bench.settings import LoadSettings
+def _merge(into: SystemResult | None, new: SystemResult) -> SystemResult:
+    """Adds one round's result to a system's results (the HTTP row keeps each round's latency)."""
+    latency = new.extra.pop("latency", None)
+    if into is None:
+        into = new
+    else:
+        into.wall_s.extend(new.wall_s)
+        into.output_tokens.extend(new.output_tokens)
+        if not new.ok and into.status == "ok":
+            into.status, into.error = new.status, new.error
+    if latency is not None:
+        into.extra.setdefault("latency_per_round", []).append(latency)
+    return into
 
-    result = SystemResult(
-        "pytgi-http",
-        f"pytgi-launcher end to end, {len(prompts)} concurrent "
-        "streaming HTTP clients (/generate_stream)",
-    )
-    prompts_file = work / "prompts.jsonl"
-    prompts_file.write_text(
-        "".join(
-            json.dumps({"prompt": text, "max_new_tokens": args.new_tokens}) + "\n"
-            for text, _ in prompts
-        )
-    )
-    print("[compare] pytgi-http ...", file=sys.stderr, flush=True)
-    server = PytgiServer(
+
+def run_rounds(
+    systems: list[str],
+    spec: dict[str, Any],
+    model_dir: Path,
+    prompts: list[tuple[str, list[int]]],
+    args: argparse.Namespace,
+) -> list[SystemResult]:
+    """`repeats` rounds, each timing every system once, so that load from other users of a shared
+    machine spreads over all systems instead of colouring whichever ran at the wrong moment."""
+    from pytgi_bench.http_system import HttpSystem
+
+    merged: dict[str, SystemResult | None] = dict.fromkeys(systems)
+    http = HttpSystem(
         model_dir,
-        work / "pytgi-server.log",
+        prompts,
+        args.new_tokens,
+        args.work_dir,
         threads=None if args.gpu else args.threads,
-        extra_args=["--max-concurrent-requests", str(max(128, len(prompts)))],
     )
     try:
-        with server:
-            settings = LoadSettings(
-                url=server.url,
-                prompts_file=prompts_file,
-                num_requests=len(prompts),
-                warmup=4,
-                progress=False,
-            )
-            report = asyncio.run(run_benchmark(settings, [None] * args.repeats))
-    except ServerStartError as exc:
-        return SystemResult(result.system, result.description, status="error", error=str(exc))
-    result.startup_s = server.startup_s
-    for run in report.runs:
-        s = run.summary
-        if s.failed:
-            result.status, result.error = "error", f"{s.failed} requests failed: {s.errors}"
-        result.wall_s.append(s.duration_s)
-        result.output_tokens.append(s.total_output_tokens)
-    last = report.runs[len(report.runs) // 2].summary
-    result.extra = {
-        "ttft_ms": {"p50": last.ttft.p50_ms, "p99": last.ttft.p99_ms},
-        "tpot_ms": {"p50": last.tpot.p50_ms, "p99": last.tpot.p99_ms},
-        "itl_ms": {"p50": last.itl.p50_ms, "p99": last.itl.p99_ms},
-        "e2el_ms": {"p50": last.e2el.p50_ms, "p99": last.e2el.p99_ms},
-        "server_log": str(server.log_path),
-    }
-    return result
+        for round_index in range(args.repeats):
+            for system in systems:
+                if system == "hf-cb-cpu-patched" and args.gpu:
+                    continue
+                previous = merged[system]
+                if previous is not None and not previous.ok:
+                    continue  # N/A or broken once: no point in asking again
+                print(
+                    f"[compare] round {round_index + 1}/{args.repeats}: {system}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                # 1-minute load average before the round: how busy the shared machine was.
+                load = round(os.getloadavg()[0], 2)
+                if system == "pytgi-http":
+                    result = http.run_once()
+                else:
+                    result = run_in_process(system, {**spec, "repeats": 1}, args.work_dir)
+                combined = _merge(previous, result)
+                combined.extra.setdefault("loadavg_before_round", []).append(load)
+                merged[system] = combined
+    finally:
+        http.close()
+    return [r for r in merged.values() if r is not None]
 
 
 def versions() -> dict[str, str]:
@@ -246,14 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "sequential_requests": args.sequential_requests or (8 if args.gpu else None),
         "cpu_memory_bytes": int(args.cpu_memory_gb * 2**30),
     }
-    results = []
-    for system in systems:
-        if system == "pytgi-http":
-            results.append(run_http(model_dir, prompts, args, args.work_dir))
-        elif system == "hf-cb-cpu-patched" and args.gpu:
-            continue
-        else:
-            results.append(run_in_process(system, spec, args.work_dir))
+    results = run_rounds(systems, spec, model_dir, prompts, args)
     expected = args.requests * args.new_tokens
     for r in results:
         timed = len(prompts)
