@@ -245,12 +245,13 @@ class Infer:
 
     def needs_reconnect(self) -> bool | None:
         """The watchdog's cheap check: True when the shards are known lost (a connection
-        dropped, or reconnect() has not succeeded yet), None when only a Health RPC can tell
-        (a batch failed), False when all is well or a call is still within its deadline."""
+        dropped, a failed batch could not be cleared, or reconnect() has not succeeded yet),
+        None when only a Health RPC can tell (a batch failed), False when all is well or a call
+        is still within its deadline."""
         scheduler = self._scheduler
         if self._stopping or scheduler is None:
             return False
-        if self._down or self.client.connection_lost():
+        if self._down or scheduler.cache_unknown or self.client.connection_lost():
             return True
         if scheduler.healthy or scheduler.step_started is not None:
             return False

@@ -124,6 +124,9 @@ class Scheduler:
         self.allocator = queue.allocator
         # False after a failed batch, True again after a successful one (or a passing Health).
         self.healthy = True
+        # A failed batch whose ClearCache failed too: the shards may still hold its state, so
+        # only a reconnection (ClearCache + Warmup) makes them trustworthy again.
+        self.cache_unknown = False
         self.last_success = 0.0
         # time.monotonic() when the shard call in progress began; None between calls.
         self.step_started: float | None = None
@@ -283,8 +286,9 @@ class Scheduler:
         self._publish_batch_gauges()
         try:
             await self.client.clear_cache(None, CLEAR_CACHE_TIMEOUT_S)
-        except Exception as clear_err:  # the shard may be gone; the next batch will tell
+        except Exception as clear_err:  # the shard may be gone or wedged: the watchdog's turn
             logger.warning("ClearCache after a failed batch failed: %s", clear_err)
+            self.cache_unknown = True
 
     def _publish_batch_gauges(self) -> None:
         metrics = self.metrics
