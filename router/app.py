@@ -35,10 +35,11 @@ from pytgi_router.state import AppState
 
 log = logging.getLogger("pytgi.router")
 
-# Reachable without the API key: probes, scraping and the docs.
+# Reachable without the API key: health probes and metrics scraping, which carry no key in
+# Kubernetes or SageMaker. GET / and /ping are health aliases (POST / generates and needs the
+# key); everything else, the docs and /info included, needs it.
 PUBLIC = frozenset({
-    ("GET", "/"), ("GET", "/health"), ("GET", "/ping"), ("GET", "/metrics"), ("GET", "/docs"),
-    ("GET", "/api-doc/openapi.json"), ("GET", "/openapi.json"),
+    ("GET", "/"), ("GET", "/health"), ("GET", "/ping"), ("GET", "/metrics"),
     ("HEAD", "/"), ("HEAD", "/health"), ("HEAD", "/ping"),
 })
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
