@@ -13,6 +13,8 @@ from pytgi_shard.distributed import Dist
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# Weight formats that are Python pickles: loading one can run any code its author put in it.
+PICKLE_PATTERNS = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 
 
 def find_weight_files(model_path: Path) -> list[Path]:
@@ -34,8 +36,21 @@ def find_weight_files(model_path: Path) -> list[Path]:
         return [model_path / SINGLE_FILE]
     files = sorted(model_path.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"no safetensors weights in {model_path} (only safetensors are loaded)")
+        raise ValueError(_no_safetensors(model_path))
     return files
+
+
+def _no_safetensors(model_path: Path) -> str:
+    pickles = sorted(p.name for pattern in PICKLE_PATTERNS for p in model_path.glob(pattern))
+    if not pickles:
+        return f"no safetensors weights in {model_path} (only safetensors are loaded)"
+    shown = ", ".join(pickles[:3]) + (", ..." if len(pickles) > 3 else "")
+    return (
+        f"{model_path} holds only pickled PyTorch weights ({shown}): the shard loads safetensors "
+        "only, because unpickling a file can run code hidden in it. Convert them once with "
+        f"`pytgi-shard download-weights {model_path}` (weights-only loading, which refuses "
+        "code), or start through pytgi-launcher, which does the same"
+    )
 
 
 class Weights:

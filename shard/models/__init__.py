@@ -1,9 +1,15 @@
-"""Model loading: our tensor-parallel Llama family, or any other causal LM via transformers."""
+"""Model loading: our tensor-parallel Llama family, or any other causal LM via transformers.
+
+Loading is safe by default: safetensors only (no pickle is ever opened), and a model that needs
+its own Python code (config.json `auto_map`) is refused unless --trust-remote-code asks for it.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -12,22 +18,50 @@ from pytgi_shard.distributed import Dist
 from pytgi_shard.models.llama import Llama
 from pytgi_shard.models.llama_config import FAMILY_DEFAULTS
 from pytgi_shard.models.model import Model
+from pytgi_shard.weights import find_weight_files
 
 __all__ = ["Model", "get_model", "read_model_type"]
 
+log = logging.getLogger(__name__)
 
-def read_model_type(model_path: Path) -> str:
-    """config.json's model_type, or a ValueError saying why the directory is not a model."""
+
+def read_config(model_path: Path) -> dict[str, Any]:
+    """config.json as a dict, or a ValueError saying why the directory is not a model."""
     config_file = model_path / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{model_path} is not a model directory: it has no config.json")
     try:
-        model_type = json.loads(config_file.read_text()).get("model_type")
-    except (ValueError, AttributeError) as e:
+        config = json.loads(config_file.read_text())
+    except ValueError as e:
         raise ValueError(f"{config_file} is not a JSON object: {e}") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} is not a JSON object")
+    return config
+
+
+def read_model_type(model_path: Path, config: dict[str, Any] | None = None) -> str:
+    """config.json's model_type, or a ValueError saying why the directory is not a model."""
+    model_type = (read_config(model_path) if config is None else config).get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        raise ValueError(f"{config_file} has no model_type")
+        raise ValueError(f"{model_path / 'config.json'} has no model_type")
     return model_type
+
+
+def check_remote_code(model_path: Path, config: dict[str, Any], trust_remote_code: bool) -> None:
+    """Refuses a model whose loading would import Python files shipped with it, unless asked.
+    A model type transformers knows loads with its own classes (auto_map is then ignored)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    auto_map = config.get("auto_map")
+    if not auto_map or trust_remote_code or config.get("model_type") in CONFIG_MAPPING:
+        return
+    names = auto_map.values() if isinstance(auto_map, dict) else [auto_map]
+    classes = ", ".join(sorted(str(name) for name in names))
+    raise ValueError(
+        f"{model_path} needs its own Python code to load ({classes}, named by config.json "
+        "`auto_map`), which runs with the shard's permissions: pass --trust-remote-code only if "
+        "you trust its authors"
+    )
 
 
 def get_model(
@@ -43,11 +77,17 @@ def get_model(
     llama, mistral and qwen2 run on our tensor-parallel implementation; anything else runs
     through transformers on a single shard.
     """
-    model_type = read_model_type(model_path)
+    config = read_config(model_path)
+    model_type = read_model_type(model_path, config)
+    find_weight_files(model_path)  # safetensors or a clear refusal, before anything loads
     backend = get_backend(attention)
     if model_type in FAMILY_DEFAULTS:
+        if config.get("auto_map"):
+            log.warning("%s names custom code (auto_map): not run, %s is served by pytgi's own "
+                        "implementation", model_path, model_type)
         return Llama.load(model_path, dtype, dist, backend)
     # Imported only when needed: transformers takes seconds to import.
+    check_remote_code(model_path, config, trust_remote_code)
     from pytgi_shard.models.transformers_model import TransformersModel
 
     return TransformersModel.load(model_path, dtype, dist, backend, trust_remote_code)
