@@ -21,6 +21,7 @@ from pytgi_bench.token_aligner import (
     WordTokenCounter,
     server_counter_or_none,
 )
+from pytgi_bench.transport import HttpxTransport, RawTransport, Transport
 from pytgi_bench.workload import Workload, build_workload
 
 
@@ -99,23 +100,49 @@ async def run_benchmark(
             settings.seed,
         )
         api = api_for(settings.api)
+        transport = _transport(http, settings)
         generator = LoadGenerator(
-            http, settings.url, api, settings.model, settings.ignore_eos, _headers(settings)
+            transport,
+            api,
+            settings.model,
+            settings.ignore_eos,
+            _headers(settings),
+            settings.timeout_s,
         )
-        warm = await generator.warmup(workload.items, settings.warmup, levels[0])
-        if warm and not any(r.ok for r in warm):
-            raise BenchmarkError(f"every warm-up request failed: {warm[0].error}")
-        report = BenchmarkReport(settings, workload, info)
-        for level in levels:
-            shape = LoadShape(
-                concurrency=level,
-                request_rate=settings.request_rate,
-                num_requests=settings.num_requests,
-                duration_s=settings.duration_s,
-                seed=settings.seed,
-                progress=settings.progress,
-            )
-            load = await generator.run(workload.items, shape)
-            summary = summarize(load, settings.slo_ms)
-            report.runs.append(BenchmarkRun(level, settings.request_rate, summary, load))
+        try:
+            report = await _measure(generator, settings, workload, info, levels)
+        finally:
+            await transport.aclose()
+    return report
+
+
+def _transport(http: httpx.AsyncClient, settings: LoadSettings) -> Transport:
+    if settings.http_client == "raw" and settings.url.startswith("http://"):
+        return RawTransport(settings.url)
+    return HttpxTransport(http, settings.url)
+
+
+async def _measure(
+    generator: LoadGenerator,
+    settings: LoadSettings,
+    workload: Workload,
+    info: dict[str, Any] | None,
+    levels: list[int | None],
+) -> BenchmarkReport:
+    warm = await generator.warmup(workload.items, settings.warmup, levels[0])
+    if warm and not any(r.ok for r in warm):
+        raise BenchmarkError(f"every warm-up request failed: {warm[0].error}")
+    report = BenchmarkReport(settings, workload, info)
+    for level in levels:
+        shape = LoadShape(
+            concurrency=level,
+            request_rate=settings.request_rate,
+            num_requests=settings.num_requests,
+            duration_s=settings.duration_s,
+            seed=settings.seed,
+            progress=settings.progress,
+        )
+        load = await generator.run(workload.items, shape)
+        summary = summarize(load, settings.slo_ms)
+        report.runs.append(BenchmarkRun(level, settings.request_rate, summary, load))
     return report

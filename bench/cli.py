@@ -12,7 +12,7 @@ import math
 import sys
 from pathlib import Path
 
-from pytgi_bench.settings import APIS, LengthRange, LoadSettings, parse_slo
+from pytgi_bench.settings import APIS, HTTP_CLIENTS, LengthRange, LoadSettings, parse_slo
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
 
@@ -111,6 +111,12 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:5000",
     )
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    p.add_argument(
+        "--http-client",
+        choices=HTTP_CLIENTS,
+        default="raw",
+        help="raw: lean built-in HTTP/1.1 streaming client (http:// only); httpx: httpx",
+    )
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
     p.add_argument("--no-progress", action="store_true")
@@ -137,6 +143,7 @@ def _settings(args: argparse.Namespace) -> LoadSettings:
         timeout_s=args.timeout,
         progress=not args.no_progress,
         api_key=args.api_key,
+        http_client=args.http_client,
     )
 
 

@@ -7,6 +7,8 @@ chunk arrives, so events that arrive together (a buffering proxy) show as zero g
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ import httpx
 
 from pytgi_bench.api import Api, StreamState
 from pytgi_bench.sse import SSEDecoder
+from pytgi_bench.transport import Transport, TransportError
 from pytgi_bench.workload import WorkloadItem
 
 
@@ -51,15 +54,21 @@ def _http_error(status: int, body: bytes) -> str:
     return f"HTTP {status}: {str(error).strip()[:300] or '(empty body)'}"
 
 
+def _deadline(seconds: float) -> contextlib.AbstractAsyncContextManager[None]:
+    # asyncio.timeout (3.11+) is one timer per request, not one per read.
+    timeout = getattr(asyncio, "timeout", None)
+    return timeout(seconds) if timeout is not None else contextlib.nullcontext()
+
+
 async def send_request(
-    http: httpx.AsyncClient,
-    url: str,
+    transport: Transport,
     api: Api,
     item: WorkloadItem,
     body: bytes,
     headers: dict[str, str],
+    timeout_s: float,
 ) -> RequestResult:
-    """Sends `body` (the JSON of `item`) to `url` + `api.path` and times the stream."""
+    """POSTs `body` (the JSON of `item`) to `api.path` and times the streamed response."""
     state = StreamState()
     decoder = SSEDecoder()
     itl: list[float] = []
@@ -67,12 +76,12 @@ async def send_request(
     start = last = time.perf_counter()
     result = RequestResult(ok=False, start=start, max_new_tokens=item.max_new_tokens)
     try:
-        async with http.stream("POST", url + api.path, content=body, headers=headers) as response:
-            if response.status_code != 200:
-                result.error = _http_error(response.status_code, await response.aread())
+        async with _deadline(timeout_s), transport.post(api.path, body, headers) as response:
+            if response.status != 200:
+                result.error = _http_error(response.status, await response.body())
                 result.latency = time.perf_counter() - start
                 return result
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.chunks():
                 now = time.perf_counter()
                 for data in decoder.feed(chunk):
                     if data and api.on_data(data, state):
@@ -84,15 +93,19 @@ async def send_request(
             for data in decoder.close():
                 if data:
                     api.on_data(data, state)
+    except TransportError as exc:
+        result.error = str(exc)
     except httpx.HTTPError as exc:
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except TimeoutError:
+        result.error = f"timed out after {timeout_s:g} s"
     except ValueError as exc:
         result.error = f"malformed stream event: {exc}"
     result.latency = time.perf_counter() - start
     result.ttft = ttft
     result.itl = itl
     result.input_tokens = (
-        state.prompt_tokens if state.prompt_tokens is not None else (item.input_tokens)
+        state.prompt_tokens if state.prompt_tokens is not None else item.input_tokens
     )
     result.output_tokens = state.output_tokens if state.output_tokens is not None else state.chunks
     result.finish_reason = state.finish_reason

@@ -17,11 +17,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import httpx
 from tqdm import tqdm
 
 from pytgi_bench.api import Api
 from pytgi_bench.client import RequestResult, send_request
+from pytgi_bench.transport import Transport
 from pytgi_bench.workload import WorkloadItem
 
 
@@ -55,15 +55,15 @@ class _InFlight:
 class LoadGenerator:
     def __init__(
         self,
-        http: httpx.AsyncClient,
-        url: str,
+        transport: Transport,
         api: Api,
         model: str,
         ignore_eos: bool,
         headers: dict[str, str],
+        timeout_s: float,
     ) -> None:
-        self._http = http
-        self._url = url
+        self._transport = transport
+        self._timeout_s = timeout_s
         self._api = api
         self._model = model
         self._ignore_eos = ignore_eos
@@ -73,7 +73,9 @@ class LoadGenerator:
         return json.dumps(self._api.payload(item, self._model, self._ignore_eos)).encode()
 
     async def _send(self, item: WorkloadItem, body: bytes) -> RequestResult:
-        return await send_request(self._http, self._url, self._api, item, body, self._headers)
+        return await send_request(
+            self._transport, self._api, item, body, self._headers, self._timeout_s
+        )
 
     async def warmup(
         self, items: list[WorkloadItem], count: int, concurrency: int | None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 APIS = ("tgi", "openai-chat", "openai-completions")
 SLO_METRICS = ("ttft", "tpot", "e2el")
+HTTP_CLIENTS = ("raw", "httpx")
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +87,8 @@ class LoadSettings:
     timeout_s: float = 600.0
     progress: bool = True
     api_key: str | None = None
+    # "raw": the lean HTTP/1.1 streaming client (http:// only); "httpx" for everything else.
+    http_client: str = "raw"
 
     def __post_init__(self) -> None:
         if self.api not in APIS:
@@ -93,6 +96,8 @@ class LoadSettings:
         if not self.url.startswith(("http://", "https://")):
             raise ValueError(f"--url must start with http:// or https://, got {self.url!r}")
         self.url = self.url.rstrip("/")
+        if self.http_client not in HTTP_CLIENTS:
+            raise ValueError(f"--http-client must be one of {', '.join(HTTP_CLIENTS)}")
         if self.num_requests < 1:
             raise ValueError("--num-requests must be at least 1")
         if self.concurrency is not None and self.concurrency < 1:

@@ -103,11 +103,11 @@ def test_tgi_run_numbers_agree_with_each_other(url: str, tmp_path: Path) -> None
     assert not out.with_suffix(".cdf.png").exists()
 
 
-def test_openai_sweep_counts_usage_tokens(url: str, tmp_path: Path) -> None:
+def test_openai_sweep_counts_usage_tokens_through_httpx(url: str, tmp_path: Path) -> None:
     out = tmp_path / "sweep.json"
     done = bench("run", "--url", url, "--api", "openai-completions", "-n", "3",
                  "--sweep-concurrency", "1,3", "--input-len", "12", "--output-len", "4",
-                 "--warmup", "0", "--out", str(out), "--no-progress")
+                 "--warmup", "0", "--out", str(out), "--no-progress", "--http-client", "httpx")
     assert done.returncode == 0, done.stderr
     runs = load(out)["runs"]
     assert [r["concurrency"] for r in runs] == [1, 3]
@@ -120,12 +120,16 @@ def test_openai_sweep_counts_usage_tokens(url: str, tmp_path: Path) -> None:
         assert out.with_suffix(plot).read_bytes().startswith(PNG_MAGIC)
 
 
-def test_request_errors_are_counted_with_their_message(url: str) -> None:
-    # 100 input tokens + 150 new ones exceed --max-total-tokens 200: every request gets a 422.
+@pytest.mark.parametrize("client", ["raw", "httpx"])
+def test_request_errors_are_counted_with_their_message(url: str, client: str) -> None:
+    # 50 input tokens + 190 new ones exceed --max-total-tokens 200: every request gets a 422.
     done = bench("run", "--url", url, "-n", "3", "--input-len", "50", "--output-len", "190",
-                 "--warmup", "0", "--no-progress")
+                 "--warmup", "0", "--no-progress", "--http-client", client)
     assert done.returncode == 1
-    assert "Failed requests:" in done.stdout and "error x3: HTTP 422" in done.stdout
+    assert "Failed requests:" in done.stdout
+    assert "error x3: HTTP 422: Input validation error: `inputs` tokens + `max_new_tokens`" in (
+        done.stdout
+    )
     assert "every request failed: HTTP 422" in done.stderr
 
 
