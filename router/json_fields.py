@@ -29,9 +29,34 @@ def decode_body(body: bytes) -> Any:
     if not text.strip():
         raise BadRequestError("Request body is empty: expected a JSON object")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, ValueError) as err:
         raise BadRequestError(f"Request body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise BadRequestError("Request body is not valid JSON: nested too deeply") from None
+    # A lone surrogate can only come from a \uD800-\uDFFF escape (as bytes it is not UTF-8):
+    # look for one only then. No tokenizer or client could handle it (serde_json refuses it).
+    if ("\\ud" in text or "\\uD" in text) and _has_lone_surrogate(value):
+        raise BadRequestError("Request body is not valid JSON: a string holds a lone UTF-16 "
+                              "surrogate escape (\\ud800-\\udfff without its pair)")
+    return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _kind(value: Any) -> str:

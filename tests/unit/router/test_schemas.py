@@ -60,6 +60,17 @@ def test_decode_body_rejects_malformed_json_non_utf8_and_nan() -> None:
         assert info.value.status_code == 400
 
 
+def test_decode_body_refuses_deep_nesting_and_lone_surrogates() -> None:
+    for raw, fragment in ((b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+                          (b'{"inputs": "a\\ud800b"}', "lone UTF-16 surrogate"),
+                          (b'{"x": ["\\udfff"]}', "lone UTF-16 surrogate"),
+                          (b'{"\\ud800": 1}', "lone UTF-16 surrogate")):
+        with pytest.raises(BadRequestError, match=fragment):
+            decode_body(raw)
+    # A surrogate pair is one character, and other \u escapes are plain text.
+    assert decode_body(b'{"inputs": "\\ud83d\\ude00 \\ud55c"}') == {"inputs": "\U0001f600 \ud55c"}
+
+
 @pytest.mark.parametrize(("body", "fragment"), [
     ({}, "missing field `inputs`"),
     ({"inputs": 3}, "`inputs` must be a string"),
