@@ -25,6 +25,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -226,8 +227,14 @@ def versions() -> dict[str, str]:
     }
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SystemExit unwinds through the `finally` that stops the pytgi server we started.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown:

@@ -174,7 +174,11 @@ def eos_free_copy(source: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     marker = out / "bench_model.json"
-    spec = {"source": str(source.resolve()), "eos_free": True}
+    # The source's weights identify it: a retrained demo model must not reuse a stale copy.
+    weights = sorted(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in source.glob("*.safetensors")
+    )
+    spec = {"source": str(source.resolve()), "weights": weights, "eos_free": True}
     if marker.is_file() and json.loads(marker.read_text()) == spec and is_checkpoint(out):
         return out
     out.mkdir(parents=True, exist_ok=True)
