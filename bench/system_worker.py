@@ -23,7 +23,8 @@ def run_system(spec: dict[str, Any]) -> SystemResult:
     from pytgi_bench import hf_baselines
     from pytgi_bench.inprocess_engine import pytgi_inprocess
 
-    torch.set_num_threads(int(spec["threads"]))
+    if spec["device"] == "cpu":
+        torch.set_num_threads(int(spec["threads"]))
     system = spec["system"]
     model_dir = Path(spec["model_dir"])
     prompts: list[list[int]] = spec["prompts"]

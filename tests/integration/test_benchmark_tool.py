@@ -4,6 +4,7 @@ whose numbers must agree with each other, and loud failures on dead endpoints.""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -144,3 +145,30 @@ def test_dead_endpoints_fail_loudly(capsys: pytest.CaptureFixture[str]) -> None:
     tcp = f"127.0.0.1:{free_port()}"
     assert main(["shards", "--master", tcp, "-r", "1", "--connect-timeout", "1"]) == 2
     assert "cannot connect to the shards" in capsys.readouterr().err
+
+
+def test_open_loop_arrivals_follow_the_seeded_poisson_schedule(url: str, tmp_path: Path) -> None:
+    out = tmp_path / "poisson.json"
+    done = bench("run", "--url", url, "-n", "8", "--request-rate", "20", "--seed", "7",
+                 "--input-len", "8", "--output-len", "3", "--warmup", "0", "--out", str(out),
+                 "--no-plots", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    starts = [r["start_s"] for r in load(out)["runs"][0]["requests"]]
+    rng, arrival, expected = random.Random(7), 0.0, []
+    for _ in range(8):
+        arrival += rng.expovariate(20)
+        expected.append(arrival)
+    # The client sleeps until each arrival; a busy machine can only make it late, by little.
+    for got, want in zip(starts, expected, strict=True):
+        assert want - 0.002 <= got <= want + 0.25
+
+
+def test_duration_mode_keeps_the_loop_closed(url: str, tmp_path: Path) -> None:
+    out = tmp_path / "duration.json"
+    done = bench("run", "--url", url, "--duration", "1", "-c", "2", "-n", "4",
+                 "--input-len", "8", "--output-len", "4", "--warmup", "0", "--out", str(out),
+                 "--no-plots", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    s = load(out)["runs"][0]["summary"]
+    assert s["completed"] >= 2 and s["failed"] == 0 and s["max_concurrency"] == 2
+    assert s["duration_s"] >= 1.0
