@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpu", action="store_true", help="GPU mode: Llama-3-8B-shaped, bfloat16")
     p.add_argument("--model", type=Path, default=None, help="a checkpoint to use instead")
+    p.add_argument(
+        "--cpu-small",
+        action="store_true",
+        help="the random cpu-small Llama even if the demo exists",
+    )
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument(
@@ -113,10 +118,10 @@ def resolve_model(args: argparse.Namespace) -> tuple[Path, str]:
         return path, f"random {LLAMA3_8B.name} (bfloat16)"
     if args.model is not None:
         return eos_free_copy(args.model, work / f"{args.model.name}-eos-free"), str(args.model)
-    if is_checkpoint(DEMO_MODEL):
+    if is_checkpoint(DEMO_MODEL) and not args.cpu_small:
         return eos_free_copy(DEMO_MODEL, work / "demo-eos-free"), "bundled demo model"
     path = build_random_llama(work / CPU_SMALL.name, CPU_SMALL, DEMO_MODEL)
-    return path, f"random {CPU_SMALL.name} Llama (demo model not trained yet)"
+    return path, f"random {CPU_SMALL.name} Llama (hidden 256, 4 layers, 4/2 heads, inter 768)"
 
 
 def build_prompts(
