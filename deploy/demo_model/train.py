@@ -48,7 +48,7 @@ class ModelShape:
     """Sized for a CPU-only budget (~40 min at nice 15 on 2 cores shared with other work).
 
     At ~1e13 training FLOPs the best model is small (about a million non-embedding parameters)
-    and sees the corpus about once; 2.3M parameters in all, 9 MB in float32. Head dim 64 suits
+    and sees the corpus about twice; 2.3M parameters in all, 9 MB in float32. Head dim 64 suits
     every attention kernel, and `--num-shard 2` divides the heads and the vocabulary.
     """
 
