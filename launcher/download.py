@@ -14,7 +14,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytgi_launcher.convert import ConversionError, bin_weights, convert_directory, has_safetensors
@@ -40,6 +40,8 @@ class WeightsSource:
     offline: bool | None = None
     # Config and tokenizer files only (what a router needs), no weights.
     metadata_only: bool = False
+    # None: huggingface_hub's own (HF_TOKEN or the saved login).
+    token: str | None = field(default=None, repr=False)
 
 
 def resolve_model(source: WeightsSource) -> Path:
@@ -104,6 +106,7 @@ def download_model(source: WeightsSource) -> Path:
         return Path(snapshot_download(
             source.model_id, revision=source.revision, cache_dir=source.huggingface_hub_cache,
             allow_patterns=[*METADATA_PATTERNS, weights], local_files_only=bool(source.offline),
+            token=source.token,
         ))
 
     try:
@@ -164,7 +167,13 @@ def source_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Weight
         huggingface_hub_cache=args.huggingface_hub_cache or env.get("HUGGINGFACE_HUB_CACHE"),
         weights_cache_override=args.weights_cache_override or env.get("WEIGHTS_CACHE_OVERRIDE"),
         metadata_only=args.metadata_only,
+        token=hub_token(env),
     )
+
+
+def hub_token(env: Mapping[str, str]) -> str | None:
+    """HF_TOKEN, or TGI's older HF_API_TOKEN; None lets huggingface_hub use a saved login."""
+    return env.get("HF_TOKEN") or env.get("HF_API_TOKEN") or None
 
 
 def run_download(args: argparse.Namespace) -> int:

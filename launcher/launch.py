@@ -6,7 +6,7 @@ import socket
 import sys
 from collections.abc import Mapping
 
-from pytgi_launcher.download import ModelNotFound, WeightsSource, resolve_model
+from pytgi_launcher.download import ModelNotFound, WeightsSource, hub_token, resolve_model
 from pytgi_launcher.logs import LogSink, configure_logging
 from pytgi_launcher.settings import LauncherSettings
 from pytgi_launcher.supervisor import Plan, Supervisor
@@ -52,6 +52,7 @@ def launch(settings: LauncherSettings, environ: Mapping[str, str]) -> int:
         revision=settings.revision,
         huggingface_hub_cache=settings.huggingface_hub_cache,
         weights_cache_override=settings.weights_cache_override,
+        token=hub_token(environ),
     )
     if port_in_use(settings.hostname, settings.port):
         return fail(f"cannot serve on {settings.hostname}:{settings.port}: the address is in use "

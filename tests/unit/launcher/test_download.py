@@ -209,3 +209,11 @@ def test_metadata_only_needs_no_weights(tiny_model: Callable[..., Path], tmp_pat
     done = download_weights("pytgi-test/tokenizer-only", "--huggingface-hub-cache", str(cache))
     assert done.returncode == 1
     assert "holds no *.safetensors or pytorch_model*.bin weights" in done.stderr
+
+
+def test_hub_token_accepts_tgis_older_variable() -> None:
+    from pytgi_launcher.download import hub_token
+
+    assert hub_token({"HF_TOKEN": "a", "HF_API_TOKEN": "b"}) == "a"
+    assert hub_token({"HF_API_TOKEN": "b"}) == "b"
+    assert hub_token({"HF_TOKEN": ""}) is None
