@@ -55,6 +55,8 @@ class BatchSizeResult:
     # Shard-reported total_ns of each call, to split gRPC/client time from engine time.
     prefill_shard: list[float] = field(default_factory=list)
     decode_step_shard: list[float] = field(default_factory=list)
+    # Of which the model forward (the rest: sampling, stopping, detokenizing, bookkeeping).
+    decode_step_forward: list[float] = field(default_factory=list)
 
     def summary(self, sequence_length: int) -> dict[str, object]:
         token_latency = [
@@ -76,6 +78,7 @@ class BatchSizeResult:
             "decode_steps": self.decode_steps[0] if self.decode_steps else 0,
             "prefill_shard_ms": _mean_ms(self.prefill_shard),
             "decode_step_shard_ms": _mean_ms(self.decode_step_shard),
+            "decode_step_forward_ms": _mean_ms(self.decode_step_forward),
         }
 
 
@@ -173,12 +176,13 @@ class ShardBenchmark:
         prefill_s = time.perf_counter() - start
         cached = prefill.batch if prefill.HasField("batch") else None
         steps = 0
-        shard_ns = 0
+        shard_ns = forward_ns = 0
         start = time.perf_counter()
         while cached is not None:
             decode = await self._client.decode([cached])
             cached = decode.batch if decode.HasField("batch") else None
             shard_ns += decode.total_ns
+            forward_ns += decode.forward_ns
             steps += 1
         decode_s = time.perf_counter() - start
         await self._client.clear_cache()
@@ -189,6 +193,7 @@ class ShardBenchmark:
             result.decode_steps.append(steps)
             if steps:
                 result.decode_step_shard.append(shard_ns / 1e9 / steps)
+                result.decode_step_forward.append(forward_ns / 1e9 / steps)
 
     async def run_batch_size(self, size: int) -> BatchSizeResult:
         result = BatchSizeResult(size)

@@ -90,19 +90,20 @@ def print_results(results: list[BatchSizeResult], seq_len: int, out: IO[str]) ->
     print(file=out)
     print(
         f"| {'Step':<22} | {'Batch Size':>10} | {'Average':>11} | {'Lowest':>11} | "
-        f"{'Highest':>11} | {'shard ms':>9} |  (tokens/s)",
+        f"{'Highest':>11} | {'shard ms':>9} | {'forward':>9} |  (tokens/s; per call ms)",
         file=out,
     )
     for r in results:
         s = r.summary(seq_len)
-        for step, key, shard_key in (
-            ("Prefill", "prefill_throughput", "prefill_shard_ms"),
-            ("Decode", "decode_throughput", "decode_step_shard_ms"),
+        for step, key, shard_key, forward_key in (
+            ("Prefill", "prefill_throughput", "prefill_shard_ms", None),
+            ("Decode", "decode_throughput", "decode_step_shard_ms", "decode_step_forward_ms"),
         ):
             v: dict[str, float] = s[key]  # type: ignore[assignment]
+            forward = f"{s[forward_key]:>9.2f}" if forward_key else f"{'':>9}"
             print(
                 f"| {step:<22} | {r.batch_size:>10} | {v['avg']:>11.2f} | {v['min']:>11.2f} | "
-                f"{v['max']:>11.2f} | {s[shard_key]:>9.2f} |",
+                f"{v['max']:>11.2f} | {s[shard_key]:>9.2f} | {forward} |",
                 file=out,
             )
 
