@@ -39,6 +39,10 @@ CLOSE_GRACE_S = 3.0
 # One reconnection attempt's wait for the shards' sockets: short, so that a group that comes
 # back is found within a second or two by the watchdog's next attempt.
 RECONNECT_TIMEOUT_S = 3.0
+# Idle keep-alive connections stay open longer than load balancers keep theirs (AWS: 60 s) and
+# than clients pool them (httpx: 5 s), so that the client side always closes first: with
+# Hypercorn's 5 s, a client reusing a connection just as the server drops it gets a reset.
+KEEP_ALIVE_S = 75.0
 
 
 def infer_settings(s: RouterSettings) -> InferSettings:
@@ -129,6 +133,7 @@ class RouterServer:
         self.sock = None
         config.bind = [f"fd://{fd}"]
         config.graceful_timeout = CLOSE_GRACE_S
+        config.keep_alive_timeout = KEEP_ALIVE_S
         config.accesslog = None
         config.errorlog = logging.getLogger("hypercorn.error")
         app = create_app(self.state)
