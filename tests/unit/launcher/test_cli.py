@@ -18,6 +18,7 @@ def test_defaults_are_tgis_except_the_model() -> None:
     assert (s.waiting_served_ratio, s.max_waiting_tokens) == (0.3, 20)
     assert s.max_input_tokens is None and s.max_total_tokens is None
     assert s.num_shard is None and s.sharded is None and s.dtype is None
+    assert s.max_shard_restarts == 3
     assert not s.json_output and not s.trust_remote_code
 
 
@@ -30,6 +31,7 @@ def test_every_flag_has_its_environment_form() -> None:
         "API_KEY": "secret", "HUGGINGFACE_HUB_CACHE": "/cache", "OTLP_ENDPOINT": "http://c:4317",
         "SHARD_UDS_PATH": "/run/pytgi", "MASTER_PORT": "29600", "CUDA_MEMORY_FRACTION": "0.5",
         "MAX_CLIENT_BATCH_SIZE": "8", "PAYLOAD_LIMIT": "1000", "DISABLE_GRAMMAR_SUPPORT": "yes",
+        "MAX_SHARD_RESTARTS": "0",
     }
     s = parse_settings([], environ=env)
     assert s.model_id == "/models/x" and s.revision == "v2"
@@ -42,6 +44,7 @@ def test_every_flag_has_its_environment_form() -> None:
     assert s.otlp_endpoint == "http://c:4317" and s.shard_uds_path == "/run/pytgi"
     assert s.master_port == 29600 and s.cuda_memory_fraction == 0.5
     assert s.max_client_batch_size == 8 and s.payload_limit == 1000
+    assert s.max_shard_restarts == 0
 
 
 def test_every_long_flag_maps_to_an_upper_snake_variable() -> None:
@@ -86,6 +89,7 @@ def test_legacy_max_input_length() -> None:
         (["--port", "70000"], {}, "--port must be in 1..65535"),
         (["--cuda-memory-fraction", "0"], {}, "--cuda-memory-fraction"),
         (["--payload-limit", "0"], {}, "--payload-limit must be > 0"),
+        (["--max-shard-restarts", "-1"], {}, "--max-shard-restarts must be >= 0"),
         ([], {"NUM_SHARD": "two"}, "NUM_SHARD='two' is not valid for --num-shard"),
         ([], {"DTYPE": "int8"}, "DTYPE='int8' is not valid"),
         ([], {"JSON_OUTPUT": "perhaps"}, "JSON_OUTPUT='perhaps'"),

@@ -28,13 +28,15 @@ def test_defaults_are_tgi_defaults() -> None:
     assert (s.max_concurrent_requests, s.max_best_of, s.max_stop_sequences, s.max_top_n_tokens,
             s.max_client_batch_size, s.payload_limit) == (128, 2, 4, 5, 4, 2_000_000)
     assert s.otlp_service_name == "pytgi.router" and s.graceful_termination_timeout == 90
+    assert s.shard_step_timeout == 300
 
 
 def test_environment_forms_and_command_line_precedence() -> None:
     env = {"TOKENIZER_NAME": "/env", "MAX_BEST_OF": "4", "JSON_OUTPUT": "true", "PORT": "8081",
            "CORS_ALLOW_ORIGIN": "http://x,http://y", "MODEL_ID": "served", "HOSTNAME": "pod-7f9",
-           "COMPUTE_TYPE": "1-cpu"}
+           "COMPUTE_TYPE": "1-cpu", "SHARD_STEP_TIMEOUT": "2.5"}
     s = parse_settings(["--max-best-of", "1"], environ=env)
+    assert s.shard_step_timeout == 2.5
     assert s.tokenizer_name == "/env" and s.model_id == "served" and s.max_best_of == 1
     assert s.json_output and s.port == 8081 and s.cors_allow_origin == ("http://x", "http://y")
     # A container's HOSTNAME is its name, not an address: ignored as TGI does.
@@ -56,6 +58,7 @@ def test_legacy_input_length_alias() -> None:
     ["--tokenizer-name", "/m", "--max-total-tokens", "100", "--max-batch-total-tokens", "50"],
     ["--tokenizer-name", "/m", "--max-best-of", "0"],
     ["--tokenizer-name", "/m", "--port", "x"],
+    ["--tokenizer-name", "/m", "--shard-step-timeout", "0"],
 ])
 def test_bad_settings_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
