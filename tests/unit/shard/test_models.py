@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors.torch import save_file
 
 from pytgi_shard.attention import AttentionMetadata
 from pytgi_shard.distributed import Dist, init_distributed, single_process
@@ -212,6 +213,9 @@ def test_unloadable_directories_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="has no config.json"):
         get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
     (tmp_path / "config.json").write_text('{"model_type": "no-such-model"}')
+    with pytest.raises(ValueError, match="no safetensors weights"):
+        get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="cannot load the model config"):
         get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
     (tmp_path / "config.json").write_text("[1, 2]")
