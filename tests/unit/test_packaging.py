@@ -1,7 +1,8 @@
 """The distribution ships every package folder under its pytgi_* import name."""
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"proto": "pytgi_proto", "router": "pytgi_router", "shard": "pytgi_shard",
