@@ -6,6 +6,7 @@ Systems (each timed from the first request to the last token, after an untimed w
   hf-cb              transformers continuous batching (`generate_batch`, sdpa_paged), as shipped
   hf-cb-cpu-patched  the same with its memory probe patched so that it runs on CPU
   pytgi-inprocess    pytgi's router Infer + shard Engine in one process (no HTTP, no gRPC)
+  pytgi-grpc         the same router core in-process, the shard as its own process over gRPC
   pytgi-http         pytgi end to end: pytgi-launcher, 64 concurrent streaming HTTP clients
 
 CPU mode (default): the bundled demo model (launcher/demo_model) when trained, else the
@@ -48,7 +49,14 @@ from pytgi_bench.system_result import SystemResult
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "launcher" / "demo_model"
-IN_PROCESS = ("hf-sequential", "hf-static", "hf-cb", "hf-cb-cpu-patched", "pytgi-inprocess")
+IN_PROCESS = (
+    "hf-sequential",
+    "hf-static",
+    "hf-cb",
+    "hf-cb-cpu-patched",
+    "pytgi-inprocess",
+    "pytgi-grpc",
+)
 SYSTEMS = (*IN_PROCESS, "pytgi-http")
 _WORKER_TIMEOUT_S = 1800
 

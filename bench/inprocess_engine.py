@@ -3,12 +3,19 @@ batching task with its budgets) driving the shard's real Engine through a direct
 
 This is row (a) of bench/compare.py. Compared with row (b), end to end over HTTP, the difference
 is exactly what the process split costs: HTTP parsing and SSE writing, validation/tokenization,
-protobuf serialization and gRPC transport between router and shard.
+protobuf serialization and gRPC transport between router and shard. The diagnostic row
+`pytgi-grpc` splits that cost in two: the same in-process router core, but the shard in its own
+process behind gRPC (no HTTP).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -123,25 +130,67 @@ async def _generate_all(infer, prompts: Prompts, new_tokens: int) -> int:  # typ
     return sum(await asyncio.gather(*(one(ids) for ids in prompts)))
 
 
-async def _run(
-    model_dir: Path,
+class _ShardProcess:
+    """One `pytgi-shard serve` child on a unix socket, for the gRPC-only row."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="pytgi-bench-shard-"))
+        self.socket = self._dir / "s"
+        names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+        command = [
+            str(Path(sys.executable).with_name("pytgi-shard")),
+            "serve",
+            str(model_dir),
+            "--uds-path",
+            str(self.socket),
+            "--dtype",
+            names[dtype],
+        ]
+        # The same thread budget as this process (compare.py gives every system the same).
+        env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+        self._log = (self._dir / "shard.log").open("wb")
+        self._process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
+
+    async def wait_ready(self, timeout_s: float = 300.0) -> str:
+        deadline = time.perf_counter() + timeout_s
+        ready = Path(f"{self.socket}-0")
+        while not ready.exists():
+            if self._process.poll() is not None or time.perf_counter() > deadline:
+                log = (self._dir / "shard.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"pytgi-shard did not start:\n{log}")
+            await asyncio.sleep(0.1)
+        return f"unix://{ready}"
+
+    def stop(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._log.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+async def _timed_rounds(
+    client: ShardClient,
     prompts: Prompts,
     new_tokens: int,
     repeats: int,
-    dtype: torch.dtype,
     device: str,
     result: SystemResult,
+    started: float,
 ) -> SystemResult:
     from pytgi_router.infer import Infer, InferSettings
     from pytgi_router.metrics import Metrics
 
-    start = time.perf_counter()
-    engine = load_engine(model_dir, dtype)
     settings = InferSettings(max_concurrent_requests=max(128, len(prompts)))
-    direct = InProcessShardClient(engine)
-    infer = Infer(cast("ShardClient", direct), settings, Metrics())
+    infer = Infer(client, settings, Metrics())
     info = await infer.start()
-    result.startup_s = time.perf_counter() - start
+    result.startup_s = time.perf_counter() - started
     result.extra["max_batch_total_tokens"] = info.max_batch_total_tokens
     result.extra["max_batch_prefill_tokens"] = info.max_batch_prefill_tokens
     try:
@@ -155,8 +204,51 @@ async def _run(
             result.output_tokens.append(tokens)
     finally:
         await infer.stop()
-        await direct.close()
     return result
+
+
+async def _run_inprocess(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+    result: SystemResult,
+) -> SystemResult:
+    started = time.perf_counter()
+    direct = InProcessShardClient(load_engine(model_dir, dtype))
+    try:
+        return await _timed_rounds(
+            cast("ShardClient", direct), prompts, new_tokens, repeats, device, result, started
+        )
+    finally:
+        await direct.close()
+
+
+async def _run_grpc(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+    result: SystemResult,
+) -> SystemResult:
+    from pytgi_router.client import ShardClient
+
+    started = time.perf_counter()
+    shard = _ShardProcess(model_dir, dtype)
+    try:
+        client = await ShardClient.connect(await shard.wait_ready())
+        try:
+            return await _timed_rounds(
+                client, prompts, new_tokens, repeats, device, result, started
+            )
+        finally:
+            await client.close()
+    finally:
+        shard.stop()
 
 
 def pytgi_inprocess(
@@ -170,4 +262,21 @@ def pytgi_inprocess(
     result = SystemResult(
         "pytgi-inprocess", "pytgi router Infer + shard Engine in one process (no HTTP, no gRPC)"
     )
-    return asyncio.run(_run(model_dir, prompts, new_tokens, repeats, dtype, device, result))
+    return asyncio.run(
+        _run_inprocess(model_dir, prompts, new_tokens, repeats, dtype, device, result)
+    )
+
+
+def pytgi_grpc(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+) -> SystemResult:
+    """The router's Infer in this process, the shard in its own over gRPC: no HTTP, no SSE."""
+    result = SystemResult(
+        "pytgi-grpc", "pytgi router Infer in-process + pytgi-shard process over gRPC (no HTTP)"
+    )
+    return asyncio.run(_run_grpc(model_dir, prompts, new_tokens, repeats, dtype, device, result))

@@ -21,7 +21,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def run_system(spec: dict[str, Any]) -> SystemResult:
     from pytgi_bench import hf_baselines
-    from pytgi_bench.inprocess_engine import pytgi_inprocess
+    from pytgi_bench.inprocess_engine import pytgi_grpc, pytgi_inprocess
 
     if spec["device"] == "cpu":
         torch.set_num_threads(int(spec["threads"]))
@@ -47,6 +47,8 @@ def run_system(spec: dict[str, Any]) -> SystemResult:
         return hf_baselines.hf_continuous(*args, cpu_memory_bytes=int(spec["cpu_memory_bytes"]))
     if system == "pytgi-inprocess":
         return pytgi_inprocess(*args)
+    if system == "pytgi-grpc":
+        return pytgi_grpc(*args)
     raise ValueError(f"unknown in-process system {system!r}")
 
 
