@@ -60,7 +60,7 @@ def _fmt(value: float | None, spec: str) -> str:
 def print_table(results: list[SystemResult], expected_tokens: int, out: IO[str]) -> None:
     baselines = ("hf-sequential", "hf-static", "hf-cb", "hf-cb-cpu-patched")
     header = (
-        f"{'system':<20} {'wall s':>8} {'tok/s':>9} {'x seq':>7} {'x static':>9} "
+        f"{'system':<20} {'wall s':>8} {'tok/s':>9} {'min-max tok/s':>15} {'x seq':>7} {'x static':>9} "
         f"{'x hf-cb':>8} {'x hf-cb*':>9} {'start s':>8}  notes"
     )
     print(header, file=out)
@@ -76,13 +76,16 @@ def print_table(results: list[SystemResult], expected_tokens: int, out: IO[str])
             notes = f"{r.status.upper()}: {r.error}"
         wall = _fmt(r.median_wall_s if r.ok else None, ".2f")
         speed = _fmt(r.tokens_per_s if r.ok else None, ".1f")
+        rates = [t / w for t, w in zip(r.output_tokens, r.wall_s, strict=True) if w > 0]
+        spread = f"{min(rates):.0f}-{max(rates):.0f}" if r.ok and rates else "-"
         print(
-            f"{r.system:<20} {wall:>8} {speed:>9} {cells[0]:>7} {cells[1]:>9} {cells[2]:>8} "
+            f"{r.system:<20} {wall:>8} {speed:>9} {spread:>15} {cells[0]:>7} {cells[1]:>9} {cells[2]:>8} "
             f"{cells[3]:>9} {_fmt(r.startup_s, '.1f'):>8}  {notes}",
             file=out,
         )
     print(
-        "(x hf-cb*: against transformers generate_batch with its CPU memory probe patched)",
+        "(tok/s: median over rounds; x hf-cb*: against transformers generate_batch with its CPU "
+        "memory probe patched)",
         file=out,
     )
     print(file=out)
