@@ -67,8 +67,9 @@ class AppState:
         return f"{self.version}-native"
 
     def info_json(self) -> dict[str, Any]:
-        """TGI's /info, plus the batching limits TGI 2.x used to show."""
-        s, i = self.settings, self.info
+        """TGI's /info, plus the batching limits TGI 2.x used to show (the KV budget as of the
+        shards' latest Warmup: a restarted group may have sized its cache anew)."""
+        s, i = self.settings, self.infer.info
         return {
             "model_id": self.model_id,
             "model_sha": self.model_sha,
