@@ -16,14 +16,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.errors import InferError
+from pytgi_router.errors import InferError, ValidationError
 from pytgi_router.generation import Generations
 from pytgi_router.http_errors import (
     MethodNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
     UnauthorizedError,
-    UnprocessableError,
 )
 from pytgi_router.http_io import error_response, read_json
 from pytgi_router.openapi import DocsRoutes
@@ -173,7 +172,7 @@ class Invocations:
                 return await self.chat.chat_body(request, body)
             if "prompt" in body:
                 return await self.comp.completions_body(request, body)
-        raise UnprocessableError(
+        raise ValidationError(
             "the body must be a generate (`inputs`), chat (`messages`) or completions "
             "(`prompt`) request"
         )

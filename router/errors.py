@@ -20,6 +20,9 @@ class InferError(Exception):
 
 
 class ValidationError(InferError):
+    """A request that breaks a limit or a rule, or JSON of the wrong shape (a missing field, a
+    wrong type): TGI answers all of them as the same 422."""
+
     status_code = 422
     error_type = "validation"
     metric_label = "validation"

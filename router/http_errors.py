@@ -17,17 +17,6 @@ class BadRequestError(InferError):
     metric_label = "validation"
 
 
-class UnprocessableError(InferError):
-    """Well-formed JSON of the wrong shape: a missing field or a wrong type."""
-
-    status_code = 422
-    error_type = "validation"
-    metric_label = "validation"
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"Input validation error: {reason}")
-
-
 class UnauthorizedError(InferError):
     status_code = 401
     error_type = "unauthorized"

@@ -10,7 +10,8 @@ import json
 import math
 from typing import Any
 
-from pytgi_router.http_errors import BadRequestError, UnprocessableError
+from pytgi_router.errors import ValidationError
+from pytgi_router.http_errors import BadRequestError
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
@@ -75,9 +76,9 @@ def _kind(value: Any) -> str:
     return "object"
 
 
-def wrong_type(path: str, expected: str, value: Any) -> UnprocessableError:
+def wrong_type(path: str, expected: str, value: Any) -> ValidationError:
     shown = json.dumps(value)[:64] if not isinstance(value, (dict, list)) else _kind(value)
-    return UnprocessableError(f"`{path}` must be {expected}, got {_kind(value)} {shown}".rstrip())
+    return ValidationError(f"`{path}` must be {expected}, got {_kind(value)} {shown}".rstrip())
 
 
 def obj(value: Any, path: str) -> dict[str, Any]:
@@ -93,7 +94,7 @@ def opt_obj(data: dict[str, Any], key: str, path: str = "") -> dict[str, Any] | 
 
 def required(data: dict[str, Any], key: str, path: str = "") -> Any:
     if key not in data:
-        raise UnprocessableError(f"missing field `{path}{key}`")
+        raise ValidationError(f"missing field `{path}{key}`")
     return data[key]
 
 

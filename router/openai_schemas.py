@@ -8,8 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytgi_router.errors import ValidationError
 from pytgi_router.events import TokenInfo
-from pytgi_router.http_errors import CompletionRequestError, ToolError, UnprocessableError
+from pytgi_router.http_errors import CompletionRequestError, ToolError
 from pytgi_router.json_fields import (
     U64_MAX,
     obj,
@@ -118,7 +119,7 @@ def _content(value: Any, path: str) -> str | None:
             url = obj(required(part, "image_url", f"{path}[{i}]."), f"{path}[{i}].image_url")
             out.append(f"![]({required(url, 'url', f'{path}[{i}].image_url.')})")
         else:
-            raise UnprocessableError(f"`{path}[{i}].type` must be \"text\" or \"image_url\"")
+            raise ValidationError(f"`{path}[{i}].type` must be \"text\" or \"image_url\"")
     return "".join(out)
 
 
@@ -155,7 +156,7 @@ def parse_chat(body: Any) -> ChatRequest:
     if not isinstance(raw, list):
         raise wrong_type("messages", "an array of messages", raw)
     if not raw:
-        raise UnprocessableError("`messages` cannot be empty")
+        raise ValidationError("`messages` cannot be empty")
     tools = data.get("tools")
     choice = data.get("tool_choice")
     if tools and choice != "none":
@@ -264,7 +265,7 @@ def parse_completion(body: Any) -> CompletionRequest:
     else:
         raise wrong_type("prompt", "a string or an array of strings", prompt)
     if not prompts:
-        raise UnprocessableError("`prompt` cannot be empty")
+        raise ValidationError("`prompt` cannot be empty")
     return CompletionRequest(
         prompts=prompts, fields=_sampling_fields(data), echo=bool(opt_bool(data, "echo"))
     )
