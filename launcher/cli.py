@@ -7,16 +7,13 @@ environment form (as in TGI). The environment is read here and nowhere else.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytgi_launcher.settings import DEFAULT_UDS_PATH, DEMO_MODEL, DTYPES, LauncherSettings
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+from pytgi_router.cli_env import env_values, parse_bool, resolve_input_length_alias
 
 # (flag, type, help); the default shown is LauncherSettings'.
 _VALUED: list[tuple[str, Any, str]] = [
@@ -69,10 +66,6 @@ _SWITCHES: list[tuple[str, str]] = [
 _ACCEPTED: list[str] = ["--prometheus-port", "--usage-stats"]
 
 
-def env_name(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_").upper()
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pytgi-launcher",
@@ -85,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
         names = ["-p", flag] if flag == "--port" else [flag]
         choices = DTYPES if flag == "--dtype" else None
         p.add_argument(*names, type=kind, help=text, choices=choices)
-    p.add_argument("--sharded", type=_parse_bool, metavar="{true,false}",
+    p.add_argument("--sharded", type=parse_bool, metavar="{true,false}",
                    help="true: shard across all visible GPUs; false: one shard")
     p.add_argument("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
     for flag, text in _SWITCHES:
@@ -97,55 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {raw!r}")
-
-
-def _from_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for action in parser._actions:
-        if not action.option_strings or action.dest in ("help", "env"):
-            continue
-        flag = max(action.option_strings, key=len)
-        raw = environ.get(env_name(flag))
-        if raw is None or raw.strip() == "":
-            continue
-        try:
-            out[action.dest] = _env_value(action, raw)
-        except (ValueError, argparse.ArgumentTypeError):
-            parser.error(f"environment variable {env_name(flag)}={raw!r} is not valid for {flag}")
-    if "hostname" in out and not _is_bindable(out["hostname"]):
-        # Containers export HOSTNAME as their own name, which is no address to bind (TGI too).
-        del out["hostname"]
-    return out
-
-
-def _env_value(action: argparse.Action, raw: str) -> Any:
-    if isinstance(action, argparse._StoreTrueAction):
-        return _parse_bool(raw)
-    if action.dest == "cors_allow_origin":
-        return [origin.strip() for origin in raw.split(",") if origin.strip()]
-    value = action.type(raw) if callable(action.type) else raw
-    if action.choices is not None and value not in action.choices:
-        raise ValueError(raw)
-    return value
-
-
-def _is_bindable(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
-
-
 def parse_settings(
     argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> LauncherSettings:
@@ -153,14 +97,9 @@ def parse_settings(
     environ = os.environ if environ is None else environ
     parser = build_parser()
     cli = vars(parser.parse_args(argv))
-    values = _from_env(parser, environ)
+    values = env_values(parser, environ, skip=("env",))
     values.update(cli)
-    legacy = values.pop("max_input_length", None)
-    if legacy is not None:
-        if "max_input_tokens" in cli and "max_input_length" in cli:
-            parser.error("--max-input-tokens and --max-input-length are aliases: set only one")
-        if "max_input_length" in cli or "max_input_tokens" not in values:
-            values["max_input_tokens"] = legacy
+    resolve_input_length_alias(parser, values, cli)
     for flag in _ACCEPTED:
         values.pop(flag.lstrip("-").replace("-", "_"), None)
     if "cors_allow_origin" in values:

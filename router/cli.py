@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytgi_router.cli_env import env_values, resolve_input_length_alias
 from pytgi_router.logs import configure_logging
 from pytgi_router.settings import DEFAULT_UDS_PATH, RouterSettings
 
 log = logging.getLogger("pytgi.router")
-
-_TRUE = {"1", "true", "yes", "on"}
-
-
-def _flag_env(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_").upper()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,44 +69,7 @@ _LIMITS: list[tuple[str, type, Any]] = [
     ("--validation-workers", int, 2),
 ]
 
-_BOOLS = ("json_output", "disable_grammar_support", "trust_remote_code")
-_IGNORED = ("prometheus_port", "usage_stats", "trust_remote_code", "max_input_length")
-
-
-def _from_env(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> dict[str, Any]:
-    """Values of the flags' environment-variable forms; the command line overrides them."""
-    out: dict[str, Any] = {}
-    for action in parser._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        long = max(action.option_strings, key=len)
-        raw = environ.get(_flag_env(long))
-        if raw is None or raw == "":
-            continue
-        try:
-            if action.dest in _BOOLS:
-                out[action.dest] = raw.strip().lower() in _TRUE
-            elif action.dest == "cors_allow_origin":
-                out[action.dest] = [o.strip() for o in raw.split(",") if o.strip()]
-            else:
-                out[action.dest] = action.type(raw) if callable(action.type) else raw
-        except ValueError:
-            parser.error(f"environment variable {_flag_env(long)}={raw!r} is not valid for {long}")
-    host = out.get("hostname")
-    if host is not None and not _is_bindable(host):
-        # Containers export HOSTNAME as their own name, which is no address to bind (TGI too).
-        del out["hostname"]
-    return out
-
-
-def _is_bindable(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
+_IGNORED = ("prometheus_port", "usage_stats", "trust_remote_code")
 
 
 def parse_settings(
@@ -121,16 +78,10 @@ def parse_settings(
     """Command line > environment > defaults, into one RouterSettings (exits 2 on bad input)."""
     environ = os.environ if environ is None else environ
     parser = _parser()
-    values = _from_env(parser, environ)
+    values = env_values(parser, environ)
     cli = vars(parser.parse_args(argv))
     values.update(cli)
-    legacy = values.get("max_input_length")
-    if legacy is not None:
-        if "max_input_tokens" in cli and "max_input_length" in cli:
-            parser.error("--max-input-tokens and --max-input-length are aliases: set only one")
-        values.setdefault("max_input_tokens", legacy)
-        if "max_input_length" in cli:
-            values["max_input_tokens"] = legacy
+    resolve_input_length_alias(parser, values, cli)
     for key in _IGNORED:
         values.pop(key, None)
     if "cors_allow_origin" in values:

@@ -70,3 +70,13 @@ def test_bad_settings_exit_with_usage(argv: list[str], capsys: pytest.CaptureFix
 def test_bad_environment_value_is_named() -> None:
     with pytest.raises(SystemExit):
         parse_settings(["--tokenizer-name", "/m"], environ={"MAX_BEST_OF": "many"})
+
+
+def test_environment_booleans_and_blanks_read_as_the_launcher_reads_them() -> None:
+    # The launcher hands its environment to the router: both parse it with the same rules.
+    base = {"TOKENIZER_NAME": "/m"}
+    assert parse_settings([], environ={**base, "JSON_OUTPUT": "off"}).json_output is False
+    assert parse_settings([], environ={**base, "JSON_OUTPUT": "Yes"}).json_output is True
+    assert parse_settings([], environ={**base, "PORT": "  "}).port == 3000
+    with pytest.raises(SystemExit):
+        parse_settings([], environ={**base, "JSON_OUTPUT": "maybe"})
