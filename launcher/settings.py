@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytgi_router.settings import token_limit_problems
+
 DTYPES = ("float16", "bfloat16", "float32")
 # The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
@@ -98,24 +100,9 @@ class LauncherSettings:
         out += [f"--{k} must be > 0, got {v}" for k, v in positive.items() if v is not None and v <= 0]
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0 or self.max_waiting_tokens < 0:
             out.append("--max-stop-sequences, --max-top-n-tokens, --max-waiting-tokens must be >= 0")
-        if (
-            self.max_input_tokens is not None
-            and self.max_total_tokens is not None
-            and self.max_input_tokens >= self.max_total_tokens
-        ):
-            out.append(
-                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens "
-                f"({self.max_total_tokens})"
-            )
-        if (
-            self.max_total_tokens is not None
-            and self.max_batch_total_tokens is not None
-            and self.max_total_tokens > self.max_batch_total_tokens
-        ):
-            out.append(
-                f"--max-total-tokens ({self.max_total_tokens}) must be <= "
-                f"--max-batch-total-tokens ({self.max_batch_total_tokens})"
-            )
+        out += token_limit_problems(
+            self.max_input_tokens, self.max_total_tokens, self.max_batch_total_tokens
+        )
         for name, port in (("port", self.port), ("master-port", self.master_port)):
             if not 0 < port < 65536:
                 out.append(f"--{name} must be in 1..65535, got {port}")

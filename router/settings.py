@@ -71,24 +71,9 @@ class RouterSettings:
             out.append("--max-stop-sequences and --max-top-n-tokens must be >= 0")
         if not 0 <= self.port <= 65535:
             out.append(f"--port must be in 0..65535, got {self.port}")
-        if (
-            self.max_input_tokens is not None
-            and self.max_total_tokens is not None
-            and self.max_input_tokens >= self.max_total_tokens
-        ):
-            out.append(
-                f"--max-input-tokens ({self.max_input_tokens}) must be < --max-total-tokens "
-                f"({self.max_total_tokens})"
-            )
-        if (
-            self.max_total_tokens is not None
-            and self.max_batch_total_tokens is not None
-            and self.max_total_tokens > self.max_batch_total_tokens
-        ):
-            out.append(
-                f"--max-total-tokens ({self.max_total_tokens}) must be <= "
-                f"--max-batch-total-tokens ({self.max_batch_total_tokens})"
-            )
+        out += token_limit_problems(
+            self.max_input_tokens, self.max_total_tokens, self.max_batch_total_tokens
+        )
         if self.graceful_termination_timeout < 0:
             out.append("--graceful-termination-timeout must be >= 0")
         if not self.shard_step_timeout > 0:
@@ -106,3 +91,29 @@ class RouterSettings:
             return self.master_shard_address
         path = self.master_shard_uds_path
         return path if path.startswith("unix:") else f"unix://{path}"
+
+
+def token_limit_problems(
+    max_input_tokens: int | None, max_total_tokens: int | None, max_batch_total_tokens: int | None
+) -> list[str]:
+    """How the token limits that are set must relate (the launcher checks its copies too)."""
+    out = []
+    if (
+        max_input_tokens is not None
+        and max_total_tokens is not None
+        and max_input_tokens >= max_total_tokens
+    ):
+        out.append(
+            f"--max-input-tokens ({max_input_tokens}) must be < --max-total-tokens "
+            f"({max_total_tokens})"
+        )
+    if (
+        max_total_tokens is not None
+        and max_batch_total_tokens is not None
+        and max_total_tokens > max_batch_total_tokens
+    ):
+        out.append(
+            f"--max-total-tokens ({max_total_tokens}) must be <= "
+            f"--max-batch-total-tokens ({max_batch_total_tokens})"
+        )
+    return out
