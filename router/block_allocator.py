@@ -44,9 +44,6 @@ class BlockAllocator:
         """Blocks needed to hold `tokens` tokens of KV."""
         return -(-tokens // self.block_size)
 
-    def can_allocate(self, tokens: int) -> bool:
-        return self.blocks_for(tokens) <= len(self._free)
-
     def allocate(self, tokens: int) -> list[int] | None:
         """Blocks for `tokens` tokens, or None (nothing taken) when too few are free."""
         if tokens < 1:

@@ -85,10 +85,6 @@ class ChatTemplate:
             self._compile_error = str(err)
             log.warning("the chat template does not compile: %s", err)
 
-    @property
-    def uses_tools(self) -> bool:
-        return "tools" in self.source
-
     def apply(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
         """Renders the conversation; a final assistant message is continued, not closed."""
         if self._template is None:
