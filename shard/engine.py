@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
+from typing import NamedTuple, TypeVar
 
 import torch
 from opentelemetry import trace
@@ -28,6 +29,17 @@ from pytgi_shard.settings import ShardSettings
 from pytgi_shard.warmup import warmup
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+_Response = TypeVar("_Response", generate_pb2.PrefillResponse, generate_pb2.DecodeResponse)
+
+
+class _Step(NamedTuple):
+    """One forward and token choice: the generations, the batch of the requests still running
+    (None when all finished), and the forward and decode times in ns."""
+
+    generations: list[generate_pb2.Generation]
+    live: Batch | None
+    forward_ns: int
+    decode_ns: int
 
 
 class Engine:
@@ -106,28 +118,22 @@ class Engine:
         cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
         self._check_new_batch(batch, cached_id)
         try:
-            generations, live, forward_ns, decode_ns = self._step(batch, batch.prefill_inputs())
+            step = self._step(batch, batch.prefill_inputs())
             concat_ns = None
             if cached_id is not None:
                 concat_start = time.perf_counter_ns()
                 with self._span("concatenate"):
                     cached = self.cache.pop(cached_id)
-                    live = Batch.concatenate([cached, live]) if live is not None else cached
+                    if step.live is not None:
+                        cached = Batch.concatenate([cached, step.live])
+                    step = step._replace(live=cached)
                 concat_ns = time.perf_counter_ns() - concat_start
         except BaseException:
             # A failed step leaves the batches it touched in an unknown state: drop them.
             if cached_id is not None:
                 self.cache.delete(cached_id)
             raise
-        self.cache.set(live)
-        return generate_pb2.PrefillResponse(
-            generations=generations,
-            batch=live.to_pb() if live is not None else None,
-            forward_ns=forward_ns,
-            decode_ns=decode_ns,
-            total_ns=time.perf_counter_ns() - start,
-            concat_ns=concat_ns,
-        )
+        return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
 
     def _check_new_batch(self, batch: Batch, cached_id: int | None) -> None:
         if batch.batch_id in self.cache and batch.batch_id != cached_id:
@@ -154,23 +160,26 @@ class Engine:
             concat_ns = time.perf_counter_ns() - start
         else:
             batch = batches[0]
-        generations, live, forward_ns, decode_ns = self._step(batch, batch.decode_inputs())
-        self.cache.set(live)
-        return generate_pb2.DecodeResponse(
-            generations=generations,
-            batch=live.to_pb() if live is not None else None,
-            forward_ns=forward_ns,
-            decode_ns=decode_ns,
+        step = self._step(batch, batch.decode_inputs())
+        return self._reply(generate_pb2.DecodeResponse, step, start, concat_ns)
+
+    def _reply(
+        self, response: type[_Response], step: _Step, start: int, concat_ns: int | None
+    ) -> _Response:
+        """Caches the step's live batch and answers with its generations and timings."""
+        self.cache.set(step.live)
+        return response(
+            generations=step.generations,
+            batch=step.live.to_pb() if step.live is not None else None,
+            forward_ns=step.forward_ns,
+            decode_ns=step.decode_ns,
             total_ns=time.perf_counter_ns() - start,
             concat_ns=concat_ns,
         )
 
     @torch.inference_mode()
-    def _step(
-        self, batch: Batch, inputs: ForwardInputs
-    ) -> tuple[list[generate_pb2.Generation], Batch | None, int, int]:
-        """Forward, then next tokens; returns the generations, the batch of the requests still
-        running (None when all finished), and the forward and decode times in ns."""
+    def _step(self, batch: Batch, inputs: ForwardInputs) -> _Step:
+        """Forward, then next tokens."""
         start = time.perf_counter_ns()
         with self._span("forward"):
             logits = self.model.forward(
@@ -191,7 +200,7 @@ class Engine:
                 done = set(finished)
                 keep = [i for i in batch.request_ids if i not in done]
                 live = batch.filter(keep) if keep else None
-        return generations, live, forward_done - start, time.perf_counter_ns() - forward_done
+        return _Step(generations, live, forward_done - start, time.perf_counter_ns() - forward_done)
 
     def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch | None:
         """Keeps the listed requests; None when none is left (the batch is dropped)."""
