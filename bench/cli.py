@@ -119,6 +119,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--out", type=Path, default=None, help="write results JSON here")
     p.add_argument("--no-plots", action="store_true", help="with --out: skip the PNG plots")
+    p.add_argument(
+        "--summary-only", action="store_true", help="with --out: leave per-request timings out"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--strict", action="store_true", help="exit 1 if any request failed")
 
@@ -171,7 +174,7 @@ def run_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.out is not None:
-        save_json(report_json(report), args.out)
+        save_json(report_json(report, per_request=not args.summary_only), args.out)
         print(f"results: {args.out}", file=sys.stderr)
         if not args.no_plots:
             _save_plots(report, args.out, sweep=args.sweep_concurrency is not None)
@@ -190,7 +193,9 @@ def run_command(args: argparse.Namespace) -> int:
 def _save_plots(report, out: Path, sweep: bool) -> None:  # type: ignore[no-untyped-def]
     from pytgi_bench.plots import plot_latency_cdfs, plot_sweep
 
-    title = f"{report.settings.api} @ {report.settings.url}"
+    model = (report.server_info or {}).get("model_id") or report.settings.url
+    title = f"{model} ({report.settings.api} API, {report.settings.input_len} in / "
+    title += f"{report.settings.output_len} out)"
     paths = [plot_latency_cdfs(report.runs, out.with_suffix(".cdf.png"), title)]
     if sweep:
         paths.append(plot_sweep(report.runs, out.with_suffix(".sweep.png"), title))

@@ -62,7 +62,7 @@ def print_run(run: BenchmarkRun, out: IO[str]) -> None:
     print("=" * _WIDTH, file=out)
 
 
-def _run_json(run: BenchmarkRun) -> dict[str, Any]:
+def _run_json(run: BenchmarkRun, per_request: bool) -> dict[str, Any]:
     requests = [
         {
             "ok": r.ok,
@@ -78,6 +78,12 @@ def _run_json(run: BenchmarkRun) -> dict[str, Any]:
         }
         for r in run.load.results
     ]
+    if not per_request:
+        return {
+            "concurrency": run.concurrency,
+            "request_rate": None if math.isinf(run.request_rate) else run.request_rate,
+            "summary": run.summary.to_json(),
+        }
     return {
         "concurrency": run.concurrency,
         "request_rate": None if math.isinf(run.request_rate) else run.request_rate,
@@ -95,7 +101,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def report_json(report: BenchmarkReport) -> dict[str, Any]:
+def report_json(report: BenchmarkReport, per_request: bool = True) -> dict[str, Any]:
     settings = asdict(report.settings)
     settings.pop("api_key", None)
     settings["input_len"] = str(report.settings.input_len)
@@ -113,7 +119,7 @@ def report_json(report: BenchmarkReport) -> dict[str, Any]:
             "input_lengths_exact": report.workload.input_lengths_exact,
             "length_mismatches": report.workload.length_mismatches,
         },
-        "runs": [_run_json(run) for run in report.runs],
+        "runs": [_run_json(run, per_request) for run in report.runs],
     }
 
 
