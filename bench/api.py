@@ -42,6 +42,10 @@ def _error_text(error: Any) -> str:
     return str(error)
 
 
+# Every intermediate /generate_stream event of TGI (serde) and pytgi ends like this, compactly.
+_TGI_TOKEN_TAIL = b',"generated_text":null,"details":null}'
+
+
 class TgiApi(Api):
     """`/generate_stream`: one event per token, `details` on the last one."""
 
@@ -59,6 +63,10 @@ class TgiApi(Api):
         return {"inputs": item.prompt, "parameters": parameters}
 
     def on_data(self, data: bytes, state: StreamState) -> bool:
+        # Hot path: an intermediate token event needs no parsing to be counted.
+        if data.endswith(_TGI_TOKEN_TAIL) and data.startswith(b'{"index":'):
+            state.chunks += 1
+            return True
         event = json.loads(data)
         if "error" in event:
             state.error = _error_text(event["error"])

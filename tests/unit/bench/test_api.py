@@ -31,6 +31,14 @@ def test_tgi_payload_is_greedy_and_token_exact() -> None:
     assert TgiApi().payload(ITEM, "tgi", ignore_eos=True)["parameters"]["ignore_eos"] is True
 
 
+def test_compact_intermediate_events_take_the_fast_path_and_count_the_same() -> None:
+    compact = json.dumps(json.loads(_tgi_event(1, last=False)), separators=(",", ":")).encode()
+    assert compact.endswith(b',"generated_text":null,"details":null}')
+    fast, slow = StreamState(), StreamState()
+    assert TgiApi().on_data(compact, fast) and TgiApi().on_data(_tgi_event(1, False), slow)
+    assert fast == slow
+
+
 def test_tgi_stream_counts_tokens_and_reads_details() -> None:
     api, state = TgiApi(), StreamState()
     assert api.on_data(_tgi_event(1, last=False), state)
