@@ -199,6 +199,7 @@ def run_rounds(
         args.new_tokens,
         args.work_dir,
         threads=None if args.gpu else args.threads,
+        keep_running=not args.gpu,
     )
     try:
         for round_index in range(args.repeats):

@@ -1,8 +1,9 @@
 """Row (b) of bench/compare.py: pytgi end to end, `pytgi-launcher` driven over HTTP by the load tool.
 
-The server starts once (its start-up time is reported apart) and serves every round; each round
-sends all prompts at once as concurrent streaming `/generate_stream` clients and is timed from
-the first request sent to the last token received.
+The server starts once (its start-up time is reported apart) and serves every round (on a GPU it
+restarts per round: see keep_running); each round sends all prompts at once as concurrent
+streaming `/generate_stream` clients and is timed from the first request sent to the last token
+received.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class HttpSystem:
         new_tokens: int,
         work_dir: Path,
         threads: int | None,
+        keep_running: bool = True,
     ) -> None:
         self._prompts_file = work_dir / "prompts.jsonl"
         self._prompts_file.write_text(
@@ -57,6 +59,9 @@ class HttpSystem:
             extra_args=["--max-concurrent-requests", str(max(128, self._count))],
         )
         self._started = False
+        # On a GPU the server's weights and KV cache would starve the next system's process:
+        # there it stops after every round (and starts again, untimed, for the next).
+        self._keep_running = keep_running
 
     def run_once(self) -> SystemResult:
         """One timed round (the server starts on the first call); the round's result alone."""
@@ -79,7 +84,12 @@ class HttpSystem:
             warmup=_WARMUP_REQUESTS,
             progress=False,
         )
-        (run,) = asyncio.run(run_benchmark(settings)).runs
+        try:
+            (run,) = asyncio.run(run_benchmark(settings)).runs
+        finally:
+            if not self._keep_running:
+                self._server.stop()
+                self._started = False
         summary = run.summary
         if summary.failed:
             round_result.status = "error"
