@@ -22,9 +22,16 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 log = logging.getLogger("pytgi.router")
 
 
-def wall_ns(monotonic_s: float) -> int:
+def wall_clock_offset_ns() -> int:
+    """Epoch nanoseconds minus monotonic nanoseconds, now: adding it to a time.monotonic()
+    instant gives the epoch time spans carry. Sample it once per conversion batch, so that one
+    instant maps to one wall time (queue's end is exactly inference's start)."""
+    return time.time_ns() - int(time.monotonic() * 1e9)
+
+
+def wall_ns(monotonic_s: float, offset_ns: int | None = None) -> int:
     """A time.monotonic() instant as the epoch nanoseconds that spans carry."""
-    return time.time_ns() - int((time.monotonic() - monotonic_s) * 1e9)
+    return int(monotonic_s * 1e9) + (wall_clock_offset_ns() if offset_ns is None else offset_ns)
 
 
 class RequestTrace:
@@ -59,9 +66,10 @@ class RequestTrace:
         tracer = self._tracer
         if tracer is None:
             return
+        offset = wall_clock_offset_ns()
         for name, a, b in (("queue", queued, started), ("inference", started, finished)):
-            span = tracer.start_span(name, context=self._ctx, start_time=wall_ns(a))
-            span.end(end_time=wall_ns(b))
+            span = tracer.start_span(name, context=self._ctx, start_time=wall_ns(a, offset))
+            span.end(end_time=wall_ns(b, offset))
 
     def set(self, attributes: Mapping[str, Any]) -> None:
         if self.span.is_recording():
