@@ -9,38 +9,17 @@ even a SIGKILLed launcher leaves no orphan serving on a GPU.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from pytgi_launcher.logs import LogSink
 
-PR_SET_PDEATHSIG = 1
 TAIL_LINES = 40
-
-
-def _child_setup(parent_pid: int, prctl: Callable[..., int] | None) -> None:
-    """Runs in the child between fork and exec: async-signal-safe calls only."""
-    os.setpgid(0, 0)
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        # The launcher died before the death signal was armed.
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
-    except (OSError, AttributeError):
-        return None
 
 
 class ChildProcess:
@@ -51,16 +30,17 @@ class ChildProcess:
         self.argv = list(argv)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
         self._sink = sink
-        prctl = _prctl()
-        parent = os.getpid()
-        # Spawned from the main thread only: PDEATHSIG fires when the spawning *thread* exits.
+        # The exec shim arms PDEATHSIG and then becomes argv (see exec_child.py for why not a
+        # preexec_fn). Spawned from the main thread only: PDEATHSIG fires when the spawning
+        # *thread* exits. A new session makes the child lead its own process group.
+        shim = [sys.executable, "-m", "pytgi_launcher.exec_child", str(os.getpid())]
         self.popen = subprocess.Popen(
-            self.argv,
+            shim + self.argv,
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            preexec_fn=lambda: _child_setup(parent, prctl),
+            start_new_session=True,
             close_fds=True,
         )
         self.pid = self.popen.pid
