@@ -80,10 +80,9 @@ class InProcessShardClient:
         cached: generate_pb2.CachedBatch | None,
         timeout: float | None = None,
     ) -> generate_pb2.PrefillResponse:
-        request = generate_pb2.PrefillRequest(batch=batch)
-        if cached is not None:
-            request.cached_batch.CopyFrom(cached)
-        return await self._call(self._engine.prefill, request)
+        from pytgi_router.client import prefill_request
+
+        return await self._call(self._engine.prefill, prefill_request(batch, cached))
 
     async def decode(
         self, batches: list[generate_pb2.CachedBatch], timeout: float | None = None

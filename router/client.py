@@ -53,6 +53,16 @@ def _open_channel(address: str) -> grpc.aio.Channel:
     )
 
 
+def prefill_request(
+    batch: generate_pb2.Batch, cached: generate_pb2.CachedBatch | None
+) -> generate_pb2.PrefillRequest:
+    """Prefill of `batch`, concatenated onto the cached batch when there is one."""
+    request = generate_pb2.PrefillRequest(batch=batch)
+    if cached is not None:
+        request.cached_batch.CopyFrom(cached)
+    return request
+
+
 class ShardClient:
     def __init__(self, channels: list[grpc.aio.Channel], urls: list[str]) -> None:
         self.urls = urls
@@ -148,9 +158,7 @@ class ShardClient:
         cached: generate_pb2.CachedBatch | None,
         timeout: float | None = None,
     ) -> generate_pb2.PrefillResponse:
-        request = generate_pb2.PrefillRequest(batch=batch)
-        if cached is not None:
-            request.cached_batch.CopyFrom(cached)
+        request = prefill_request(batch, cached)
         response: generate_pb2.PrefillResponse = await self._all("Prefill", request, timeout)
         return response
 
