@@ -12,7 +12,7 @@ from pathlib import Path
 
 PACKAGES = (
     "pytgi", "torch", "transformers", "tokenizers", "safetensors", "huggingface-hub", "grpcio",
-    "protobuf", "starlette", "hypercorn", "prometheus-client", "opentelemetry-sdk",
+    "protobuf", "starlette", "uvicorn", "prometheus-client", "opentelemetry-sdk",
 )
 
 

@@ -45,5 +45,6 @@ def configure_logging(json_output: bool) -> None:
     root.handlers[:] = [handler]
     level = os.environ.get("LOG_LEVEL", "INFO").upper()
     root.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
-    # Hypercorn's per-request access log would double the router's own lines.
-    logging.getLogger("hypercorn.access").setLevel(logging.WARNING)
+    # Uvicorn's start/stop banners and access lines would double the router's own lines.
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

@@ -327,7 +327,7 @@ provider.add_span_processor(SimpleSpanProcessor(exporter))
 trace.set_tracer_provider(provider)
 
 async def main():
-    client = await ShardClient.connect(sys.argv[1])
+    client = await ShardClient.connect(sys.argv[1], traced=True)
     infer = Infer(client, InferSettings(max_batch_prefill_tokens=64, max_batch_total_tokens=512),
                   Metrics())
     await infer.start()

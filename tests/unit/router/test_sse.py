@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pytgi_router.sse import KEEP_ALIVE, EventStreamResponse
+from pytgi_router.sse import KEEP_ALIVE, RAW_SEND, EventStreamResponse, RawSend
 
 
 class Client:
@@ -108,3 +108,59 @@ def test_a_failing_producer_still_closes_the_response() -> None:
 
     client = asyncio.run(main())
     assert client.bodies == [b"data: 1\n\n", b""]
+
+
+def test_body_chunks_skip_the_middleware_chain_once_started() -> None:
+    """The start message goes through the chain (CORS adds headers there); the body goes to the
+    server's own send that RawSend keeps in the scope."""
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: 1\n\n"
+
+    async def main() -> tuple[Client, list[str]]:
+        server = Client()
+        chain: list[str] = []
+
+        async def middleware_send(message: dict[str, Any]) -> None:
+            chain.append(message["type"])
+            await server.send(message)
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            assert scope[RAW_SEND] == server.send
+            await EventStreamResponse(events())(scope, receive, middleware_send)
+
+        await RawSend(app)({"type": "http"}, server.receive, server.send)
+        return server, chain
+
+    server, chain = asyncio.run(main())
+    assert chain == ["http.response.start"]
+    assert server.bodies == [b"data: 1\n\n", b""]
+
+
+def test_no_keep_alive_lands_inside_a_blocked_send() -> None:
+    """A send held up by a slow reader is activity, not idleness: no comment is written
+    concurrently with it."""
+
+    async def two() -> AsyncIterator[bytes]:
+        yield b"data: a\n\n"
+        yield b"data: b\n\n"
+
+    async def main() -> list[bytes]:
+        client = Client()
+        concurrent: list[bytes] = []
+        busy = False
+
+        async def slow_send(message: dict[str, Any]) -> None:
+            nonlocal busy
+            if busy:
+                concurrent.append(message.get("body", b""))
+            busy = True
+            if message.get("body") == b"data: a\n\n":
+                await asyncio.sleep(0.35)  # flow control: the client reads slowly
+            busy = False
+            await client.send(message)
+
+        await EventStreamResponse(two(), keep_alive_s=0.1)({}, client.receive, slow_send)
+        return concurrent
+
+    assert asyncio.run(main()) == []
