@@ -44,6 +44,7 @@ class SamplingFields:
     repetition_penalty: float | None
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension, see GenerateParameters.ignore_eos
 
     def parameters(self, *, top_n_tokens: int | None = None) -> GenerateParameters:
         # TGI: temperature 0 means greedy; any other value (or none) samples.
@@ -63,6 +64,7 @@ class SamplingFields:
             seed=self.seed,
             top_n_tokens=top_n_tokens,
             adapter_id=self.model if self.model not in (None, "tgi") else None,
+            ignore_eos=self.ignore_eos,
         )
 
 
@@ -83,6 +85,7 @@ def _sampling_fields(data: dict[str, Any]) -> SamplingFields:
         repetition_penalty=opt_float(data, "repetition_penalty"),
         stream=bool(opt_bool(data, "stream")),
         include_usage=bool(opt_bool(options, "include_usage", "stream_options.")),
+        ignore_eos=bool(opt_bool(data, "ignore_eos")),
     )
 
 

@@ -55,6 +55,8 @@ PARAMETERS = _obj({
     "typical_p": _nullable("number", exclusiveMinimum=0, exclusiveMaximum=1),
     "watermark": {"type": "boolean", "default": False},
     "adapter_id": _nullable("string"),
+    "ignore_eos": {"type": "boolean", "default": False,
+                   "description": "pytgi extension: generate past EOS (token-exact benchmarks)"},
 })
 
 DETAILS = _obj({

@@ -51,6 +51,9 @@ class GenerateParameters:
     top_n_tokens: int | None = None
     grammar: dict[str, Any] | None = None
     adapter_id: str | None = None
+    # pytgi extension (vLLM's name; TGI has none): generate until max_new_tokens or a stop
+    # sequence even past EOS, for token-exact benchmarks.
+    ignore_eos: bool = False
 
 
 @dataclass(slots=True)
@@ -86,6 +89,7 @@ def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> 
         top_n_tokens=opt_int(data, "top_n_tokens", path),
         grammar=opt_obj(data, "grammar", path),
         adapter_id=opt_str(data, "adapter_id", path),
+        ignore_eos=bool(opt_bool(data, "ignore_eos", path)),
     )
 
 

@@ -118,7 +118,9 @@ class Validator:
             input_ids=input_ids,
             truncate=p.truncate or lim.max_input_tokens,
             sampling=sampling,
-            stopping=StoppingParameters(max_new_tokens=max_new_tokens, stop_sequences=p.stop),
+            stopping=StoppingParameters(
+                max_new_tokens=max_new_tokens, stop_sequences=p.stop, ignore_eos_token=p.ignore_eos
+            ),
             top_n_tokens=top_n,
             prefill_logprobs=p.decoder_input_details,
             add_special_tokens=req.add_special_tokens,
