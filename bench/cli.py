@@ -7,12 +7,12 @@ Exit codes: 0 success, 1 the run produced no successful request (or failures und
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import sys
 from pathlib import Path
 
 from pytgi_bench.settings import APIS, HTTP_CLIENTS, LengthRange, LoadSettings, parse_slo
+from pytgi_router import event_loop
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
 
@@ -161,7 +161,7 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_SETUP
     levels: list[int | None] = list(args.sweep_concurrency or [settings.concurrency])
     try:
-        report = asyncio.run(run_benchmark(settings, levels))
+        report = event_loop.run(run_benchmark(settings, levels))
     except (BenchmarkError, FileNotFoundError, ValueError) as exc:
         print(f"pytgi-benchmark: error: {exc}", file=sys.stderr)
         return EXIT_SETUP

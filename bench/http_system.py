@@ -8,7 +8,6 @@ received.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from pytgi_bench.server_process import PytgiServer, ServerStartError
 from pytgi_bench.settings import LoadSettings
 from pytgi_bench.summary import Summary
 from pytgi_bench.system_result import SystemResult
+from pytgi_router import event_loop
 
 # A few requests before each timed round: connections, allocator, first-call paths.
 _WARMUP_REQUESTS = 4
@@ -85,7 +85,7 @@ class HttpSystem:
             progress=False,
         )
         try:
-            (run,) = asyncio.run(run_benchmark(settings)).runs
+            (run,) = event_loop.run(run_benchmark(settings)).runs
         finally:
             if not self._keep_running:
                 self._server.stop()

@@ -26,6 +26,7 @@ import torch
 
 from pytgi_bench.system_result import SystemResult
 from pytgi_proto import generate_pb2
+from pytgi_router import event_loop
 
 if TYPE_CHECKING:
     from pytgi_router.client import ShardClient
@@ -261,7 +262,7 @@ def pytgi_inprocess(
     result = SystemResult(
         "pytgi-inprocess", "pytgi router Infer + shard Engine in one process (no HTTP, no gRPC)"
     )
-    return asyncio.run(
+    return event_loop.run(
         _run_inprocess(model_dir, prompts, new_tokens, repeats, dtype, device, result)
     )
 
@@ -278,4 +279,4 @@ def pytgi_grpc(
     result = SystemResult(
         "pytgi-grpc", "pytgi router Infer in-process + pytgi-shard process over gRPC (no HTTP)"
     )
-    return asyncio.run(_run_grpc(model_dir, prompts, new_tokens, repeats, dtype, device, result))
+    return event_loop.run(_run_grpc(model_dir, prompts, new_tokens, repeats, dtype, device, result))

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import uvicorn
 
+from pytgi_router import event_loop
 from pytgi_router.app import create_app
 from pytgi_router.chat_template import load_chat_template
 from pytgi_router.client import ShardClient
@@ -212,20 +213,9 @@ async def serve(settings: RouterSettings) -> int:
     return 0
 
 
-def _new_event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop where it is installed (Linux, macOS): it cuts the router's CPU per streamed
-    token by a fifth; the standard loop elsewhere."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def run(settings: RouterSettings) -> int:
     try:
-        with asyncio.Runner(loop_factory=_new_event_loop) as runner:
-            return runner.run(serve(settings))
+        return event_loop.run(serve(settings))
     except Exception as err:
         log.error("router failed: %s", err, exc_info=log.isEnabledFor(logging.DEBUG))
         print(f"pytgi-router: error: {err}", flush=True)
