@@ -151,11 +151,21 @@ class RotaryEmbedding:
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotates x [num_tokens, heads, dim] by cos/sin [num_tokens, dim / 2] (same dtype as x).
+def rotation_tables(
+    cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [num_tokens, dim / 2] as the two [num_tokens, 1, dim] factors apply_rotary takes:
+    built once per forward, so that each layer's rotation is two multiplies, an add and a cat."""
+    both_cos = torch.cat((cos, cos), dim=-1).unsqueeze(1).to(dtype)
+    signed_sin = torch.cat((-sin, sin), dim=-1).unsqueeze(1).to(dtype)
+    return both_cos, signed_sin
 
-    Rotate-half layout: dimension i pairs with i + dim/2, as the Hugging Face checkpoints expect.
+
+def apply_rotary(x: torch.Tensor, both_cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x [num_tokens, heads, dim] with rotation_tables' factors.
+
+    Rotate-half layout: dimension i pairs with i + dim/2, as the Hugging Face checkpoints expect:
+    [x1 * cos - x2 * sin, x2 * cos + x1 * sin], the same products and sums in the same order.
     """
     x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos.unsqueeze(1), sin.unsqueeze(1)
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+    return x * both_cos + torch.cat((x2, x1), dim=-1) * signed_sin

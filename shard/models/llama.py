@@ -25,7 +25,7 @@ from pytgi_shard.layers.layernorm import RMSNorm
 from pytgi_shard.layers.linear import RowParallelLinear, kv_head_partition, load_qkv
 from pytgi_shard.layers.lm_head import ParallelLMHead
 from pytgi_shard.layers.mlp import GatedMLP
-from pytgi_shard.layers.rotary import RotaryEmbedding, apply_rotary
+from pytgi_shard.layers.rotary import RotaryEmbedding, apply_rotary, rotation_tables
 from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.models.model import Model
 from pytgi_shard.weights import Weights
@@ -164,8 +164,7 @@ class Llama(nn.Module, Model):
         lm_head_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions)
-        cos, sin = cos.to(hidden.dtype), sin.to(hidden.dtype)
+        cos, sin = rotation_tables(*self.rotary.cos_sin(positions), hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, kv_cache, meta)
         if lm_head_indices is not None:

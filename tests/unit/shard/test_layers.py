@@ -21,7 +21,12 @@ from transformers.models.llama.modeling_llama import (
 from pytgi_shard.distributed import Dist
 from pytgi_shard.layers.layernorm import RMSNorm
 from pytgi_shard.layers.linear import kv_head_partition
-from pytgi_shard.layers.rotary import RotaryEmbedding, apply_rotary, rope_type_of
+from pytgi_shard.layers.rotary import (
+    RotaryEmbedding,
+    apply_rotary,
+    rope_type_of,
+    rotation_tables,
+)
 from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.weights import Weights
 
@@ -162,8 +167,9 @@ def test_apply_rotary_matches_transformers(dtype: torch.dtype) -> None:
     hf_q, hf_k = apply_rotary_pos_emb(
         q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), hf_cos, hf_sin
     )
-    got_q = apply_rotary(q, cos.to(dtype), sin.to(dtype))
-    got_k = apply_rotary(k, cos.to(dtype), sin.to(dtype))
+    tables = rotation_tables(cos, sin, dtype)
+    got_q = apply_rotary(q, *tables)
+    got_k = apply_rotary(k, *tables)
     torch.testing.assert_close(got_q, hf_q[0].transpose(0, 1), atol=1e-5, rtol=0)
     torch.testing.assert_close(got_k, hf_k[0].transpose(0, 1), atol=1e-5, rtol=0)
 
