@@ -5,13 +5,16 @@ afterwards the server is healthy with every KV block free and no shard call ever
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 import pytest
 
+from pytgi_router.http_protocol import MAX_HEAD_BYTES
 from tests.integration.http_helpers import metric, sse_events
 from tests.router_process import RouterProcess
 from tests.shard_process import ShardProcesses
@@ -183,6 +186,39 @@ def test_prompt_limits_hold_to_the_token(router: RouterProcess, client: httpx.Cl
             "inputs": at_input, "parameters": {"max_new_tokens": MAX_TOTAL - MAX_INPUT}}) as r:
         events = list(sse_events(r))
     assert events[-1]["generated_text"] is not None
+
+
+def _raw_exchange(url: str, request: bytes) -> bytes:
+    """Sends raw bytes on a fresh connection and reads the answer until the server closes."""
+    parts = urlparse(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_an_endless_header_gets_431_and_the_connection_closes(router: RouterProcess) -> None:
+    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES * 4) + b"\r\n\r\n"
+    answer = _raw_exchange(router.url, head)
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large"
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert set(body) == {"error", "error_type"} and "too large" in body["error"]
+
+
+def test_a_head_just_under_the_limit_and_a_big_body_in_one_write_are_served(
+    router: RouterProcess,
+) -> None:
+    """Only head bytes count: a body sent in the same write as the headers is not a head."""
+    body = json.dumps({"inputs": "hello", "parameters": params(), "pad": "x" * 300_000}).encode()
+    request = (
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nX-Fill: " + b"f" * (MAX_HEAD_BYTES - 1024) + b"\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    assert _raw_exchange(router.url, request).startswith(b"HTTP/1.1 200 OK\r\n")
 
 
 def test_the_server_is_unharmed(router: RouterProcess, client: httpx.Client) -> None:
