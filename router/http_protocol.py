@@ -1,8 +1,12 @@
-"""Uvicorn's httptools protocol with a bound on a request's head (request line and headers).
+"""Uvicorn's httptools protocol with bounds on a request's head (request line and headers).
 
-httptools itself has no such limit, so without one a client could make the router buffer an
+httptools itself has no size limit, so without one a client could make the router buffer an
 endless header. Past MAX_HEAD_BYTES the request gets a 431 in the error shape and the connection
 closes; other connections are unaffected. (Bodies are bounded by --payload-limit in the app.)
+Nor does uvicorn time a head out: a client trickling a header byte by byte (or connecting and
+sending nothing) would hold its connection forever. A head must arrive whole within
+`head_timeout_s` of the connection or of its first byte (hyper, under TGI, allows 30 s too);
+idle keep-alive connections between requests are uvicorn's to close.
 
 The close lingers: the answer is followed by a FIN and what the client still sends is read and
 dropped for a moment, because closing a socket with unread input sends a reset, and a reset can
@@ -34,19 +38,29 @@ _RESPONSE = (
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    head_timeout_s = 30.0
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
         self._rejected = False
+        self._head_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._in_head, self._head_bytes = True, 0
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if self._rejected:
             return  # lingering: dropped
+        if self._in_head and self._head_timer is None:
+            self._arm_head_timer()  # the first byte of a request after a keep-alive wait
         was_in_head = self._in_head
         super().data_received(data)
         # Counted only when the whole chunk was head: a chunk that completes the headers may
@@ -64,8 +78,28 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             transport.write_eof()
         self.loop.call_later(LINGER_S, transport.close)
 
+    def _arm_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self._rejected:
+            return
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # A pipelined head behind a response still streaming: its clock starts afterwards.
+            self._arm_head_timer()
+            return
+        self.transport.close()
+
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._cancel_head_timer()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -1,0 +1,93 @@
+"""The router's HTTP protocol (uvicorn's httptools protocol with bounded heads), served by a real
+uvicorn server on a real socket in this process, with a short head timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+
+from pytgi_router.http_protocol import MAX_HEAD_BYTES, BoundedHttpToolsProtocol
+
+HEAD_TIMEOUT_S = 0.5
+
+
+async def _app(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.fixture
+def port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    monkeypatch.setattr(BoundedHttpToolsProtocol, "head_timeout_s", HEAD_TIMEOUT_S)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    config = uvicorn.Config(_app, http=BoundedHttpToolsProtocol, lifespan="off",
+                            log_config=None, access_log=False)
+    server = uvicorn.Server(config)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_until_complete, args=(server._serve([sock]),))
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    thread.join(10)
+    loop.close()
+
+
+def _read_all(conn: socket.socket) -> bytes:
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    return data
+
+
+def test_a_whole_request_is_served(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_all(conn).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: a"])
+def test_a_head_that_never_completes_is_closed_after_the_timeout(port: int, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        started = time.monotonic()
+        conn.sendall(sent)
+        assert _read_all(conn) == b""  # closed without an answer
+        assert HEAD_TIMEOUT_S * 0.8 <= time.monotonic() - started < HEAD_TIMEOUT_S + 3
+
+
+def test_a_trickled_head_cannot_extend_its_deadline(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\n")
+        started = time.monotonic()
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while time.monotonic() - started < HEAD_TIMEOUT_S + 3:
+                conn.sendall(b"X-A: b\r\n")
+                time.sleep(0.05)
+
+
+def test_a_second_request_after_keep_alive_gets_its_own_deadline(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b"0\r\n\r\n"):  # the chunked body's end
+            first += conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+        time.sleep(HEAD_TIMEOUT_S * 1.5)  # idle keep-alive: not a head yet
+        conn.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_all(conn).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_an_oversized_head_gets_431(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES))
+        assert _read_all(conn).startswith(b"HTTP/1.1 431 ")
