@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from pytgi_router.http_protocol import MAX_HEAD_BYTES
-from tests.integration.http_helpers import metric, sse_events
+from tests.integration.http_helpers import sse_events
+from tests.reliability.router_checks import assert_unharmed, error_body
 from tests.router_process import RouterProcess
 from tests.shard_process import ShardProcesses
 
@@ -37,12 +38,7 @@ def client() -> Iterator[httpx.Client]:
 
 def assert_error_shape(r: httpx.Response, status: int) -> dict[str, str]:
     assert r.status_code == status, r.text
-    assert r.headers["content-type"].startswith("application/json")
-    body = r.json()
-    assert set(body) == {"error", "error_type"}, body
-    assert isinstance(body["error"], str) and body["error"]
-    assert isinstance(body["error_type"], str) and body["error_type"]
-    return body
+    return error_body(r)
 
 
 def params(**extra: Any) -> dict[str, Any]:
@@ -223,10 +219,4 @@ def test_a_head_just_under_the_limit_and_a_big_body_in_one_write_are_served(
 
 def test_the_server_is_unharmed(router: RouterProcess, client: httpx.Client) -> None:
     """Runs last: nothing above crashed, failed a shard call, or leaked a block."""
-    url = router.url
-    assert client.get(f"{url}/health").status_code == 200
-    assert router.proc is not None and router.proc.poll() is None
-    for method in ("prefill", "decode"):
-        assert metric(url, "tgi_batch_inference_failure", method=method) == 0
-    assert metric(url, "pytgi_kv_blocks_free") == metric(url, "pytgi_kv_blocks_total")
-    assert "Traceback" not in router.output and "unhandled error" not in router.output
+    assert_unharmed(router, client)
