@@ -49,7 +49,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._in_head, self._head_bytes = True, 0
         self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
