@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pytgi_shard.layers.layernorm import triton_kernels_on
 from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear
 from pytgi_shard.weights import Weights
 
@@ -27,11 +28,14 @@ class GatedMLP(nn.Module):
         gate_up: ColumnParallelLinear,
         down: RowParallelLinear,
         act: Callable[[torch.Tensor], torch.Tensor],
+        kernel_act: str | None = None,
     ) -> None:
         super().__init__()
         self.gate_up = gate_up
         self.down = down
         self.act = act
+        # The activation's name when the fused Triton kernel computes act(gate) * up.
+        self.kernel_act = kernel_act
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, hidden_act: str, bias: bool) -> GatedMLP:
@@ -43,8 +47,14 @@ class GatedMLP(nn.Module):
             weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias
         )
         down = RowParallelLinear.load(weights, f"{prefix}.down_proj", bias)
-        return cls(gate_up, down, ACTIVATIONS[hidden_act])
+        kernel_act = hidden_act if triton_kernels_on(weights.dist.device) else None
+        return cls(gate_up, down, ACTIVATIONS[hidden_act], kernel_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate_up = self.gate_up(x)
+        if self.kernel_act is not None and gate_up.dim() == 2:
+            from pytgi_shard.layers.triton_activation import gated_activation
+
+            return self.down(gated_activation(gate_up, self.kernel_act))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down(self.act(gate) * up)

@@ -100,13 +100,18 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: KVCache,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it): the add that completes the
+        residual is left to the next norm, which fuses it (the same sums, in the same order)."""
+        normed, residual = self.input_layernorm.add_forward(hidden, residual)
+        attn = self.self_attn(normed, cos, sin, kv_cache, meta)
+        normed, residual = self.post_attention_layernorm.add_forward(attn, residual)
+        return self.mlp(normed), residual
 
 
 class Llama(nn.Module, Model):
@@ -165,9 +170,11 @@ class Llama(nn.Module, Model):
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         cos, sin = rotation_tables(*self.rotary.cos_sin(positions), hidden.dtype)
+        residual: torch.Tensor | None = None
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, kv_cache, meta)
+            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
         if lm_head_indices is not None:
             # The final norm is per token: norm only the tokens whose logits are wanted.
             hidden = hidden[lm_head_indices]
-        return self.lm_head(self.norm(hidden))
+            residual = residual[lm_head_indices] if residual is not None else None
+        return self.lm_head(self.norm.add_forward(hidden, residual)[0])
