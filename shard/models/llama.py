@@ -21,7 +21,7 @@ from pytgi_shard.attention import AttentionBackend, AttentionMetadata
 from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
-from pytgi_shard.layers.layernorm import RMSNorm
+from pytgi_shard.layers.layernorm import RMSNorm, triton_kernels_on
 from pytgi_shard.layers.linear import RowParallelLinear, kv_head_partition, load_qkv
 from pytgi_shard.layers.lm_head import ParallelLMHead
 from pytgi_shard.layers.mlp import GatedMLP
@@ -55,6 +55,10 @@ class LlamaAttention(nn.Module):
         self.layer_idx = layer_idx
         self.backend = backend
         self.sliding_window = sliding_window
+        # One Triton kernel for both rotations (GPU): it takes cos/sin as RotaryEmbedding.cos_sin
+        # gives them; the eager path takes rotation_tables' factors (Llama.rotation builds either).
+        half = self.head_dim // 2
+        self.fused_rotary = triton_kernels_on(weights.dist.device) and half & (half - 1) == 0
 
     def forward(
         self,
@@ -65,8 +69,14 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(-1, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(-1, self.num_kv_heads, self.head_dim), cos, sin)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        if self.fused_rotary:
+            from pytgi_shard.layers.triton_rotary import rotate_qk
+
+            q, k = rotate_qk(q, k, cos, sin)
+        else:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         out = self.backend.forward(
             q, k, v,
@@ -169,7 +179,9 @@ class Llama(nn.Module, Model):
         lm_head_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        cos, sin = rotation_tables(*self.rotary.cos_sin(positions), hidden.dtype)
+        cos, sin = self.rotary.cos_sin(positions)
+        if not self.layers[0].self_attn.fused_rotary:
+            cos, sin = rotation_tables(cos, sin, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
             hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)

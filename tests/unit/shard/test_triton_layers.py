@@ -1,4 +1,4 @@
-"""The fused layer kernels (add + RMSNorm, gated activation) against the eager layers they replace.
+"""The fused layer kernels (add + RMSNorm, gated activation, rotary) against the eager layers they replace.
 
 On CPU they run under Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1 when no
 GPU is present); on a GPU the same tests run the compiled kernels.
@@ -6,15 +6,29 @@ GPU is present); on a GPU the same tests run the compiled kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from pytgi_shard.distributed import single_process  # noqa: E402
 from pytgi_shard.layers.layernorm import RMSNorm  # noqa: E402
-from pytgi_shard.layers.mlp import ACTIVATIONS  # noqa: E402
-from pytgi_shard.layers.triton_activation import gated_activation  # noqa: E402
+from pytgi_shard.layers.mlp import ACTIVATIONS, GatedMLP  # noqa: E402
+from pytgi_shard.layers.rotary import (  # noqa: E402
+    RotaryEmbedding,
+    apply_rotary,
+    rotation_tables,
+)
+from pytgi_shard.layers.triton_activation import (  # noqa: E402
+    KERNEL_ACTIVATIONS,
+    gated_activation,
+)
 from pytgi_shard.layers.triton_norm import add_rms_norm  # noqa: E402
+from pytgi_shard.layers.triton_rotary import rotate_qk  # noqa: E402
+from pytgi_shard.models import get_model  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes through numpy, which has no bfloat16.
@@ -70,3 +84,55 @@ def test_kernels_refuse_layouts_they_cannot_read() -> None:
         add_rms_norm(torch.randn(8, 4).t(), None, torch.ones(8), 1e-6)
     with pytest.raises(ValueError, match="2 \\* inter"):
         gated_activation(torch.randn(3, 5), "silu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "heads", "kv_heads", "dim"), [(1, 4, 4, 16), (5, 6, 2, 32)])
+def test_rotate_qk_matches_eager_on_strided_views(
+    dtype: torch.dtype, tokens: int, heads: int, kv_heads: int, dim: int
+) -> None:
+    g = torch.Generator().manual_seed(tokens * heads)
+    q_size, kv_size = heads * dim, kv_heads * dim
+    # The views the attention layer takes of the fused qkv projection's output.
+    qkv = torch.randn(tokens, q_size + 2 * kv_size, generator=g).to(DEVICE, dtype)
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
+    rotary = RotaryEmbedding(dim, 10000.0, 2048, None, torch.device(DEVICE))
+    positions = torch.randint(0, 2000, (tokens,), generator=g).to(DEVICE)
+    cos, sin = rotary.cos_sin(positions)
+    tables = rotation_tables(cos, sin, dtype)
+
+    q_out, k_out = rotate_qk(q, k, cos, sin)
+
+    assert q_out.is_contiguous() and k_out.is_contiguous()
+    # The same roundings in the same order: bit-identical (in float32 a GPU may contract a
+    # product and a sum into one FMA, one rounding fewer).
+    if DEVICE == "cuda" and dtype == torch.float32:
+        torch.testing.assert_close(q_out, apply_rotary(q, *tables), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(k_out, apply_rotary(k, *tables), rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(q_out, apply_rotary(q, *tables))
+        assert torch.equal(k_out, apply_rotary(k, *tables))
+
+
+def _fuse_everything(model: torch.nn.Module) -> None:
+    """Switches every layer of a CPU-loaded model to its Triton kernel (the interpreter runs them)."""
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.fused = True
+        elif isinstance(module, GatedMLP):
+            module.kernel_act = KERNEL_ACTIVATIONS.get("silu")
+        elif hasattr(module, "fused_rotary"):
+            module.fused_rotary = True
+
+
+def test_llama_with_fused_kernels_matches_transformers(tiny_model: Callable[..., Path]) -> None:
+    """The residual hand-off between layers, the final norm over selected rows and the fused
+    rotary wired into a whole model: the logits of every step equal transformers'."""
+    from tests.unit.shard.test_models import assert_matches, hf_logits, paged_logits, sequences
+
+    path = tiny_model("llama")
+    model = get_model(path, dtype=torch.float32, dist=single_process(torch.device("cpu")))
+    _fuse_everything(model)  # type: ignore[arg-type]
+    seqs = sequences(model.vocab_size)
+    assert_matches(paged_logits(model, seqs), hf_logits(path, seqs))
