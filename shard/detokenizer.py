@@ -5,6 +5,12 @@ TGI: decode a small window before the new tokens (`prefix_offset:read_offset`) a
 with them (`prefix_offset:`); the difference is the new text. Byte-level BPE can end a window in
 the middle of a UTF-8 character (decoded as U+FFFD): such text is withheld until the character is
 complete. The window also keeps decoders that strip a leading space (SentencePiece) honest.
+
+A decode step advances every request, so the windows are the shard's per-token hot path. For
+byte-level decoders (GPT-2, Llama 3, Qwen: each token is a fixed byte string, the text is the
+UTF-8 of their concatenation) a window of one plain token whose bytes are whole UTF-8 followed by
+one more such token always yields exactly that token's own text: `advance` then reads it from a
+table built once, and decodes windows only for the other streams (see `_plain_pieces`).
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens kept as left context of the first generated token's window (TGI uses 5).
@@ -29,6 +35,8 @@ class TextStream:
     prompt_context: int
     prefix_offset: int
     read_offset: int
+    # ids[prefix_offset:read_offset] is one token with a plain piece (see Detokenizer.advance).
+    plain_window: bool = False
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int]) -> TextStream:
@@ -64,12 +72,20 @@ class Detokenizer:
         tokenizer: Tokenizer,
         clean_up_spaces: bool = False,
         eos_ids: frozenset[int] = frozenset(),
+        piece_table: bool = True,
     ) -> None:
+        """piece_table=False always decodes windows: the reference the table is tested against."""
         self.tokenizer = tokenizer
         self.clean_up_spaces = clean_up_spaces
         self.eos_ids = eos_ids
-        self.special_ids = frozenset(
-            i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special
+        added = tokenizer.get_added_tokens_decoder()
+        self.special_ids = frozenset(i for i, token in added.items() if token.special)
+        self.plain_pieces = (
+            _plain_pieces(tokenizer, frozenset(added))
+            if piece_table
+            and isinstance(tokenizer.decoder, decoders.ByteLevel)
+            and not clean_up_spaces
+            else ()
         )
 
     @classmethod
@@ -101,19 +117,67 @@ class Detokenizer:
     def advance(self, streams: Sequence[TextStream]) -> list[str]:
         """The new text of each stream after its latest token was appended ("" if withheld).
 
-        Two batched decode calls for the whole batch: this runs once per decode step.
+        A stream whose window is one plain token and that got one plain token reads that token's
+        piece (exactly what decoding the two windows gives, see `_plain_pieces`); the others
+        decode their windows in two batched calls.
         """
+        pieces = self.plain_pieces
+        known = len(pieces)
+        out: list[str] = []
+        windowed: list[int] = []
+        for i, s in enumerate(streams):
+            ids = s.ids
+            n = len(ids)
+            if s.plain_window and s.read_offset == n - 1:
+                token = ids[-1]
+                piece = pieces[token] if 0 <= token < known else None
+                if piece is not None:
+                    s.prefix_offset = n - 1
+                    s.read_offset = n
+                    out.append(piece)
+                    continue
+            out.append("")
+            windowed.append(i)
+        if windowed:
+            self._advance_windows([streams[i] for i in windowed], windowed, out)
+        return out
+
+    def _advance_windows(
+        self, streams: Sequence[TextStream], rows: Sequence[int], out: list[str]
+    ) -> None:
+        """TGI's two-window step for `streams`, writing each new text to `out[rows[i]]`."""
         before = self.decode_batch([s.ids[s.prefix_offset : s.read_offset] for s in streams])
         after = self.decode_batch([s.ids[s.prefix_offset :] for s in streams])
-        out = []
-        for stream, old, new in zip(streams, before, after, strict=True):
+        for row, stream, old, new in zip(rows, streams, before, after, strict=True):
             if len(new) > len(old) and not new.endswith(REPLACEMENT_CHAR):
-                out.append(new[len(old) :])
+                out[row] = new[len(old) :]
                 stream.prefix_offset = stream.read_offset
                 stream.read_offset = len(stream.ids)
-            else:
-                out.append("")
-        return out
+                stream.plain_window = stream.read_offset - stream.prefix_offset == 1 and (
+                    self.piece(stream.ids[stream.prefix_offset]) is not None
+                )
+
+    def piece(self, token: int) -> str | None:
+        """The token's own text when it can be appended as is (see `_plain_pieces`), else None."""
+        pieces = self.plain_pieces
+        return pieces[token] if 0 <= token < len(pieces) else None
+
+
+def _plain_pieces(tokenizer: Tokenizer, added: frozenset[int]) -> tuple[str | None, ...]:
+    """Per token id, its own text when that text can be appended as is; else None.
+
+    With a byte-level decoder, decode(ids) is the lossy UTF-8 decoding of the concatenated bytes
+    of the tokens. When the bytes of token a and of token b are each whole UTF-8 (their text has
+    no U+FFFD), decode([a, b]) == decode([a]) + decode([b]), so TGI's window step from window [a]
+    to [a, b] emits exactly decode([b]) (non-empty, not ending in U+FFFD). Added tokens (decoded
+    from their content, not their bytes) and empty texts are left to the window step.
+    """
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    texts = tokenizer.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    return tuple(
+        None if i in added or not text or REPLACEMENT_CHAR in text else text
+        for i, text in enumerate(texts)
+    )
 
 
 def _eos_token_ids(model_dir: Path, tokenizer: Tokenizer, tokenizer_config: dict) -> frozenset[int]:

@@ -6,6 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from pytgi_shard.detokenizer import REPLACEMENT_CHAR, Detokenizer, TextStream
 from tests.tiny_models import BOS, EOS, PAD, train_tokenizer, write_tokenizer
@@ -102,3 +105,89 @@ def test_clean_up_tokenization_spaces_when_the_tokenizer_asks(model_dir: Path, t
 def test_missing_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         Detokenizer.from_model_dir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def reference(detok: Detokenizer) -> Detokenizer:
+    return Detokenizer(detok.tokenizer, piece_table=False)
+
+
+def steps_of(detok: Detokenizer, prompts: list[list[int]], tokens: list[list[int]]) -> list:
+    """Advances one stream per prompt in one batch, a token per step while it has any; returns
+    every step's texts and the streams' final offsets."""
+    streams = [TextStream.start(p) for p in prompts]
+    out = []
+    for step in range(max(len(t) for t in tokens)):
+        active = [i for i, t in enumerate(tokens) if step < len(t)]
+        for i in active:
+            streams[i].ids.append(tokens[i][step])
+        out.append(detok.advance([streams[i] for i in active]))
+    return [out, [(s.prefix_offset, s.read_offset) for s in streams]]
+
+
+def test_byte_level_tokenizers_get_a_table_of_whole_utf8_pieces(detok: Detokenizer) -> None:
+    pieces = detok.plain_pieces
+    assert len(pieces) == detok.tokenizer.get_vocab_size(with_added_tokens=True)
+    (fox,) = detok.tokenizer.encode(" fox", add_special_tokens=False).ids
+    assert pieces[fox] == " fox"
+    # Added tokens and bytes that end inside a character are left to the window step.
+    assert all(pieces[i] is None for i in detok.special_ids)
+    assert any(p is None for i, p in enumerate(pieces) if i not in detok.special_ids)
+
+
+# Tokens of text with multi-byte characters split into byte tokens, or any ids at all (special
+# tokens, and bytes that start or continue a character with no end in sight, included).
+_TEXTS = st.text(alphabet="ab é東🙂\n!", max_size=12)
+_IDS = st.lists(st.integers(0, 300), max_size=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    prompts=st.lists(st.one_of(_TEXTS, _IDS), min_size=1, max_size=4),
+    generated=st.lists(st.one_of(_TEXTS, _IDS), min_size=4, max_size=4),
+)
+def test_piece_table_gives_the_window_steps_texts_and_offsets(
+    detok: Detokenizer, reference: Detokenizer, prompts: list, generated: list
+) -> None:
+    def ids(x: str | list[int]) -> list[int]:
+        return detok.tokenizer.encode(x, add_special_tokens=False).ids if isinstance(x, str) else x
+
+    prompt_ids = [ids(p) for p in prompts]
+    token_ids = [ids(g) + [5] for g in generated[: len(prompts)]]
+    assert steps_of(detok, prompt_ids, token_ids) == steps_of(reference, prompt_ids, token_ids)
+
+
+def test_a_withheld_byte_is_not_lost_by_the_next_plain_token(
+    detok: Detokenizer, reference: Detokenizer
+) -> None:
+    (a,), (b,) = (detok.tokenizer.encode(c, add_special_tokens=False).ids for c in "ab")
+    lead = detok.tokenizer.encode("東", add_special_tokens=False).ids[0]
+    tokens = [[a, lead, b, a]]
+    expected = [[["a"], [""], [REPLACEMENT_CHAR + "b"], ["a"]], [(3, 4)]]
+    assert steps_of(reference, [[]], tokens) == expected
+    assert steps_of(detok, [[]], tokens) == expected
+
+
+def test_plain_tokens_are_not_decoded(detok: Detokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    decode_batch = detok.decode_batch
+    monkeypatch.setattr(detok, "decode_batch", lambda b: calls.append(b) or decode_batch(b))
+    ids = detok.tokenizer.encode("The quick brown fox", add_special_tokens=False).ids
+    texts = stream_texts(detok, [1, 2], ids)
+    assert "".join(texts) == "The quick brown fox"
+    # The prompt's window is decoded at the first step only.
+    assert len(calls) == 2
+
+
+def test_other_decoders_and_clean_up_always_decode_windows(model_dir: Path) -> None:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(["hello world, the quick fox"] * 4, trainers.BpeTrainer(vocab_size=60))
+    metaspace = Detokenizer(tok)
+    assert metaspace.plain_pieces == ()
+    ids = tok.encode("the quick fox").ids
+    # The window keeps the space that decoding "quick" alone would strip.
+    assert "".join(stream_texts(metaspace, ids[:1], ids[1:])) == " quick fox"
+    byte_level = Detokenizer.from_model_dir(model_dir).tokenizer
+    assert Detokenizer(byte_level, clean_up_spaces=True).plain_pieces == ()
