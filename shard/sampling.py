@@ -2,7 +2,9 @@
 
 "Heterogeneous" as in TGI: every request keeps its own parameters, held as [batch, 1] tensors so
 that one tensor op applies them all. A processor runs only when some request in the batch needs
-it, so an all-greedy batch costs one argmax and one log-softmax. Order, as TGI: watermark,
+it, so an all-greedy batch costs one argmax and one log-softmax. Every argmax is taken with
+`first_max`: the first index of the maximum, like argmax, from max's kernel, which the CPU
+vectorises (argmax's it does not: 0.25 vs 0.7 ms for 256 x 4096). Order, as TGI: watermark,
 repetition penalty, frequency penalty, then the warpers temperature, top-k, top-p, typical-p.
 """
 
@@ -177,7 +179,7 @@ class NextTokenChooser:
             _top_p(scores, self.top_p)
         if self.typical_p is not None:
             _typical_p(scores, self.typical_p)
-        next_ids = scores.argmax(dim=-1)
+        next_ids = first_max(scores)
         if self.sample_rows:
             next_ids.index_copy_(0, self.sample_index, self._sample(scores[self.sample_index]))
         return next_ids, torch.log_softmax(scores, dim=-1)
@@ -202,7 +204,12 @@ class NextTokenChooser:
                 for i in self.sample_rows
             ]
         )
-        return (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+        return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
+
+
+def first_max(scores: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index of the largest value (NaN counts as largest), as argmax."""
+    return scores.max(dim=-1).indices
 
 
 def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:
