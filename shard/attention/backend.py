@@ -8,7 +8,7 @@ import torch
 
 from pytgi_shard.attention.metadata import AttentionMetadata
 
-BACKENDS = ("reference",)
+BACKENDS = ("reference", "triton")
 
 
 class AttentionBackend(ABC):
@@ -39,9 +39,14 @@ class AttentionBackend(ABC):
 
 
 def get_backend(name: str) -> AttentionBackend:
-    """The backend called `name` ("reference": plain PyTorch, CPU and GPU)."""
+    """The backend called `name` ("reference": plain PyTorch, CPU and GPU; "triton": GPU kernels,
+    or CPU under TRITON_INTERPRET=1)."""
     if name == "reference":
         from pytgi_shard.attention.reference import ReferenceAttention
 
         return ReferenceAttention()
+    if name == "triton":
+        from pytgi_shard.attention.triton_backend import TritonAttention
+
+        return TritonAttention()
     raise ValueError(f"unknown attention backend {name!r} (available: {', '.join(BACKENDS)})")
