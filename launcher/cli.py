@@ -46,6 +46,8 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--master-port", int, "torch.distributed rendezvous port (default 29500)"),
     ("--cuda-memory-fraction", float, "share of each GPU a shard may use (default 1.0)"),
     ("--attention", str, "shard attention backend (default: the shard's choice)"),
+    ("--cuda-graphs", str, "decode batch sizes captured as CUDA graphs, comma list like 1,2,4,8; "
+     "0 disables (default: 1,2,4,...,256 capped at --max-batch-size)"),
     ("--watermark-gamma", float, "watermark green-list fraction (default 0.5)"),
     ("--watermark-delta", float, "watermark logit bias (default 2.0)"),
     ("--huggingface-hub-cache", str, "Hub cache directory (default: huggingface_hub's)"),

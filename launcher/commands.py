@@ -32,6 +32,7 @@ def shard_argv(
         "--cuda-memory-fraction", str(s.cuda_memory_fraction),
         *_switch("--trust-remote-code", s.trust_remote_code),
         *_opt("--attention", s.attention),
+        *_opt("--cuda-graphs", s.cuda_graphs),
         *_opt("--watermark-gamma", s.watermark_gamma),
         *_opt("--watermark-delta", s.watermark_delta),
         *_switch("--json-output", s.json_output),

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytgi_router.settings import token_limit_problems
+from pytgi_shard.settings import parse_cuda_graphs
 
 DTYPES = ("float16", "bfloat16", "float32")
 # The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
@@ -53,6 +54,8 @@ class LauncherSettings:
     master_port: int = 29500
     cuda_memory_fraction: float = 1.0
     attention: str | None = None
+    # TGI's comma list of decode batch sizes for CUDA graphs, passed to the shards; None: theirs.
+    cuda_graphs: str | None = None
     watermark_gamma: float | None = None
     watermark_delta: float | None = None
     # Weights.
@@ -108,6 +111,11 @@ class LauncherSettings:
                 out.append(f"--{name} must be in 1..65535, got {port}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
             out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if self.cuda_graphs is not None:
+            try:
+                parse_cuda_graphs(self.cuda_graphs)
+            except ValueError as e:
+                out.append(str(e))
         if self.max_shard_restarts < 0:
             out.append(f"--max-shard-restarts must be >= 0, got {self.max_shard_restarts}")
         if self.shard_startup_timeout <= 0:

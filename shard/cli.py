@@ -17,7 +17,7 @@ from pathlib import Path
 from pytgi_launcher.ctl import add_ctl_command
 from pytgi_launcher.download import add_download_command
 from pytgi_shard.logs import configure_logging
-from pytgi_shard.settings import DEFAULT_UDS_PATH, DTYPES, ShardSettings
+from pytgi_shard.settings import DEFAULT_UDS_PATH, DTYPES, ShardSettings, parse_cuda_graphs
 
 log = logging.getLogger("pytgi_shard")
 
@@ -67,6 +67,11 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         type=float,
         help="share of GPU memory to use (env CUDA_MEMORY_FRACTION; default 1.0)",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        help="decode batch sizes to capture as CUDA graphs, a comma list like 1,2,4,8; 0 disables "
+        "(env CUDA_GRAPHS; default 1,2,4,...,256 capped at the router's max batch size)",
+    )
     p.add_argument("--watermark-gamma", type=float, help="env WATERMARK_GAMMA; default 0.5")
     p.add_argument("--watermark-delta", type=float, help="env WATERMARK_DELTA; default 2.0")
     p.add_argument("--json-output", action="store_true", help="log JSON lines")
@@ -102,6 +107,9 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
                 raise ValueError(f"{var}={env[var]!r} is not a valid {kind.__name__}") from e
         if value is not None:
             values[field] = value
+    graphs = _cuda_graphs(args, env)
+    if graphs is not None:
+        values["cuda_graphs"] = graphs
     return ShardSettings(
         model_path=args.model_path,
         uds_path=None if args.port is not None else (args.uds_path or DEFAULT_UDS_PATH),
@@ -118,6 +126,15 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         otlp_service_name=args.otlp_service_name,
         **values,
     )
+
+
+def _cuda_graphs(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, ...] | None:
+    """--cuda-graphs, else CUDA_GRAPHS (TGI's comma list), else None: the default."""
+    if args.cuda_graphs is not None:
+        return parse_cuda_graphs(args.cuda_graphs)
+    if env.get("CUDA_GRAPHS"):
+        return parse_cuda_graphs(env["CUDA_GRAPHS"], "CUDA_GRAPHS")
+    return None
 
 
 def run_serve(args: argparse.Namespace) -> int:

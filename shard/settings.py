@@ -8,6 +8,27 @@ from pathlib import Path
 DTYPES = ("float16", "bfloat16", "float32")
 # TGI's default socket base name, so TGI's own tools (text-generation-benchmark) find rank 0.
 DEFAULT_UDS_PATH = "/tmp/text-generation-server"
+# Decode batch sizes captured as CUDA graphs: TGI's --cuda-graphs default (1..32) extended to the
+# batch sizes a server GPU decodes at; Warmup caps them at the router's max_batch_size.
+DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def parse_cuda_graphs(text: str, source: str = "--cuda-graphs") -> tuple[int, ...]:
+    """TGI's --cuda-graphs format: a comma list of batch sizes ("1,2,4,8"), or "0" for none.
+
+    Sorted and deduplicated. A 0 among other sizes is refused rather than dropped (TGI drops it):
+    it is more likely a typo than a wish.
+    """
+    usage = f"{source} takes a comma list of batch sizes such as 1,2,4,8, or 0 to disable"
+    try:
+        sizes = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"{usage}; got {text!r}") from None
+    if sizes == [0]:
+        return ()
+    if min(sizes) < 1:
+        raise ValueError(f"{usage} (0 alone); got {text!r}")
+    return tuple(sorted(set(sizes)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +51,8 @@ class ShardSettings:
     # CPU KV budget in tokens when the router's Warmup does not impose one.
     max_total_tokens: int | None = None
     cuda_memory_fraction: float = 1.0
+    # Decode batch sizes to capture as CUDA graphs; () disables them.
+    cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
     json_output: bool = False
@@ -62,6 +85,8 @@ class ShardSettings:
             out.append(f"--max-total-tokens must be >= 1, got {self.max_total_tokens}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
             out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
+        if any(size < 1 for size in self.cuda_graphs):
+            out.append(f"--cuda-graphs sizes must be >= 1, got {self.cuda_graphs}")
         if not 0.0 < self.watermark_gamma < 1.0:
             out.append(f"--watermark-gamma must be in (0, 1), got {self.watermark_gamma}")
         return out

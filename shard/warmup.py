@@ -2,8 +2,14 @@
 
 The warmup batch exercises every logits processor, top-n tokens and prefill logprobs, so that the
 measured peak is the real worst case. On GPU the cache then takes what is left of the device
-(under --cuda-memory-fraction) after keeping room for that peak; on CPU it takes the budget the
-router or --max-total-tokens imposes, else a bounded share of RAM.
+(under --cuda-memory-fraction) after keeping room for that peak and for the decode CUDA graphs;
+on CPU it takes the budget the router or --max-total-tokens imposes, else a bounded share of RAM.
+
+The graphs' memory (their private pool: every bucket's activations, logits and library
+workspaces, plus the graphs themselves) is measured, not guessed: they are captured once into the
+small warmup cache, the device's free memory is read before and after, and they are let go. Once
+the cache is allocated they are captured again over it (a graph holds the cache's addresses),
+into the room kept for them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pytgi_proto import generate_pb2
+from pytgi_shard.decode_graphs import DecodeGraphRunner, graphs_off_reason, resolve_buckets
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.kv_cache import KVCache
 
@@ -35,6 +42,7 @@ CPU_RAM_SHARE = 0.10
 # ... and at most this many full-context sequences.
 CPU_MAX_SEQUENCES = 64
 _OOM_ADVICE = "decrease --max-batch-prefill-tokens or increase --cuda-memory-fraction"
+_GRAPH_ADVICE = "capture fewer or smaller batch sizes with --cuda-graphs (0: none)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +117,14 @@ def warmup(engine: Engine, pb: generate_pb2.WarmupRequest) -> generate_pb2.Warmu
     lengths = prompt_lengths(limits, model.max_position_embeddings)
     batch = warmup_batch(lengths, model.vocab_size, engine.block_size)
     engine.cache.clear()
+    _release_graphs(engine)
     blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
     peak = _run_warmup_batch(engine, batch, blocks_used, sum(lengths))
-    num_blocks = _agree(engine, _size_cache(engine, limits, peak))
+    buckets = _graph_buckets(engine, limits)
+    # Before the cache is sized, the longest context is bounded by the model's.
+    longest = limits.max_total_tokens or model.max_position_embeddings
+    graph_bytes = _graph_bytes(engine, buckets, longest) if buckets else 0
+    num_blocks = _agree(engine, _size_cache(engine, limits, peak + graph_bytes))
     if num_blocks < 2:
         raise OutOfMemory(f"no memory is left for the KV cache: {_OOM_ADVICE}")
     try:
@@ -130,6 +143,12 @@ def warmup(engine: Engine, pb: generate_pb2.WarmupRequest) -> generate_pb2.Warmu
         "KV cache: %d blocks of %d tokens (%d tokens); max_input_tokens %d, max_total_tokens %d",
         num_blocks, engine.block_size, capacity, max_input, max_total,
     )  # fmt: skip
+    if buckets:
+        engine.decode_graphs = _capture_graphs(engine, buckets, max_total)
+        log.info(
+            "CUDA graphs: decode batch sizes %s up to %d tokens of context (%.0f MiB kept for them)",
+            list(buckets), max_total, graph_bytes / 2**20,
+        )  # fmt: skip
     return generate_pb2.WarmupResponse(
         max_supported_total_tokens=capacity,
         max_input_tokens=max_input,
@@ -166,6 +185,71 @@ def _run_warmup_batch(
         engine.cache.clear()
         engine.kv_cache = engine.allocate_kv_cache(1)
     return peak
+
+
+def _release_graphs(engine: Engine) -> None:
+    """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
+    if engine.decode_graphs is not None:
+        engine.decode_graphs.release()
+        engine.decode_graphs = None
+
+
+def _graph_buckets(engine: Engine, limits: Limits) -> tuple[int, ...]:
+    """The decode batch sizes to capture; () (and the reason, logged) when graphs are off."""
+    reason = graphs_off_reason(engine.settings, engine.model)
+    if reason is not None:
+        log.info("CUDA graphs off: %s", reason)
+        return ()
+    return resolve_buckets(engine.settings.cuda_graphs, limits.max_batch_size)
+
+
+def _graph_runner(
+    engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
+) -> DecodeGraphRunner:
+    max_blocks = math.ceil(max_total_tokens / engine.block_size)
+    return DecodeGraphRunner(engine.model, buckets, max_blocks, engine.block_size)
+
+
+def _graph_bytes(engine: Engine, buckets: tuple[int, ...], max_total_tokens: int) -> int:
+    """Device memory the decode graphs keep, measured by capturing them into the current
+    (warmup-sized) cache: padding rows only touch block 0, which every cache has."""
+    device = engine.model.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free_before = torch.cuda.mem_get_info(device)[0]
+    try:
+        runner = _graph_runner(engine, buckets, max_total_tokens)
+        runner.capture(engine.kv_cache)
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        used = free_before - torch.cuda.mem_get_info(device)[0]
+        runner.release()
+    except (RuntimeError, MemoryError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        raise OutOfMemory(
+            f"not enough memory to capture CUDA graphs for batch sizes {list(buckets)}: "
+            f"{_GRAPH_ADVICE}"
+        ) from e
+    finally:
+        torch.cuda.empty_cache()
+    return max(used, 0)
+
+
+def _capture_graphs(
+    engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
+) -> DecodeGraphRunner:
+    """The graphs over the final cache, in the room _graph_bytes kept for them."""
+    try:
+        runner = _graph_runner(engine, buckets, max_total_tokens)
+        runner.capture(engine.kv_cache)
+    except (RuntimeError, MemoryError) as e:
+        if not _is_out_of_memory(e):
+            raise
+        engine.kv_cache = engine.allocate_kv_cache(1)
+        torch.cuda.empty_cache()
+        raise OutOfMemory(f"not enough memory left to capture CUDA graphs: {_GRAPH_ADVICE}") from e
+    return runner
 
 
 def _is_out_of_memory(e: BaseException) -> bool:

@@ -24,6 +24,10 @@ class Model(ABC):
     max_position_embeddings: int
     # Sliding-window size when the model attends to a window only (Mistral); None otherwise.
     sliding_window: int | None = None
+    # Whether a decode forward can be captured in a CUDA graph (with a capturable attention
+    # backend): no host synchronisation, shapes that depend only on the number of tokens. pytgi's
+    # own models are written so; the transformers fallback runs code it does not control.
+    graph_capturable: bool = True
 
     @abstractmethod
     def forward(

@@ -128,6 +128,8 @@ def _window(config: PretrainedConfig) -> int | None:
 class TransformersModel(Model):
     """A transformers AutoModelForCausalLM behind the Model interface (one shard only)."""
 
+    graph_capturable = False
+
     def __init__(
         self, model: Any, config: PretrainedConfig, backend: AttentionBackend, dist: Dist
     ) -> None:
