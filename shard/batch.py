@@ -20,7 +20,7 @@ from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.detokenizer import TextStream
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
-from pytgi_shard.stopping import StoppingCriteria
+from pytgi_shard.stopping import BatchStops, StoppingCriteria
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +76,7 @@ class Batch:
         lengths: torch.Tensor,
         block_tables: torch.Tensor,
         chooser: NextTokenChooser,
+        stops: BatchStops,
         block_size: int,
         prefilled: bool,
     ) -> None:
@@ -88,10 +89,19 @@ class Batch:
         # [batch, max blocks] int32, padded with block 0.
         self.block_tables = block_tables
         self.chooser = chooser
+        self.stops = stops
         self.block_size = block_size
         self.prefilled = prefilled
         # Host copy of max(lengths), so that a decode step needs no device-to-host sync.
         self.max_length = max((r.length for r in requests), default=0)
+        # Per row, how many top tokens to report; None when no request asked (the usual case).
+        top_n = [r.top_n_tokens for r in requests]
+        self.top_n: list[int] | None = top_n if any(top_n) else None
+        # A decode step's rows, one token each: the same every step of this batch.
+        self.rows = torch.arange(len(requests), device=lengths.device)
+        self.cu_seqlens_decode = torch.arange(
+            len(requests) + 1, dtype=torch.int32, device=lengths.device
+        )
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -121,6 +131,9 @@ class Batch:
         all_ids = torch.zeros(len(prompts), width, dtype=torch.long)
         for row, prompt in enumerate(prompts):
             all_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        stops = BatchStops.build(
+            [len(p) for p in prompts], [r.stopping for r in requests], ctx.device
+        )
         return cls(
             batch_id=pb.id,
             requests=requests,
@@ -128,6 +141,7 @@ class Batch:
             lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long, device=ctx.device),
             block_tables=_block_table([r.blocks for r in requests], ctx.device),
             chooser=NextTokenChooser.create(params, ctx.device, ctx.watermark),
+            stops=stops,
             block_size=ctx.block_size,
             prefilled=False,
         )
@@ -207,10 +221,10 @@ class Batch:
     def decode_inputs(self) -> ForwardInputs:
         """One token per request: the last known one, at position length - 1."""
         positions = self.lengths - 1
-        rows = torch.arange(len(self), device=positions.device)
+        rows = self.rows
         meta = AttentionMetadata(
             is_prefill=False,
-            cu_seqlens_q=torch.arange(len(self) + 1, dtype=torch.int32, device=positions.device),
+            cu_seqlens_q=self.cu_seqlens_decode,
             seqlens_k=self.lengths.to(torch.int32),
             slot_mapping=self._slots(rows, positions),
             block_tables=self.block_tables,
@@ -252,6 +266,7 @@ class Batch:
             lengths=self.lengths[index],
             block_tables=self.block_tables[index, :max_blocks],
             chooser=self.chooser.filter(indices),
+            stops=self.stops.index(index),
             block_size=self.block_size,
             prefilled=self.prefilled,
         )
@@ -272,6 +287,7 @@ class Batch:
             lengths=torch.cat([b.lengths for b in batches]),
             block_tables=torch.cat([_pad_columns(b.block_tables, max_blocks) for b in batches]),
             chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
+            stops=BatchStops.concatenate([b.stops for b in batches]),
             block_size=batches[0].block_size,
             prefilled=True,
         )

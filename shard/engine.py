@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import torch
 from opentelemetry import trace
@@ -35,10 +35,11 @@ _Response = TypeVar("_Response", generate_pb2.PrefillResponse, generate_pb2.Deco
 
 
 class _Step(NamedTuple):
-    """One forward and token choice: the generations, the batch of the requests still running
-    (None when all finished), and the forward and decode times in ns."""
+    """One forward and token choice: the generations (in a DecodeResponse, see _reply), the
+    batch of the requests still running (None when all finished), and the forward and decode
+    times in ns."""
 
-    generations: list[generate_pb2.Generation]
+    generations: generate_pb2.DecodeResponse
     live: Batch | None
     forward_ns: int
     decode_ns: int
@@ -170,16 +171,24 @@ class Engine:
     def _reply(
         self, response: type[_Response], step: _Step, start: int, concat_ns: int | None
     ) -> _Response:
-        """Caches the step's live batch and answers with its generations and timings."""
+        """Caches the step's live batch and answers with its generations and timings.
+
+        A Decode answers with the step's own DecodeResponse, so its Generations (one per request,
+        every step) are never copied; a Prefill copies them into its PrefillResponse.
+        """
         self.cache.set(step.live)
-        return response(
-            generations=step.generations,
-            batch=step.live.to_pb() if step.live is not None else None,
-            forward_ns=step.forward_ns,
-            decode_ns=step.decode_ns,
-            total_ns=time.perf_counter_ns() - start,
-            concat_ns=concat_ns,
-        )
+        if response is generate_pb2.DecodeResponse:
+            out = cast(_Response, step.generations)
+        else:
+            out = response(generations=step.generations.generations)
+        if step.live is not None:
+            out.batch.CopyFrom(step.live.to_pb())
+        out.forward_ns = step.forward_ns
+        out.decode_ns = step.decode_ns
+        if concat_ns is not None:
+            out.concat_ns = concat_ns
+        out.total_ns = time.perf_counter_ns() - start
+        return out
 
     @torch.inference_mode()
     def _step(self, batch: Batch, inputs: ForwardInputs) -> _Step:

@@ -1,75 +1,125 @@
 """Turns one forward's logits into each request's next token and its Generation message.
 
-This is the "decode" part of a step (TGI's decode_ns): choose tokens for the whole batch with
-tensor ops, move them to the host once, then one short loop per request to detokenize, check
-stopping and build the protos.
+This is the "decode" part of a step (TGI's decode_ns): the shard's work between two forwards,
+during which an accelerator idles, so it is built to cost little per request. Tokens, their
+logprobs and the length/EOS stops are decided for the whole batch with tensor ops and reach the
+host in one transfer; then one short loop per request appends the token to its text and writes
+its Generation straight into the step's response (no message is built twice). Stop sequences,
+prefill logprobs, top tokens and final texts cost more only for the requests that have them.
 """
 
 from __future__ import annotations
 
 import torch
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.batch import Batch, ForwardInputs, RequestState
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.sampling import top_tokens
+from pytgi_shard.stopping import RUNNING, STOP_SEQUENCE
 
 NAN = float("nan")
+_Generations = RepeatedCompositeFieldContainer[generate_pb2.Generation]
 
 
 def next_tokens(
     batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detokenizer: Detokenizer
-) -> tuple[list[generate_pb2.Generation], list[int]]:
-    """Advances every request of `batch` by one token; returns the Generations and the ids of
-    the requests that finished."""
+) -> tuple[generate_pb2.DecodeResponse, list[int]]:
+    """Advances every request of `batch` by one token; returns a DecodeResponse holding the
+    step's Generations (a Decode answers with it as it is) and the ids of the finished requests."""
     prefill = _prefill_tokens(batch, logits, inputs, detokenizer) if not batch.prefilled else {}
     last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
     next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths)
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
-    top_n = [r.top_n_tokens for r in batch.requests]
-    tops = top_tokens(logprobs, top_n) if any(top_n) else None
+    tops = top_tokens(logprobs, batch.top_n) if batch.top_n is not None else None
     batch.append(next_ids)
-    ids, lps = next_ids.tolist(), chosen.tolist()
+    reasons = batch.stops.reasons(next_ids, batch.lengths)
+    ids, lps, codes = _to_host(next_ids, chosen, reasons)
 
     requests = batch.requests
     for r, token in zip(requests, ids, strict=True):
         r.text.ids.append(token)
     texts = detokenizer.advance([r.text for r in requests])
-    top_texts = _top_texts(tops, detokenizer)
+    response = generate_pb2.DecodeResponse()
+    generations = response.generations
     special = detokenizer.special_ids
-    generations = []
+    finished = _add_generations(generations, requests, ids, lps, texts, codes, special)
+    if prefill:
+        for g in generations:
+            if g.request_id in prefill:
+                g.prefill_tokens.CopyFrom(prefill[g.request_id])
+    if tops is not None:
+        _add_top_tokens(generations, requests, tops, detokenizer)
+    for row, reason in finished:
+        _set_generated_text(generations[row].generated_text, requests[row], reason, detokenizer)
+    return response, [requests[row].id for row, _ in finished]
+
+
+def _to_host(
+    next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor
+) -> tuple[list[int], list[float], list[int]]:
+    """The step's only device-to-host transfer (on a GPU every read is a sync): ids, their
+    logprobs and finish codes in one float64 tensor, which holds each of them exactly."""
+    packed = torch.stack((next_ids.double(), chosen.double(), reasons.double())).cpu()
+    ints = packed[0::2].long().tolist()
+    return ints[0], packed[1].tolist(), ints[1]
+
+
+def _add_generations(
+    out: _Generations,
+    requests: list[RequestState],
+    ids: list[int],
+    lps: list[float],
+    texts: list[str],
+    codes: list[int],
+    special: frozenset[int],
+) -> list[tuple[int, int]]:
+    """One Generation per request, appended to `out`; returns the (row, FinishReason) of each
+    request that finished: `codes` holds the length/EOS stops, stop sequences are checked here."""
+    add = out.add
     finished = []
-    for i, r in enumerate(requests):
-        token, text = ids[i], texts[i]
-        generation = generate_pb2.Generation(
-            request_id=r.id,
-            tokens=generate_pb2.Tokens(
-                ids=[token], logprobs=[lps[i]], texts=[text], is_special=[token in special]
-            ),
-        )
-        if r.id in prefill:
-            generation.prefill_tokens.CopyFrom(prefill[r.id])
-        if tops is not None and r.top_n_tokens:
-            generation.top_tokens.append(_tokens(*tops[i], top_texts[i], special))
-        reason = r.stopping(token, text)
-        if reason is not None:
-            generation.generated_text.CopyFrom(_generated_text(r, reason, detokenizer))
-            finished.append(r.id)
-        generations.append(generation)
-    return generations, finished
+    for row, (r, token, lp, text, code) in enumerate(
+        zip(requests, ids, lps, texts, codes, strict=True)
+    ):
+        tokens = add(request_id=r.id).tokens
+        tokens.ids.append(token)
+        tokens.logprobs.append(lp)
+        tokens.texts.append(text)
+        tokens.is_special.append(token in special)
+        stopping = r.stopping
+        stopping.generated += 1
+        if code == RUNNING:
+            if not (stopping.stop_sequences and stopping.matches(text)):
+                continue
+            code = STOP_SEQUENCE
+        finished.append((row, code))
+    return finished
 
 
-def _generated_text(
-    r: RequestState, reason: int, detokenizer: Detokenizer
-) -> generate_pb2.GeneratedText:
-    out = generate_pb2.GeneratedText(
-        text=detokenizer.decode(r.text.generated_ids, skip_special_tokens=True),
-        generated_tokens=r.stopping.generated,
-        finish_reason=reason,  # type: ignore[arg-type]
-    )
+def _set_generated_text(
+    out: generate_pb2.GeneratedText, r: RequestState, reason: int, detokenizer: Detokenizer
+) -> None:
+    out.text = detokenizer.decode(r.text.generated_ids, skip_special_tokens=True)
+    out.generated_tokens = r.stopping.generated
+    out.finish_reason = reason  # type: ignore[assignment]
     if r.seed is not None:
         out.seed = r.seed
-    return out
+
+
+def _add_top_tokens(
+    out: _Generations,
+    requests: list[RequestState],
+    tops: list[tuple[list[int], list[float]]],
+    detokenizer: Detokenizer,
+) -> None:
+    """Each top token decoded alone, with one tokenizer call for the whole batch."""
+    texts = iter(detokenizer.token_texts([t for ids, _ in tops for t in ids]))
+    special = detokenizer.special_ids
+    for g, r, (ids, lps) in zip(out, requests, tops, strict=True):
+        top_texts = [next(texts) for _ in ids]
+        if r.top_n_tokens:
+            _fill_tokens(g.top_tokens.add(), ids, lps, top_texts, special)
 
 
 def _prefill_tokens(
@@ -90,23 +140,20 @@ def _prefill_tokens(
         prompt = batch.all_ids[row, : r.prompt_length].tolist()
         lps = [NAN, *flat[offset : offset + r.prompt_length - 1]]
         offset += r.prompt_length - 1
-        out[r.id] = _tokens(prompt, lps, detokenizer.token_texts(prompt), special)
+        tokens = generate_pb2.Tokens()
+        _fill_tokens(tokens, prompt, lps, detokenizer.token_texts(prompt), special)
+        out[r.id] = tokens
     return out
 
 
-def _top_texts(
-    tops: list[tuple[list[int], list[float]]] | None, detokenizer: Detokenizer
-) -> list[list[str]]:
-    """Each top token decoded alone, with one tokenizer call for the whole batch."""
-    if tops is None:
-        return []
-    texts = iter(detokenizer.token_texts([t for ids, _ in tops for t in ids]))
-    return [[next(texts) for _ in ids] for ids, _ in tops]
-
-
-def _tokens(
-    ids: list[int], logprobs: list[float], texts: list[str], special: frozenset[int]
-) -> generate_pb2.Tokens:
-    return generate_pb2.Tokens(
-        ids=ids, logprobs=logprobs, texts=texts, is_special=[i in special for i in ids]
-    )
+def _fill_tokens(
+    out: generate_pb2.Tokens,
+    ids: list[int],
+    logprobs: list[float],
+    texts: list[str],
+    special: frozenset[int],
+) -> None:
+    out.ids.extend(ids)
+    out.logprobs.extend(logprobs)
+    out.texts.extend(texts)
+    out.is_special.extend(i in special for i in ids)

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from pytgi_shard.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE, StoppingCriteria
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytgi_shard.stopping import (
+    EOS_TOKEN,
+    LENGTH,
+    RUNNING,
+    STOP_SEQUENCE,
+    BatchStops,
+    StoppingCriteria,
+)
 
 EOS = 2
 
@@ -50,3 +61,50 @@ def test_first_of_several_stop_sequences_and_no_false_match() -> None:
 def test_empty_stop_sequences_are_ignored() -> None:
     stop = StoppingCriteria(3, {EOS}, [""])
     assert feed(stop, [(1, "a"), (1, "b")]) == [None, None]
+
+
+def stops_of(criteria: list[StoppingCriteria], prompt_lengths: list[int]) -> BatchStops:
+    return BatchStops.build(prompt_lengths, criteria, torch.device("cpu"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(1, 6),  # prompt length
+            st.integers(1, 5),  # max_new_tokens
+            st.sets(st.integers(0, 6), max_size=3),  # EOS ids (empty: ignore_eos)
+            st.lists(st.integers(0, 8), min_size=5, max_size=5),  # tokens, one per step
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    split=st.integers(0, 6),
+)
+def test_batch_stops_decide_length_and_eos_as_the_criteria(rows: list, split: int) -> None:
+    """Rows advance together (the finished ones too, unlike a real batch, to cover every step);
+    the batch is built from two concatenated parts and a filtered copy is checked alongside."""
+    criteria = [StoppingCriteria(new, eos) for _, new, eos, _ in rows]
+    reference = [StoppingCriteria(new, eos) for _, new, eos, _ in rows]
+    prompts = [p for p, _, _, _ in rows]
+    split = min(split, len(rows) - 1) or len(rows)
+    parts = [(criteria[:split], prompts[:split]), (criteria[split:], prompts[split:])]
+    stops = BatchStops.concatenate([stops_of(c, p) for c, p in parts if c])
+    odd = torch.arange(1, len(rows), 2)
+    odd_stops = stops.index(odd)
+    lengths = torch.tensor(prompts)
+    for step in range(5):
+        tokens = torch.tensor([t[step] for _, _, _, t in rows])
+        lengths += 1
+        expected = []
+        for stop, token in zip(reference, tokens.tolist(), strict=True):
+            reason = stop(token, "")
+            expected.append(RUNNING if reason is None else reason)
+        assert stops.reasons(tokens, lengths).tolist() == expected
+        assert odd_stops.reasons(tokens[odd], lengths[odd]).tolist() == expected[1::2]
+
+
+def test_matches_keeps_the_tail_between_texts() -> None:
+    stop = StoppingCriteria(10, (), ["abc"])
+    assert [stop.matches(t) for t in ["xa", "", "b", "c"]] == [False, False, False, True]
+    assert not StoppingCriteria(10, ()).matches("abc")
