@@ -141,6 +141,27 @@ def test_decode_ignores_the_host_max_seqlen_k() -> None:
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
 
 
+def test_decode_padding_rows_write_nothing_and_stay_finite() -> None:
+    """A batch padded to a CUDA-graph bucket: rows with no slot (-1) and no context (0)."""
+    case = make_case([12, 30], [1, 1], 4, 2, 4, seed=23)
+    expected, kc, vc = reference(case, None)
+    m = case.meta
+    pad = 2
+    meta = AttentionMetadata(
+        False, torch.arange(m.batch_size + pad + 1, dtype=torch.int32, device=DEVICE),
+        torch.cat([m.seqlens_k, m.seqlens_k.new_zeros(pad)]),
+        torch.cat([m.slot_mapping, m.slot_mapping.new_full((pad,), -1)]),
+        torch.cat([m.block_tables, m.block_tables.new_zeros(pad, m.block_tables.shape[1])]),
+        1, m.max_seqlen_k, m.block_size,
+    )
+    q, k, v = (torch.cat([t, torch.randn_like(t[:pad])]) for t in (case.q, case.k, case.v))
+    padded = Case(q, k, v, case.key_cache, case.value_cache, meta)
+    out = run_triton(padded, None, num_splits=2, meta=meta)
+    torch.testing.assert_close(out[:-pad], expected, atol=2e-5, rtol=2e-5)
+    assert torch.equal(out[-pad:], torch.zeros_like(out[-pad:]))
+    assert torch.equal(case.key_cache, kc) and torch.equal(case.value_cache, vc)
+
+
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (8, 2), (8, 1)])
 @pytest.mark.parametrize("block_size", [3, 16])
 def test_prefill_without_prefix(heads: int, kv_heads: int, block_size: int) -> None:
@@ -153,6 +174,13 @@ def test_prefill_over_cached_prefixes(window: int | None, dtype: torch.dtype) ->
     # A long prompt, a chunk after a cached prefix, a decode token, a short new prompt.
     case = make_case([0, 21, 17, 0], [35, 18, 1, 2], 8, 2, 4, dtype=dtype, seed=11)
     check(case, window)
+
+
+@pytest.mark.parametrize("head_dim", [8, 80, 256])
+def test_head_dims_other_than_powers_of_two_and_large(head_dim: int) -> None:
+    dtype = torch.float32 if INTERPRETED else torch.bfloat16
+    check(make_case([0, 20], [19, 3], 4, 2, 16, dtype=dtype, head_dim=head_dim), 9)
+    check(make_case([19, 2], [1, 1], 4, 2, 16, dtype=dtype, head_dim=head_dim), None, 2)
 
 
 def test_mixed_batch_flagged_as_decode_takes_the_varlen_path() -> None:
