@@ -6,16 +6,17 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast proto lint bench demo-model clean
+.PHONY: install run test test-fast proto lint bench demo-model gpu-wheels clean
 
 install: $(STAMP)
 
 # Reinstall only when the project's metadata changes; the install is editable, so code edits
 # need nothing.
-$(STAMP): pyproject.toml
+# constraints.txt pins what belongs to these machines rather than to the package (torch's CPU build).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,bench]'
 	touch $(STAMP)
 
 run: install
@@ -47,6 +48,20 @@ demo-model: install
 
 bench: install
 	$(BIN)/python bench/compare.py
+
+# Every wheel a GPU machine without network needs beyond its own torch, triton and transformers
+# (bench/gpu-wheels.txt says which and why), for CPython 3.12 on manylinux x86_64, into .whl/;
+# bench/gpu.sh and the README's offline install read them from there.
+GPU_WHEEL_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	--platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any
+gpu-wheels:
+	rm -rf build/whl && mkdir -p build/whl
+	$(PYTHON) -m pip download -q --no-deps $(GPU_WHEEL_TAGS) -d build/whl -r bench/gpu-wheels.txt
+	rm -rf .whl && mv build/whl .whl
+	@ls .whl/*.whl | wc -l | xargs printf '%s wheels, '
+	@du -cb .whl/*.whl | tail -1 | awk '{printf "%.1f MiB in .whl/ (the device carries at most 64 MiB with the tree)\n", $$1 / 1048576}'
 
 clean:
 	rm -rf $(VENV) .lint .pytest_cache build *.egg-info

@@ -1,19 +1,28 @@
-"""The transformers baselines: `generate` request by request, `generate` on static batches, and
-transformers' own continuous batching (`generate_batch`), all greedy on the same token ids."""
+"""The transformers baselines: `generate` request by request (plain, or with a static cache that
+transformers compiles on a GPU), `generate` on static batches, and transformers' own continuous
+batching (`generate_batch`), all greedy on the same token ids."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
 from pytgi_bench.system_result import SystemResult
 
 Prompts = list[list[int]]
+
+
+class Timing(NamedTuple):
+    tokens: int
+    # Seconds to count instead of the whole call, when the system reports a narrower window.
+    served_s: float | None = None
 
 
 def _load(model_dir: Path, dtype: torch.dtype, device: str, attn: str | None = None):  # type: ignore[no-untyped-def]
@@ -30,7 +39,7 @@ def _sync(device: str) -> None:
 
 
 def _timed(
-    run: Callable[[Prompts, int], int],
+    run: Callable[[Prompts, int], int | Timing],
     prompts: Prompts,
     new_tokens: int,
     repeats: int,
@@ -42,10 +51,14 @@ def _timed(
     for _ in range(repeats):
         _sync(device)
         start = time.perf_counter()
-        tokens = run(prompts, new_tokens)
+        done = run(prompts, new_tokens)
         _sync(device)
-        result.wall_s.append(time.perf_counter() - start)
-        result.output_tokens.append(tokens)
+        call_s = time.perf_counter() - start
+        timing = done if isinstance(done, Timing) else Timing(done)
+        if timing.served_s is not None:
+            result.extra.setdefault("call_s", []).append(call_s)
+        result.wall_s.append(call_s if timing.served_s is None else timing.served_s)
+        result.output_tokens.append(timing.tokens)
     return result
 
 
@@ -79,6 +92,83 @@ def hf_sequential(
         return produced
 
     return _timed(run, prompts, new_tokens, repeats, device, result)
+
+
+def _compiled_graphs() -> int | None:
+    """Graphs torch.compile has built in this process: evidence that transformers compiled."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["stats"].get("unique_graphs", 0))
+    except Exception:  # a private counter: its absence must not cost the row
+        return None
+
+
+def _generate_s(model: Any, ids: list[int], n: int, device: str, **kwargs: Any) -> float:
+    """Seconds for one greedy `generate` of exactly `n` tokens after `ids`."""
+    x = torch.tensor([ids], device=device)
+    _sync(device)
+    start = time.perf_counter()
+    # No min_new_tokens: the benchmark models never choose EOS, and a logits processor would
+    # add work to every step of the loop being timed.
+    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                         **kwargs)
+    _sync(device)
+    seconds = time.perf_counter() - start
+    if out.shape[1] - x.shape[1] != n:
+        raise RuntimeError(f"generate produced {out.shape[1] - x.shape[1]} tokens, not {n}")
+    return seconds
+
+
+@torch.inference_mode()
+def hf_compiled_single(
+    model_dir: Path,
+    prompts: Prompts,
+    new_tokens: int,
+    repeats: int,
+    dtype: torch.dtype,
+    device: str,
+) -> SystemResult:
+    """transformers at its fastest for one stream: `generate` with a static KV cache, which
+    transformers compiles (torch.compile, CUDA graphs) on a GPU by itself — its documented
+    fast path for low-latency decoding. Not compiled on the CPU (transformers does not there).
+
+    Per prompt, one run of 1 token (time to first token: the prefill) and one of `new_tokens`;
+    time per output token = (whole - first) / (new_tokens - 1). The first call compiles, untimed
+    (its seconds are reported as warmup_s).
+    """
+    result = SystemResult(
+        "hf-compiled-b1",
+        "transformers generate, one request at a time, static cache"
+        + (" + torch.compile" if device.startswith("cuda") else " (not compiled on CPU)"),
+    )
+    start = time.perf_counter()
+    model = _load(model_dir, dtype, device)
+    result.startup_s = time.perf_counter() - start
+    kwargs = {
+        "pad_token_id": model.generation_config.pad_token_id,
+        "cache_implementation": "static",
+    }
+    warmup_s = _generate_s(model, prompts[0], new_tokens, device, **kwargs)
+    result.extra["warmup_s"] = round(warmup_s, 2)
+    result.extra["dynamo_graphs"] = _compiled_graphs()
+    _generate_s(model, prompts[0], 1, device, **kwargs)
+    for _ in range(repeats):
+        firsts, wholes = [], []
+        for ids in prompts:
+            firsts.append(_generate_s(model, ids, 1, device, **kwargs))
+            wholes.append(_generate_s(model, ids, new_tokens, device, **kwargs))
+        result.wall_s.append(sum(wholes))
+        result.output_tokens.append(new_tokens * len(prompts))
+        per_token = [(w - f) / max(new_tokens - 1, 1) for f, w in zip(firsts, wholes, strict=True)]
+        result.extra.setdefault("single_stream", []).append(
+            {
+                "ttft_ms": 1e3 * statistics.median(firsts),
+                "tpot_ms": 1e3 * statistics.median(per_token),
+            }
+        )
+    result.extra.update({"compiled": device.startswith("cuda"), "requests": len(prompts)})
+    return result
 
 
 def _left_padded(batch: Prompts, pad: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -140,6 +230,27 @@ class _ErrorCapture(logging.Handler):
             self.message = text
 
 
+def _paged_sdpa() -> str:
+    """transformers' paged SDPA attention: "sdpa_paged" in 4.x, "paged|sdpa" in 5.x."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return "paged|sdpa" if "paged|sdpa" in ALL_ATTENTION_FUNCTIONS else "sdpa_paged"
+
+
+def _served_window(outputs: list[Any]) -> float | None:
+    """First request created to last request finished, when transformers stamps both (5.x):
+    generate_batch first sizes its cache and captures CUDA graphs for the workload — set-up
+    that a server does once at start, not per batch of requests. None: time the whole call."""
+    try:
+        created = min(float(o.created_time) for o in outputs)
+        finished = max(float(o.lifespan[1]) for o in outputs)
+    except (AttributeError, IndexError, TypeError, ValueError):
+        return None
+    if any(float(o.lifespan[1]) <= 0 for o in outputs) or finished <= created:
+        return None
+    return finished - created
+
+
 @contextlib.contextmanager
 def _cpu_memory_probe(available_bytes: int | None) -> Iterator[None]:
     """transformers 4.57 sizes its paged cache from CUDA/MPS memory only (CPU reports None and
@@ -189,7 +300,7 @@ def hf_continuous(
         )
         result.extra["cpu_memory_bytes"] = cpu_memory_bytes
     start = time.perf_counter()
-    model = _load(model_dir, dtype, device, attn="sdpa_paged")
+    model = _load(model_dir, dtype, device, attn=_paged_sdpa())
     result.startup_s = time.perf_counter() - start
     knobs = {"num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens}
     config = GenerationConfig(
@@ -205,12 +316,13 @@ def hf_continuous(
     cb_logger.addHandler(capture)
     try:
 
-        def run(batch: Prompts, n: int) -> int:
+        def run(batch: Prompts, n: int) -> Timing:
             config.max_new_tokens = n
             outputs = model.generate_batch(batch, generation_config=config, progress_bar=False)
             if len(outputs) != len(batch):
                 raise RuntimeError(capture.message or f"{len(outputs)}/{len(batch)} finished")
-            return sum(len(o.generated_tokens) for o in outputs.values())
+            done = list(outputs.values())
+            return Timing(sum(len(o.generated_tokens) for o in done), _served_window(done))
 
         with _cpu_memory_probe(cpu_memory_bytes):
             return _timed(run, prompts, new_tokens, repeats, device, result)

@@ -1,14 +1,19 @@
-"""Row (b) of bench/compare.py: pytgi end to end, `pytgi-launcher` driven over HTTP by the load tool.
+"""The pytgi rows of bench/compare.py: `pytgi-launcher` end to end, driven over HTTP by the load
+tool.
 
-The server starts once (its start-up time is reported apart) and serves every round (on a GPU it
-restarts per round: see keep_running); each round sends all prompts at once as concurrent
-streaming `/generate_stream` clients and is timed from the first request sent to the last token
-received.
+The server starts on the first run (its start-up time is reported on that row) and serves every
+workload until `stop()`; on a GPU compare.py stops it before each transformers row, whose
+process would otherwise find the GPU's memory taken by pytgi's KV cache, and the next pytgi row
+starts it again. Each workload first sends a few warm-up requests of its own prompts, which are
+not among the timed ones (a timed prompt the server has seen would hit its prefix cache), then
+sends the timed prompts as concurrent streaming `/generate_stream` clients — all at once, or one
+at a time for the single-stream row — timed from the first request sent to the last token.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytgi_bench.benchmark import run_benchmark
@@ -18,8 +23,17 @@ from pytgi_bench.summary import Summary
 from pytgi_bench.system_result import SystemResult
 from pytgi_router import event_loop
 
-# A few requests before each timed round: connections, allocator, first-call paths.
-_WARMUP_REQUESTS = 4
+
+@dataclass(frozen=True, slots=True)
+class HttpWorkload:
+    system: str
+    description: str
+    prompts: list[str]
+    new_tokens: int
+    # In flight at once; None sends every prompt at once.
+    concurrency: int | None
+    # Sent (untimed, all at once) before the timed prompts; never among them.
+    warmup_prompts: list[str]
 
 
 def _latencies(summary: Summary) -> dict[str, dict[str, float]]:
@@ -34,73 +48,76 @@ def _latencies(summary: Summary) -> dict[str, dict[str, float]]:
     }
 
 
+def _prompts_file(path: Path, prompts: list[str], new_tokens: int) -> Path:
+    path.write_text(
+        "".join(json.dumps({"prompt": p, "max_new_tokens": new_tokens}) + "\n" for p in prompts)
+    )
+    return path
+
+
 class HttpSystem:
     def __init__(
         self,
         model_dir: Path,
-        prompts: list[tuple[str, list[int]]],
-        new_tokens: int,
         work_dir: Path,
         threads: int | None,
-        keep_running: bool = True,
+        extra_args: list[str],
     ) -> None:
-        self._prompts_file = work_dir / "prompts.jsonl"
-        self._prompts_file.write_text(
-            "".join(
-                json.dumps({"prompt": text, "max_new_tokens": new_tokens}) + "\n"
-                for text, _ in prompts
-            )
-        )
-        self._count = len(prompts)
+        self._work_dir = work_dir
         self._server = PytgiServer(
-            model_dir,
-            work_dir / "pytgi-server.log",
-            threads=threads,
-            extra_args=["--max-concurrent-requests", str(max(128, self._count))],
+            model_dir, work_dir / "pytgi-server.log", threads=threads, extra_args=extra_args
         )
         self._started = False
-        # On a GPU the server's weights and KV cache would starve the next system's process:
-        # there it stops after every round (and starts again, untimed, for the next).
-        self._keep_running = keep_running
 
-    def run_once(self) -> SystemResult:
-        """One timed round (the server starts on the first call); the round's result alone."""
-        round_result = SystemResult(
-            "pytgi-http",
-            f"pytgi-launcher end to end, {self._count} concurrent streaming HTTP clients",
+    def _load(
+        self, workload: HttpWorkload, name: str, prompts: list[str], concurrency: int | None
+    ) -> Summary:
+        settings = LoadSettings(
+            url=self._server.url,
+            prompts_file=_prompts_file(
+                self._work_dir / f"{workload.system}.{name}.jsonl", prompts, workload.new_tokens
+            ),
+            num_requests=len(prompts),
+            concurrency=concurrency,
+            warmup=0,
+            progress=False,
         )
+        (run,) = event_loop.run(run_benchmark(settings)).runs
+        return run.summary
+
+    def run(self, workload: HttpWorkload) -> SystemResult:
+        """One timed pass of `workload` (starting the server when it is not running)."""
+        result = SystemResult(workload.system, workload.description)
         if not self._started:
             try:
                 self._server.start()
             except ServerStartError as exc:
-                round_result.status, round_result.error = "error", str(exc)
-                return round_result
+                result.status, result.error = "error", str(exc)
+                return result
             self._started = True
-            round_result.startup_s = self._server.startup_s
-        settings = LoadSettings(
-            url=self._server.url,
-            prompts_file=self._prompts_file,
-            num_requests=self._count,
-            warmup=_WARMUP_REQUESTS,
-            progress=False,
-        )
-        try:
-            (run,) = event_loop.run(run_benchmark(settings)).runs
-        finally:
-            if not self._keep_running:
-                self._server.stop()
-                self._started = False
-        summary = run.summary
+            result.startup_s = self._server.startup_s
+        if workload.warmup_prompts:
+            warm = self._load(workload, "warmup", workload.warmup_prompts, None)
+            if warm.failed:
+                result.status, result.error = "error", f"warm-up failed: {warm.errors}"
+                return result
+        summary = self._load(workload, "timed", workload.prompts, workload.concurrency)
         if summary.failed:
-            round_result.status = "error"
-            round_result.error = f"{summary.failed} requests failed: {summary.errors}"
-        round_result.wall_s.append(summary.duration_s)
-        round_result.output_tokens.append(summary.total_output_tokens)
-        round_result.extra = {
-            "latency": _latencies(summary),
-            "server_log": str(self._server.log_path),
-        }
-        return round_result
+            result.status = "error"
+            result.error = f"{summary.failed} requests failed: {summary.errors}"
+        result.wall_s.append(summary.duration_s)
+        result.output_tokens.append(summary.total_output_tokens)
+        result.extra = {"latency": _latencies(summary), "server_log": str(self._server.log_path)}
+        if workload.concurrency == 1:
+            result.extra["single_stream"] = [
+                {"ttft_ms": summary.ttft.p50_ms, "tpot_ms": summary.tpot.p50_ms}
+            ]
+        return result
+
+    def stop(self) -> None:
+        """Stops the server (the next run starts it again)."""
+        self._server.stop()
+        self._started = False
 
     def close(self) -> None:
-        self._server.stop()
+        self.stop()

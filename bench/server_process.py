@@ -59,10 +59,20 @@ class PytgiServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid_path(self) -> Path:
+        """Holds the launcher's pid (its process group) while it runs: a script that had to kill
+        the benchmark can still stop the server, whose session is its own."""
+        return self.log_path.with_suffix(".pid")
+
     def command(self) -> list[str]:
-        bin_dir = Path(sys.executable).parent
+        # The console script sits next to the interpreter in a venv; a system interpreter's
+        # user install puts it elsewhere (e.g. /usr/local/bin), where the module always works.
+        script = Path(sys.executable).parent / "pytgi-launcher"
+        module = [sys.executable, "-m", "pytgi_launcher.cli"]
+        launcher = [str(script)] if script.exists() else module
         return [
-            str(bin_dir / "pytgi-launcher"),
+            *launcher,
             "--model-id",
             str(self.model_dir),
             "--port",
@@ -94,6 +104,7 @@ class PytgiServer:
             start_new_session=True,
         )
         log.close()
+        self.pid_path.write_text(f"{self._process.pid}\n")
         deadline = started + self.start_timeout_s
         while time.perf_counter() < deadline:
             if self._process.poll() is not None:
@@ -116,7 +127,15 @@ class PytgiServer:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        try:
+            self._stop(process)
+        finally:
+            self.pid_path.unlink(missing_ok=True)
+
+    def _stop(self, process: subprocess.Popen[bytes]) -> None:
+        if process.poll() is not None:
             return
         # The launcher owns its children: SIGTERM lets it shut them down cleanly.
         process.send_signal(signal.SIGTERM)

@@ -42,7 +42,14 @@ def run_system(spec: dict[str, Any]) -> SystemResult:
     if system == "hf-static":
         return hf_baselines.hf_static(*args, batch_size=int(spec["static_batch"]))
     if system == "hf-cb":
-        return hf_baselines.hf_continuous(*args)
+        # On a GPU transformers' batching is timed on the first cb_requests prompts (see compare).
+        limit = spec.get("cb_requests") or len(prompts)
+        return hf_baselines.hf_continuous(model_dir, prompts[:limit], *args[2:])
+    if system == "hf-compiled-b1":
+        single = spec["single_stream"]
+        return hf_baselines.hf_compiled_single(
+            model_dir, single["prompts"], int(single["new_tokens"]), *args[3:]
+        )
     if system == "hf-cb-cpu-patched":
         return hf_baselines.hf_continuous(*args, cpu_memory_bytes=int(spec["cpu_memory_bytes"]))
     if system == "pytgi-inprocess":

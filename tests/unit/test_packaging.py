@@ -23,3 +23,20 @@ def test_every_package_folder_is_listed() -> None:
 def test_no_generic_top_level_names() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert all(p.startswith("pytgi_") for p in setuptools["packages"])
+
+
+def test_torch_is_a_range_for_users_and_pinned_only_for_these_machines() -> None:
+    """`pip install '.[cuda]'` keeps a CUDA torch already installed: the package asks for a range.
+    The CPU build CI and development use is pinned in constraints.txt, which `make install`
+    passes, so they never download a multi-GB CUDA build."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (torch,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "torch"]
+    assert all(s.operator != "==" for s in torch.specifier), f"{torch} pins an exact build"
+    assert torch.specifier.contains("2.11.0"), "the GPU machine's CUDA torch must satisfy it"
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    (pin,) = [Requirement(line) for line in lines if line.startswith("torch")]
+    (exact,) = pin.specifier
+    assert exact.operator == "==" and torch.specifier.contains(exact.version)
+    assert "-c constraints.txt" in (ROOT / "Makefile").read_text()

@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# pytgi's GPU checks and benchmarks in one command, for a machine with an H100/H200, no network,
+# and its own CUDA torch, triton and transformers (bench/README.md, "GPU").
+#
+#   bash bench/gpu.sh [--stages install,tests,steps,compare-1b,compare-8b] [--budget-s 570]
+#                     [--cap STAGE=SECONDS ...] [--out DIR] [--work DIR] [--cpu-smoke] [--plan]
+#
+# Stages, in this order whatever order --stages names them (default: all):
+#   install     the wheels of bench/gpu-wheels.txt from .whl/ (`make gpu-wheels`) into a directory
+#               on PYTHONPATH, then pytgi itself with --no-deps: the README's offline install,
+#               word for word; then every requirement and every process's entry module checked
+#   tests       pytest on CUDA: the Triton kernel and CUDA-graph tests, and tests/gpu/ (greedy
+#               tokens equal to transformers' on the GPU)
+#   steps       pytgi_bench.engine_steps on the 1B and 8B shapes: the Triton attention at batch
+#               1, 64 and 256, the reference attention at batch 1
+#   compare-1b  bench/compare.py --gpu --shape 1b: pytgi over HTTP against transformers
+#   compare-8b  the same on the Llama-3-8B shape
+# Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
+# never stops the next one; a stage that would not get 30 s is skipped and said so.
+# Results go to $OUT when set, else bench/results/gpu/ (at most 8 files: summary.json,
+# steps.json, compare-1b.json, compare-8b.json, tests.xml, gpu.log); models, server logs and
+# scratch go to the work directory (/tmp/pytgi-gpu). The summary table comes last; the exit
+# status is 0 only when every stage run passed.
+#
+# --cpu-smoke: the same stages here, on the CPU, with the cpu-small model and tiny counts (the
+# wheels are installed for Python 3.12 into a scratch directory but not imported; pytgi's own
+# install is a dry run), so the plumbing is proven before it costs GPU time.
+# --plan: print the stages and their caps, run nothing.
+set -uo pipefail
+
+SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
+REPO="$(cd "$(dirname "$SCRIPT")/.." && pwd)"
+cd "$REPO" || exit 2
+
+ALL_STAGES=(install tests steps compare-1b compare-8b)
+declare -A CAP=([install]=90 [tests]=150 [steps]=240 [compare-1b]=200 [compare-8b]=330)
+# What the summary needs at the end, and the grace a stage gets between TERM and KILL.
+RESERVE_S=20
+KILL_AFTER_S=20
+MIN_STAGE_S=30
+SERVER_STOP_S=20
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT"; }
+
+# ---- stage bodies (run as `gpu.sh --run-stage NAME` under `timeout`) ------------------------
+
+ensure_model() {  # SHAPE -> prints the model directory
+    "$PY" -m pytgi_bench.build_model --shape "$1" --root "$WORK/models" \
+        --record "$WORK/models.jsonl" | tail -n 1
+}
+
+shapes_for() {  # the shapes a stage runs on: the GPU ones, or cpu-small in the smoke run
+    if [[ $SMOKE == 1 ]]; then echo cpu-small; else echo "$@"; fi
+}
+
+stage_install() {
+    if ! compgen -G ".whl/*.whl" > /dev/null; then
+        echo "no wheels in .whl/: run 'make gpu-wheels' on a machine with network, then carry .whl"
+        return 1
+    fi
+    local tags=()
+    if [[ $SMOKE == 1 ]]; then
+        # The GPU machine's interpreter: proves the list resolves from .whl without using them.
+        tags=(--only-binary=:all: --python-version 3.12 --implementation cp
+              --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
+              --platform manylinux2014_x86_64 --platform manylinux1_x86_64
+              --platform manylinux_2_5_x86_64 --platform any)
+    fi
+    rm -rf "$SITE" && mkdir -p "$SITE"
+    # The README's offline install ("On a GPU"), command for command.
+    echo "+ pip install --no-index --no-deps --find-links .whl --target $SITE" \
+        "-r bench/gpu-wheels.txt"
+    "$PY" -m pip install -q --no-index --no-deps --find-links .whl --target "$SITE" \
+        -r bench/gpu-wheels.txt "${tags[@]}" || return 1
+    echo "$(find "$SITE" -maxdepth 1 -name '*.dist-info' | wc -l) distributions in $SITE"
+    local rc=0
+    if [[ $SMOKE == 1 ]]; then
+        echo "+ pip install --dry-run --no-index --no-deps --no-build-isolation -e .  (smoke)"
+        "$PY" -m pip install -q --dry-run --no-index --no-deps --no-build-isolation -e . || rc=1
+    else
+        echo "+ pip install --no-index --no-deps --no-build-isolation -e ."
+        "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . || return 1
+    fi
+    # What the machine brings (listed in the wheel file) is checked, not walked into.
+    "$PY" -m pytgi_bench.requirements_check --json "$WORK/requirements.json" \
+        --trust $(sed -n 's/^# provided: //p' bench/gpu-wheels.txt) || rc=1
+    echo "+ import every process's entry module and the test clients"
+    "$PY" -c "import pytgi_launcher.cli, pytgi_router.cli, pytgi_shard.cli, pytgi_router.app, \
+pytgi_shard.server, openai, text_generation, pytest_timeout, grpc_health.v1.health, \
+opentelemetry.exporter.otlp.proto.grpc.trace_exporter; print('imports: ok')" || rc=1
+    return $rc
+}
+
+stage_tests() {
+    local files=()
+    if [[ $SMOKE == 1 ]]; then
+        files=(tests/gpu/)  # skipped on the CPU: the plumbing only
+    else
+        "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'" || return 1
+        local f
+        for f in tests/unit/shard/test_triton_*.py tests/unit/shard/test_graph_runner.py \
+            tests/gpu/; do
+            [[ -e $f ]] && files+=("$f")
+        done
+    fi
+    echo "+ pytest ${files[*]}"
+    "$PY" -m pytest -q -rfEs -p no:cacheprovider --junitxml="$OUT/tests.xml" "${files[@]}"
+}
+
+pick_attention() {  # triton on a GPU when pytgi has it (asked after the install stage)
+    if [[ $SMOKE == 1 ]]; then echo reference; return; fi
+    "$PY" -c 'from pytgi_bench.compare_settings import default_attention as d; print(d())' \
+        2>/dev/null || echo reference
+}
+
+stage_steps() {
+    local rc=0 shape model sizes=1,64,256 steps=32 ATTN
+    ATTN="$(pick_attention)"
+    [[ $SMOKE == 1 ]] && sizes=1,4 && steps=4
+    mkdir -p "$WORK/steps" && rm -f "$WORK"/steps/*.json
+    for shape in $(shapes_for 1b 8b); do
+        model="$(ensure_model "$shape")" && [[ -n $model ]] || { rc=1; continue; }
+        echo "+ engine_steps $shape --attention $ATTN --batch-sizes $sizes"
+        "$PY" -m pytgi_bench.engine_steps --model "$model" --attention "$ATTN" \
+            --batch-sizes "$sizes" --steps "$steps" --out "$WORK/steps/$shape-$ATTN.json" || rc=1
+        if [[ $ATTN != reference ]]; then
+            echo "+ engine_steps $shape --attention reference --batch-sizes 1"
+            "$PY" -m pytgi_bench.engine_steps --model "$model" --attention reference \
+                --batch-sizes 1 --steps "$steps" --out "$WORK/steps/$shape-reference.json" || rc=1
+        fi
+    done
+    return $rc
+}
+
+stage_compare() {  # SHAPE
+    local shape="$1" model args ATTN
+    ATTN="$(pick_attention)"
+    model="$(ensure_model "$(shapes_for "$shape")")" && [[ -n $model ]] || return 1
+    args=(--model "$model" --work-dir "$WORK/compare-$shape" --out "$OUT/compare-$shape.json"
+          --note "bench/gpu.sh compare-$shape")
+    if [[ $SMOKE == 1 ]]; then
+        args+=(--shape cpu-small --systems pytgi-http-b1,pytgi-http,hf-compiled-b1,hf-cb
+               --requests 8 --new-tokens 8 --single-requests 2 --single-input-len 32
+               --single-new-tokens 8 --repeats 1 --system-timeout-s 120)
+    else
+        # A transformers row that outlives this is cut (its compile on the 8B shape is ~a minute).
+        local row_cap=150
+        [[ $shape == 8b ]] && row_cap=180
+        args+=(--gpu --shape "$shape" --attention "$ATTN" --system-timeout-s "$row_cap")
+    fi
+    echo "+ python -m pytgi_bench.compare ${args[*]}"
+    "$PY" -m pytgi_bench.compare "${args[@]}"
+}
+
+run_stage_body() {
+    case "$1" in
+        install) stage_install ;;
+        tests) stage_tests ;;
+        steps) stage_steps ;;
+        compare-1b) stage_compare 1b ;;
+        compare-8b) stage_compare 8b ;;
+        *) echo "unknown stage $1"; return 2 ;;
+    esac
+}
+
+# ---- the driver ---------------------------------------------------------------------------
+
+stop_leftover_servers() {
+    # A stage killed at its cap cannot stop the pytgi server it started (its own session):
+    # PytgiServer leaves the launcher's pid next to its log until it stops it.
+    local pidfile pid
+    while IFS= read -r pidfile; do
+        pid="$(cat "$pidfile" 2>/dev/null)"
+        if [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null; then
+            echo "[gpu.sh] stopping a pytgi server left running (pid $pid)"
+            kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+            for _ in $(seq "$SERVER_STOP_S"); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+            kill -KILL -- "-$pid" 2>/dev/null
+        fi
+        rm -f "$pidfile"
+    done < <(find "$WORK" -name 'pytgi-server.pid' 2>/dev/null)
+}
+
+main() {
+    if [[ ${1:-} == --run-stage ]]; then run_stage_body "$2"; exit $?; fi
+    local stages_arg="" budget=570 plan=0
+    SMOKE=0
+    local out_arg="" work_arg=""
+    while (($#)); do
+        case "$1" in
+            --stages) stages_arg="$2"; shift 2 ;;
+            --budget-s) budget="$2"; shift 2 ;;
+            --cap) CAP[${2%%=*}]="${2#*=}"; shift 2 ;;
+            --out) out_arg="$2"; shift 2 ;;
+            --work) work_arg="$2"; shift 2 ;;
+            --cpu-smoke) SMOKE=1; shift ;;
+            --plan) plan=1; shift ;;
+            -h|--help) usage; exit 0 ;;
+            *) echo "gpu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+        esac
+    done
+
+    local selected=() s
+    IFS=',' read -r -a wanted <<< "${stages_arg:-$(IFS=,; echo "${ALL_STAGES[*]}")}"
+    for s in "${wanted[@]}"; do
+        if [[ -z ${CAP[$s]+x} ]]; then
+            echo "gpu.sh: unknown stage '$s' (${ALL_STAGES[*]})" >&2
+            exit 2
+        fi
+    done
+    for s in "${ALL_STAGES[@]}"; do
+        [[ ",${stages_arg:-$s}," == *",$s,"* ]] && selected+=("$s")
+    done
+
+    if ((plan)); then
+        echo "stages: ${selected[*]} (budget ${budget} s)"
+        for s in "${selected[@]}"; do echo "  $s: cap ${CAP[$s]} s"; done
+        exit 0
+    fi
+
+    if [[ $SMOKE == 1 ]]; then
+        WORK="${work_arg:-/tmp/pytgi-gpu-smoke}"
+        OUT="${out_arg:-$WORK/results}"
+        PY="${PYTHON:-$REPO/.venv/bin/python}"
+    else
+        WORK="${work_arg:-/tmp/pytgi-gpu}"
+        OUT="${out_arg:-${OUT:-$REPO/bench/results/gpu}}"
+        PY="${PYTHON:-python3}"
+    fi
+    mkdir -p "$WORK" "$OUT" || exit 2
+    WORK="$(cd "$WORK" && pwd)"; OUT="$(cd "$OUT" && pwd)"
+    SITE="$WORK/site"
+    LOG="$OUT/gpu.log"
+    : > "$LOG"
+    export WORK OUT SITE PY SMOKE
+    # No network here: anything that would ask the Hub fails at once instead of timing out.
+    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
+    # The wheels of the install stage (the smoke run's are for another Python: not imported).
+    [[ $SMOKE == 1 ]] || export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+    {
+        echo "[gpu.sh] $(date -u +%FT%TZ) stages: ${selected[*]}; budget ${budget} s; smoke=$SMOKE"
+        echo "[gpu.sh] out $OUT, work $WORK, $("$PY" -c 'import sys; print(sys.version)' 2>&1)"
+        command -v nvidia-smi > /dev/null && nvidia-smi -L
+        df -h "$WORK" | tail -n 1
+    } 2>&1 | tee -a "$LOG"
+
+    local start deadline stages_file="$WORK/stages.tsv"
+    start=$(date +%s); deadline=$((start + budget))
+    : > "$stages_file"
+    for s in "${selected[@]}"; do
+        local now left cap t0 rc status secs
+        now=$(date +%s)
+        left=$((deadline - now - RESERVE_S - KILL_AFTER_S))
+        cap=${CAP[$s]}; ((cap > left)) && cap=$left
+        if ((cap < MIN_STAGE_S)); then
+            echo "[gpu.sh] stage $s SKIPPED: ${left} s left of the budget" | tee -a "$LOG"
+            printf '%s\tskipped\t-\t0\t%s\n' "$s" "$cap" >> "$stages_file"
+            continue
+        fi
+        echo "===== [gpu.sh] stage $s (cap ${cap} s; $((deadline - now)) s of budget left) =====" \
+            | tee -a "$LOG"
+        t0=$(date +%s)
+        timeout --kill-after="$KILL_AFTER_S" "$cap" bash "$SCRIPT" --run-stage "$s" 2>&1 \
+            | tee -a "$LOG"
+        rc=${PIPESTATUS[0]}
+        secs=$(($(date +%s) - t0))
+        case $rc in
+            0) status=ok ;;
+            124|137) status=timeout ;;
+            *) status=failed ;;
+        esac
+        echo "===== [gpu.sh] stage $s: $status (exit $rc) after ${secs} s =====" | tee -a "$LOG"
+        printf '%s\t%s\t%s\t%s\t%s\n' "$s" "$status" "$rc" "$secs" "$cap" >> "$stages_file"
+        stop_leftover_servers 2>&1 | tee -a "$LOG"
+    done
+
+    # As a file, with the standard library alone: the summary must come even when the install
+    # stage failed (-P: bench/ itself is not put on sys.path, where its module names would shadow).
+    "$PY" -P bench/gpu_summary.py --stages "$stages_file" --work "$WORK" --out "$OUT" \
+        --seconds "$(($(date +%s) - start))" 2>&1 | tee -a "$LOG"
+    local summary_rc=${PIPESTATUS[0]}
+    if grep -qv $'\tok\t' "$stages_file" || ((summary_rc != 0)); then exit 1; fi
+    exit 0
+}
+
+main "$@"
