@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from pytgi_proto import generate_pb2
+from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
 from pytgi_shard.errors import InvalidRequest
 
 NEG_INF = float("-inf")
@@ -124,6 +125,8 @@ class NextTokenChooser:
         self.typical_p = self._optional([x.typical_p for x in p], 1.0)
         top_k = [x.top_k for x in p]
         self.max_top_k = max(top_k, default=0)
+        # Every row keeps at most its top-k (and ties): top-p and typical-p need only those.
+        self.top_k_everywhere = min(top_k, default=0) > 0
         self.top_k = torch.tensor(top_k, dtype=torch.long, device=device).unsqueeze(1)
 
     @classmethod
@@ -173,16 +176,28 @@ class NextTokenChooser:
             self._penalize(scores, history, lengths)
         if self.temperature is not None:
             scores.div_(self.temperature)
-        if self.max_top_k > 0:
-            _top_k(scores, self.top_k, self.max_top_k)
-        if self.top_p is not None:
-            _top_p(scores, self.top_p)
-        if self.typical_p is not None:
-            _typical_p(scores, self.typical_p)
+        top_k_ids = _top_k(scores, self.top_k, self.max_top_k) if self.max_top_k > 0 else None
+        if top_k_ids is not None and self.top_k_everywhere:
+            self._warp_candidates(scores, top_k_ids)
+        else:
+            if self.top_p is not None:
+                _top_p(scores, self.top_p)
+            if self.typical_p is not None:
+                _typical_p(scores, self.typical_p)
         next_ids = first_max(scores)
         if self.sample_rows:
             next_ids.index_copy_(0, self.sample_index, self._sample(scores[self.sample_index]))
         return next_ids, torch.log_softmax(scores, dim=-1)
+
+    def _warp_candidates(self, scores: torch.Tensor, top_k_ids: torch.Tensor) -> None:
+        """Top-p and typical-p on the top-k candidates only (the same result, no vocab sort)."""
+        if self.top_p is None and self.typical_p is None:
+            return
+        candidates = top_candidates(scores, top_k_ids)
+        if self.top_p is not None:
+            top_p_over(scores, candidates, self.top_p)
+        if self.typical_p is not None:
+            typical_p_over(scores, candidates, self.typical_p)
 
     def _penalize(self, scores: torch.Tensor, history: torch.Tensor, lengths: torch.Tensor) -> None:
         counts = token_counts(history, lengths, scores.shape[-1])
@@ -197,13 +212,10 @@ class NextTokenChooser:
     def _sample(self, scores: torch.Tensor) -> torch.Tensor:
         """argmax(p / E) with E ~ Exponential(1) is a draw from p, with no host sync."""
         probs = torch.softmax(scores, dim=-1)
-        vocab = scores.shape[-1]
-        noise = torch.stack(
-            [
-                torch.empty(vocab, device=self.device).exponential_(generator=self.generators[i])
-                for i in self.sample_rows
-            ]
-        )
+        # Each request draws its row from its own generator, straight into the batch's tensor.
+        noise = torch.empty(probs.shape, device=self.device)
+        for row, i in zip(noise, self.sample_rows, strict=True):
+            row.exponential_(generator=self.generators[i])
         return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
 
 
@@ -223,17 +235,20 @@ def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> to
     return counts[:, :vocab]
 
 
-def _top_k(scores: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> None:
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
+    """Masks each row below its k-th value (ties stay); returns the ids of the batch's top-k."""
     vocab = scores.shape[-1]
-    largest = torch.topk(scores, min(max_top_k, vocab), dim=-1).values
-    kth = largest.gather(1, (top_k.clamp(max=vocab) - 1).clamp(min=0))
+    largest = torch.topk(scores, min(max_top_k, vocab), dim=-1)
+    kth = largest.values.gather(1, (top_k.clamp(max=vocab) - 1).clamp(min=0))
     # Rows with top_k = 0 keep everything.
     kth.masked_fill_(top_k == 0, NEG_INF)
     scores.masked_fill_(scores < kth, NEG_INF)
+    return largest.indices
 
 
 def _top_p(scores: torch.Tensor, top_p: torch.Tensor) -> None:
-    sorted_scores, order = torch.sort(scores, dim=-1)
+    # Stable: tied scores at the cut are removed in token-id order, on every device.
+    sorted_scores, order = torch.sort(scores, dim=-1, stable=True)
     cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
     remove = cumulative <= 1 - top_p
     # The most likely token always stays.
@@ -245,7 +260,7 @@ def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> None:
     logp = torch.log_softmax(scores, dim=-1)
     entropy = -(logp * logp.exp()).nansum(dim=-1, keepdim=True)
     surprise_gap = (-logp - entropy).abs()
-    sorted_gap, order = torch.sort(surprise_gap, dim=-1)
+    sorted_gap, order = torch.sort(surprise_gap, dim=-1, stable=True)
     cumulative = scores.gather(1, order).softmax(dim=-1).cumsum(dim=-1)
     last = (cumulative < mass).sum(dim=1, keepdim=True).clamp(max=scores.shape[-1] - 1)
     remove = sorted_gap > sorted_gap.gather(1, last)
