@@ -101,20 +101,40 @@ def assert_same(got: dict[int, Greedy], expected: list[Greedy]) -> None:
         torch.testing.assert_close(got[rid][1], logprobs, rtol=1e-3, atol=1e-3)
 
 
+def _eager_layers(model: torch.nn.Module) -> None:
+    """Switches the fused Triton layer kernels (on by default on CUDA) back to the eager ops."""
+    from pytgi_shard.layers.layernorm import RMSNorm
+    from pytgi_shard.layers.mlp import GatedMLP
+
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.fused = False
+        elif isinstance(module, GatedMLP):
+            module.kernel_act = None
+        elif hasattr(module, "fused_rotary"):
+            module.fused_rotary = False
+
+
+# The families differ in what the layers do (llama: llama3 RoPE scaling; mistral: plain RoPE and
+# 4:1 GQA; qwen2: q/k/v bias, tied embeddings), so a mismatch points at its layer.
+@pytest.mark.parametrize("kernels", ["fused", "eager"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_one_rank_matches_transformers_on_cuda(
-    tiny_model: Callable[..., Path], attention: str
+    tiny_model: Callable[..., Path], attention: str, family: str, kernels: str
 ) -> None:
     from pytgi_shard.settings import ShardSettings
     from pytgi_shard.startup import load_engine
 
-    model = tiny_model("llama")
+    model = tiny_model(family)
     prompts = encode(model, PROMPTS)
     expected = transformers_greedy(model, prompts, MAX_NEW)
     engine = load_engine(
         ShardSettings(model_path=model, attention=attention, dtype="float32", block_size=BLOCK)
     )
     assert engine.model.device.type == "cuda"
+    if kernels == "eager":
+        _eager_layers(engine.model)  # type: ignore[arg-type]
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=4096,
                                    max_batch_size=len(prompts)))
 
