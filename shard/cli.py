@@ -57,7 +57,11 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         help="default: the checkpoint's half precision on GPU, float32 on CPU",
     )
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--attention", default="reference", help="attention backend (default reference)")
+    p.add_argument(
+        "--attention",
+        help="attention backend: triton or reference (default: triton on CUDA when Triton is "
+        "installed, else reference)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
     p.add_argument(
         "--max-total-tokens", type=int, help="CPU KV budget in tokens when Warmup sets none"

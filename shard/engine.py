@@ -87,7 +87,7 @@ class Engine:
             speculate=0,
             support_chunking=False,
             use_prefix_caching=False,
-            attention_impl=self.settings.attention,
+            attention_impl=self.settings.attention or "reference",
             block_size=self.block_size,
             model_type=m.model_type,
             world_size=self.dist.world_size,

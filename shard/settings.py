@@ -46,7 +46,8 @@ class ShardSettings:
     # None: the checkpoint's dtype on GPU (half precision), float32 on CPU.
     dtype: str | None = None
     trust_remote_code: bool = False
-    attention: str = "reference"
+    # None: the device's default (shard.attention.default_backend), resolved at start-up.
+    attention: str | None = None
     block_size: int = 16
     # CPU KV budget in tokens when the router's Warmup does not impose one.
     max_total_tokens: int | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import socket
@@ -9,6 +10,7 @@ import socket
 import torch
 import torch.distributed as tdist
 
+from pytgi_shard.attention.backend import default_backend
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist, init_distributed
 from pytgi_shard.engine import Engine
@@ -51,13 +53,16 @@ def load_engine(settings: ShardSettings) -> Engine:
         settings.rank, settings.world_size, settings.master_addr, settings.master_port, device
     )
     dtype = resolve_dtype(settings, device)
-    log.info("loading %s on %s as %s", settings.model_path, device, dtype)
+    if settings.attention is None:
+        settings = dataclasses.replace(settings, attention=default_backend(device))
+    log.info("loading %s on %s as %s, %s attention", settings.model_path, device, dtype,
+             settings.attention)
     model = get_model(
         settings.model_path,
         dtype=dtype,
         dist=dist,
         trust_remote_code=settings.trust_remote_code,
-        attention=settings.attention,
+        attention=settings.attention or "reference",
     )
     detokenizer = Detokenizer.from_model_dir(settings.model_path)
     return Engine(model, detokenizer, dist, settings)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from abc import ABC, abstractmethod
 
 import torch
@@ -36,6 +37,15 @@ class AttentionBackend(ABC):
         context and attend causally to every earlier position (within `sliding_window` tokens,
         the query's own included, when given).
         """
+
+
+def default_backend(device: torch.device) -> str:
+    """The backend a shard uses when --attention is not given: the Triton kernels on a CUDA
+    device when Triton is installed (the fast path, and the one CUDA graphs capture), else the
+    plain-PyTorch reference (the CPU path)."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton"
+    return "reference"
 
 
 def get_backend(name: str) -> AttentionBackend:
