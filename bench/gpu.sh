@@ -12,7 +12,7 @@
 #   tests       pytest on CUDA: the Triton kernel and CUDA-graph tests, and tests/gpu/ (greedy
 #               tokens equal to transformers' on the GPU)
 #   steps       pytgi_bench.engine_steps on the 1B and 8B shapes: the Triton attention at batch
-#               1, 64 and 256, the reference attention at batch 1
+#               1, 64 and 256 (the reference attention's numbers: bench/README.md)
 #   compare-1b  bench/compare.py --gpu --shape 1b: pytgi over HTTP against transformers
 #   compare-8b  the same on the Llama-3-8B shape
 # Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
@@ -123,11 +123,6 @@ stage_steps() {
         echo "+ engine_steps $shape --attention $ATTN --batch-sizes $sizes"
         "$PY" -m pytgi_bench.engine_steps --model "$model" --attention "$ATTN" \
             --batch-sizes "$sizes" --steps "$steps" --out "$WORK/steps/$shape-$ATTN.json" || rc=1
-        if [[ $ATTN != reference ]]; then
-            echo "+ engine_steps $shape --attention reference --batch-sizes 1"
-            "$PY" -m pytgi_bench.engine_steps --model "$model" --attention reference \
-                --batch-sizes 1 --steps "$steps" --out "$WORK/steps/$shape-reference.json" || rc=1
-        fi
     done
     return $rc
 }
