@@ -251,10 +251,45 @@ def _served_window(outputs: list[Any]) -> float | None:
     return finished - created
 
 
+class RequestsFailed(RuntimeError):
+    """generate_batch returned, but with requests missing, failed or without a single token."""
+
+
+def _check_outputs(outputs: list[Any], requests: int, logged: str | None) -> None:
+    """Raises RequestsFailed unless every request came back finished with tokens: transformers
+    returns failed requests (5.x: `error` set, status FAILED, no tokens) instead of raising,
+    and only logs why — `logged`, the first error it logged, is the reason reported."""
+    failed = [o for o in outputs if o.error is not None or _status(o) == "FAILED"]
+    empty = [o for o in outputs if not o.generated_tokens]
+    if len(outputs) == requests and not failed and not empty:
+        return
+    first = next((o.error for o in failed if o.error), None)
+    raise RequestsFailed(
+        f"{len(outputs)}/{requests} requests returned, {len(failed)} failed, "
+        f"{len(empty)} without tokens: {first or logged or 'no error given'}"
+    )
+
+
+def _status(output: Any) -> str:
+    """The request status' name: an Enum of strings in 4.x, an IntEnum in 5.x."""
+    return str(getattr(output.status, "name", output.status)).upper()
+
+
+def _batching_config(knobs: dict[str, int]) -> dict[str, Any]:
+    """generate_batch's sizing knobs: 5.x takes them in a ContinuousBatchingConfig (it ignores
+    them on the GenerationConfig), 4.x on the GenerationConfig ({} here)."""
+    try:
+        from transformers import ContinuousBatchingConfig  # type: ignore[attr-defined]
+    except ImportError:
+        return {}
+    return {"continuous_batching_config": ContinuousBatchingConfig(**knobs)}
+
+
 @contextlib.contextmanager
 def _cpu_memory_probe(available_bytes: int | None) -> Iterator[None]:
-    """transformers 4.57 sizes its paged cache from CUDA/MPS memory only (CPU reports None and
-    generate_batch fails); this reports `available_bytes` instead, for the patched CPU row."""
+    """transformers sizes its paged cache from accelerator memory only (on CPU 4.57 gets None,
+    5.17 a negative block count, and generate_batch refuses); this reports `available_bytes`
+    instead, for the patched CPU row."""
     if available_bytes is None:
         yield
         return
@@ -271,7 +306,11 @@ def _cpu_memory_probe(available_bytes: int | None) -> Iterator[None]:
         handler.get_available_memory = original  # type: ignore[method-assign]
 
 
-@torch.inference_mode()
+# no_grad, not inference_mode: transformers 5.x allocates the paged cache and its static input
+# tensors in this thread and updates them in place from its generation thread, where inference
+# mode (thread-local) is off — tensors made in inference mode then refuse every in-place write,
+# each request fails and generate_batch returns them all, empty, in a fraction of a second.
+@torch.no_grad()
 def hf_continuous(
     model_dir: Path,
     prompts: Prompts,
@@ -302,15 +341,20 @@ def hf_continuous(
     start = time.perf_counter()
     model = _load(model_dir, dtype, device, attn=_paged_sdpa())
     result.startup_s = time.perf_counter() - start
-    knobs = {"num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens}
+    knobs = {
+        k: v
+        for k, v in {"num_blocks": num_blocks, "max_batch_tokens": max_batch_tokens}.items()
+        if v is not None
+    }
+    batching = _batching_config(knobs)
     config = GenerationConfig(
         max_new_tokens=new_tokens,
         do_sample=False,
         eos_token_id=model.generation_config.eos_token_id,
         pad_token_id=model.generation_config.pad_token_id,
-        **{k: v for k, v in knobs.items() if v is not None},
+        **({} if batching else knobs),
     )
-    result.extra.update({k: v for k, v in knobs.items() if v is not None})
+    result.extra.update(knobs)
     capture = _ErrorCapture()
     cb_logger = logging.getLogger("ContinuousBatchingLogger")
     cb_logger.addHandler(capture)
@@ -318,14 +362,17 @@ def hf_continuous(
 
         def run(batch: Prompts, n: int) -> Timing:
             config.max_new_tokens = n
-            outputs = model.generate_batch(batch, generation_config=config, progress_bar=False)
-            if len(outputs) != len(batch):
-                raise RuntimeError(capture.message or f"{len(outputs)}/{len(batch)} finished")
+            outputs = model.generate_batch(
+                batch, generation_config=config, progress_bar=False, **batching
+            )
             done = list(outputs.values())
+            _check_outputs(done, len(batch), capture.message)
             return Timing(sum(len(o.generated_tokens) for o in done), _served_window(done))
 
         with _cpu_memory_probe(cpu_memory_bytes):
             return _timed(run, prompts, new_tokens, repeats, device, result)
+    except RequestsFailed as exc:  # it accepted the setup, then broke: an error, not N/A
+        return SystemResult(result.system, result.description, status="error", error=str(exc))
     except Exception as exc:  # any refusal of this setup is the row's N/A reason
         return SystemResult.not_available(
             result.system, result.description, f"{type(exc).__name__}: {exc}"
