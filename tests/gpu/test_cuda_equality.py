@@ -43,15 +43,17 @@ def encode(model: Path, texts: list[str]) -> list[list[int]]:
     return [tok.encode(t).ids for t in texts]
 
 
-def transformers_greedy(model_path: Path, prompts: list[list[int]], max_new: int) -> list[Greedy]:
-    """transformers on the GPU, float32, each prompt alone: tokens and their logprobs."""
+def transformers_greedy(
+    model_path: Path, prompts: list[list[int]], max_new: int, device: str = "cuda"
+) -> list[Greedy]:
+    """transformers on `device`, float32, each prompt alone: tokens and their logprobs."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to("cuda").eval()
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device).eval()
     out: list[Greedy] = []
     with torch.inference_mode():
         for ids in prompts:
-            x = torch.tensor([ids], device="cuda")
+            x = torch.tensor([ids], device=device)
             gen = model.generate(
                 x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
                 output_logits=True, return_dict_in_generate=True,
@@ -95,10 +97,20 @@ def collect(call: Callable[[str, Any], Any], requests: list[pb.Request]) -> dict
         response = call("Decode", pb.DecodeRequest(batches=[response.batch]))
 
 
-def assert_same(got: dict[int, Greedy], expected: list[Greedy]) -> None:
+def assert_same(
+    got: dict[int, Greedy], expected: list[Greedy], on_cpu: list[Greedy] | None = None
+) -> None:
+    """Tokens equal and logprobs close; on a mismatch the message also says how far each side
+    is from transformers on the CPU, to tell a CUDA-only difference from a model difference."""
     for rid, (tokens, logprobs) in enumerate(expected):
-        assert got[rid][0] == tokens, f"request {rid}: tokens differ from transformers"
-        torch.testing.assert_close(got[rid][1], logprobs, rtol=1e-3, atol=1e-3)
+        where = ""
+        if on_cpu is not None:
+            cpu = on_cpu[rid][1]
+            ours = max(abs(a - b) for a, b in zip(got[rid][1], cpu, strict=False))
+            theirs = max(abs(a - b) for a, b in zip(logprobs, cpu, strict=False))
+            where = f" (max |logprob - CPU transformers|: ours {ours:.2e}, CUDA transformers {theirs:.2e})"
+        assert got[rid][0] == tokens, f"request {rid}: tokens differ from transformers{where}"
+        torch.testing.assert_close(got[rid][1], logprobs, rtol=1e-3, atol=1e-3, msg=where or None)
 
 
 def _eager_layers(model: torch.nn.Module) -> None:
@@ -135,13 +147,14 @@ def test_one_rank_matches_transformers_on_cuda(
     assert engine.model.device.type == "cuda"
     if kernels == "eager":
         _eager_layers(engine.model)  # type: ignore[arg-type]
+    on_cpu = transformers_greedy(model, prompts, MAX_NEW, device="cpu")
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=4096,
                                    max_batch_size=len(prompts)))
 
     def call(rpc: str, request: Any) -> Any:
         return engine.prefill(request) if rpc == "Prefill" else engine.decode(request)
 
-    assert_same(collect(call, make_requests(prompts, MAX_NEW)), expected)
+    assert_same(collect(call, make_requests(prompts, MAX_NEW)), expected, on_cpu)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
