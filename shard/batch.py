@@ -74,7 +74,9 @@ class Batch:
         requests: list[RequestState],
         all_ids: torch.Tensor,
         lengths: torch.Tensor,
+        last_ids: torch.Tensor,
         block_tables: torch.Tensor,
+        slot_table: torch.Tensor,
         chooser: NextTokenChooser,
         stops: BatchStops,
         block_size: int,
@@ -86,8 +88,12 @@ class Batch:
         self.all_ids = all_ids
         # [batch] int64: tokens known per request; the last one is the next forward's input.
         self.lengths = lengths
+        # [batch] int64: that last token (all_ids at lengths - 1).
+        self.last_ids = last_ids
         # [batch, max blocks] int32, padded with block 0.
         self.block_tables = block_tables
+        # [batch, max blocks * block_size] int64: the cache slot of every position.
+        self.slot_table = slot_table
         self.chooser = chooser
         self.stops = stops
         self.block_size = block_size
@@ -97,11 +103,14 @@ class Batch:
         # Per row, how many top tokens to report; None when no request asked (the usual case).
         top_n = [r.top_n_tokens for r in requests]
         self.top_n: list[int] | None = top_n if any(top_n) else None
-        # A decode step's rows, one token each: the same every step of this batch.
+        # What every decode step of this batch reuses: its rows (one token each), the requests'
+        # text streams, and (once asked) its CachedBatch.
         self.rows = torch.arange(len(requests), device=lengths.device)
         self.cu_seqlens_decode = torch.arange(
             len(requests) + 1, dtype=torch.int32, device=lengths.device
         )
+        self.streams = [r.text for r in requests]
+        self._pb: generate_pb2.CachedBatch | None = None
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -134,12 +143,15 @@ class Batch:
         stops = BatchStops.build(
             [len(p) for p in prompts], [r.stopping for r in requests], ctx.device
         )
+        block_tables = _block_table([r.blocks for r in requests], ctx.device)
         return cls(
             batch_id=pb.id,
             requests=requests,
             all_ids=all_ids.to(ctx.device),
             lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long, device=ctx.device),
-            block_tables=_block_table([r.blocks for r in requests], ctx.device),
+            last_ids=torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=ctx.device),
+            block_tables=block_tables,
+            slot_table=_slot_table(block_tables, ctx.block_size),
             chooser=NextTokenChooser.create(params, ctx.device, ctx.watermark),
             stops=stops,
             block_size=ctx.block_size,
@@ -147,14 +159,19 @@ class Batch:
         )
 
     def to_pb(self) -> generate_pb2.CachedBatch:
-        return generate_pb2.CachedBatch(
-            id=self.batch_id,
-            request_ids=self.request_ids,
-            size=len(self),
-            max_tokens=sum(len(r.blocks) for r in self.requests) * self.block_size,
-            # A cached batch is prefilled: its next forward is one token per request.
-            current_tokens=len(self),
-        )
+        """The CachedBatch (a new message each call): what it says never changes for a Batch."""
+        if self._pb is None:
+            self._pb = generate_pb2.CachedBatch(
+                id=self.batch_id,
+                request_ids=self.request_ids,
+                size=len(self),
+                max_tokens=sum(len(r.blocks) for r in self.requests) * self.block_size,
+                # A cached batch is prefilled: its next forward is one token per request.
+                current_tokens=len(self),
+            )
+        out = generate_pb2.CachedBatch()
+        out.CopyFrom(self._pb)
+        return out
 
     def prefill_inputs(self) -> ForwardInputs:
         """Every prompt token of every request, flat; logits for last tokens (and prompt rows of
@@ -232,17 +249,16 @@ class Batch:
             max_seqlen_k=self.max_length,
             block_size=self.block_size,
         )
-        input_ids = self.all_ids.gather(1, positions.unsqueeze(1)).squeeze(1)
-        return ForwardInputs(input_ids, positions, meta, None, rows)
+        return ForwardInputs(self.last_ids, positions, meta, None, rows)
 
     def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        blocks = self.block_tables[rows, positions // self.block_size].to(torch.long)
-        return blocks * self.block_size + positions % self.block_size
+        return self.slot_table[rows, positions]
 
     def append(self, next_ids: torch.Tensor) -> None:
         """Records one new token per request (device side; host state is the caller's)."""
         self.all_ids.scatter_(1, self.lengths.unsqueeze(1), next_ids.unsqueeze(1))
         self.lengths += 1
+        self.last_ids = next_ids
         self.max_length += 1
         self.prefilled = True
 
@@ -264,7 +280,9 @@ class Batch:
             requests=requests,
             all_ids=self.all_ids[index, :width],
             lengths=self.lengths[index],
+            last_ids=self.last_ids[index],
             block_tables=self.block_tables[index, :max_blocks],
+            slot_table=self.slot_table[index, : max_blocks * self.block_size],
             chooser=self.chooser.filter(indices),
             stops=self.stops.index(index),
             block_size=self.block_size,
@@ -285,7 +303,11 @@ class Batch:
             requests=list(chain.from_iterable(b.requests for b in batches)),
             all_ids=torch.cat([_pad_columns(b.all_ids, width) for b in batches]),
             lengths=torch.cat([b.lengths for b in batches]),
+            last_ids=torch.cat([b.last_ids for b in batches]),
             block_tables=torch.cat([_pad_columns(b.block_tables, max_blocks) for b in batches]),
+            slot_table=torch.cat(
+                [_pad_columns(b.slot_table, max_blocks * b.block_size) for b in batches]
+            ),
             chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
             stops=BatchStops.concatenate([b.stops for b in batches]),
             block_size=batches[0].block_size,
@@ -295,6 +317,13 @@ class Batch:
 
 def _pad_columns(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, width - t.shape[1]))
+
+
+def _slot_table(block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Slot of position p of row r: block_tables[r, p // block_size] * block_size + p % block_size."""
+    offsets = torch.arange(block_size, device=block_tables.device)
+    slots = block_tables.to(torch.long).unsqueeze(2) * block_size + offsets
+    return slots.flatten(1)
 
 
 def _block_table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:

@@ -37,10 +37,10 @@ def next_tokens(
     reasons = batch.stops.reasons(next_ids, batch.lengths)
     ids, lps, codes = _to_host(next_ids, chosen, reasons)
 
-    requests = batch.requests
-    for r, token in zip(requests, ids, strict=True):
-        r.text.ids.append(token)
-    texts = detokenizer.advance([r.text for r in requests])
+    requests, streams = batch.requests, batch.streams
+    for stream, token in zip(streams, ids, strict=True):
+        stream.ids.append(token)
+    texts = detokenizer.advance(streams)
     response = generate_pb2.DecodeResponse()
     generations = response.generations
     special = detokenizer.special_ids
@@ -59,8 +59,18 @@ def next_tokens(
 def _to_host(
     next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor
 ) -> tuple[list[int], list[float], list[int]]:
-    """The step's only device-to-host transfer (on a GPU every read is a sync): ids, their
-    logprobs and finish codes in one float64 tensor, which holds each of them exactly."""
+    """The step's ids, their logprobs and finish codes as Python lists."""
+    if next_ids.device.type == "cpu":
+        # Already on the host: nothing to transfer, no packing to pay for.
+        return next_ids.tolist(), chosen.tolist(), reasons.tolist()
+    return _one_transfer(next_ids, chosen, reasons)
+
+
+def _one_transfer(
+    next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor
+) -> tuple[list[int], list[float], list[int]]:
+    """The step's only device-to-host transfer (on a GPU every read is a sync): the three in one
+    float64 tensor, which holds each of them exactly."""
     packed = torch.stack((next_ids.double(), chosen.double(), reasons.double())).cpu()
     ints = packed[0::2].long().tolist()
     return ints[0], packed[1].tolist(), ints[1]

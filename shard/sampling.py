@@ -2,10 +2,9 @@
 
 "Heterogeneous" as in TGI: every request keeps its own parameters, held as [batch, 1] tensors so
 that one tensor op applies them all. A processor runs only when some request in the batch needs
-it, so an all-greedy batch costs one argmax and one log-softmax. Every argmax is taken with
-`first_max`: the first index of the maximum, like argmax, from max's kernel, which the CPU
-vectorises (argmax's it does not: 0.25 vs 0.7 ms for 256 x 4096). Order, as TGI: watermark,
-repetition penalty, frequency penalty, then the warpers temperature, top-k, top-p, typical-p.
+it, so an all-greedy batch costs one argmax (`first_max`, fast on the CPU too) and one
+log-softmax. Order, as TGI: watermark, repetition penalty, frequency penalty, then the warpers
+temperature, top-k, top-p, typical-p.
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pytgi_proto import generate_pb2
+from pytgi_shard.argmax import first_max
 from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
 from pytgi_shard.errors import InvalidRequest
 
@@ -217,11 +217,6 @@ class NextTokenChooser:
         for row, i in zip(noise, self.sample_rows, strict=True):
             row.exponential_(generator=self.generators[i])
         return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
-
-
-def first_max(scores: torch.Tensor) -> torch.Tensor:
-    """Per row, the first index of the largest value (NaN counts as largest), as argmax."""
-    return scores.max(dim=-1).indices
 
 
 def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:

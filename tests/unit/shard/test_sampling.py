@@ -6,8 +6,6 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -22,7 +20,6 @@ from pytgi_shard.sampling import (
     NextTokenChooser,
     SamplingParams,
     Watermark,
-    first_max,
     token_counts,
     top_tokens,
 )
@@ -220,20 +217,3 @@ def test_exponential_noise_never_picks_an_impossible_token() -> None:
     logits = torch.tensor([[0.0, math.log(1e-3), float("-inf")]])
     draws = run(chooser(SamplingParams(do_sample=True, seed=1)), logits, 500)[0]
     assert 2 not in draws
-
-
-_SCORES = st.sampled_from([0.0, 1.0, 2.0, -1.5, float("inf"), float("-inf"), float("nan")])
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    rows=st.integers(1, 5),
-    width=st.integers(1, 70),
-    values=st.lists(_SCORES, min_size=350, max_size=350),
-    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-)
-def test_first_max_is_argmax_with_ties_infinities_and_nan(
-    rows: int, width: int, values: list[float], dtype: torch.dtype
-) -> None:
-    scores = torch.tensor(values[: rows * width]).view(rows, width).to(dtype)
-    assert torch.equal(first_max(scores), scores.argmax(dim=-1))
