@@ -104,20 +104,17 @@ class Batch:
         top_n = [r.top_n_tokens for r in requests]
         self.top_n: list[int] | None = top_n if any(top_n) else None
         # What every decode step of this batch reuses: its rows (one token each), the requests'
-        # text streams, and (once asked) its CachedBatch.
+        # text streams and ids, and (once asked) its CachedBatch.
         self.rows = torch.arange(len(requests), device=lengths.device)
         self.cu_seqlens_decode = torch.arange(
             len(requests) + 1, dtype=torch.int32, device=lengths.device
         )
         self.streams = [r.text for r in requests]
+        self.request_ids = [r.id for r in requests]
         self._pb: generate_pb2.CachedBatch | None = None
 
     def __len__(self) -> int:
         return len(self.requests)
-
-    @property
-    def request_ids(self) -> list[int]:
-        return [r.id for r in self.requests]
 
     @classmethod
     def from_pb(cls, pb: generate_pb2.Batch, ctx: BatchContext) -> Batch:

@@ -16,6 +16,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from pytgi_proto import generate_pb2
 from pytgi_shard.batch import Batch, ForwardInputs, RequestState
 from pytgi_shard.detokenizer import Detokenizer
+from pytgi_shard.generation_wire import one_token_generations
 from pytgi_shard.sampling import top_tokens
 from pytgi_shard.stopping import RUNNING, STOP_SEQUENCE
 
@@ -42,9 +43,10 @@ def next_tokens(
         stream.ids.append(token)
     texts = detokenizer.advance(streams)
     response = generate_pb2.DecodeResponse()
+    wire = one_token_generations(batch.request_ids, ids, lps, texts, detokenizer.special_ids)
+    response.MergeFromString(wire)
     generations = response.generations
-    special = detokenizer.special_ids
-    finished = _add_generations(generations, requests, ids, lps, texts, codes, special)
+    finished = _stopped(requests, texts, codes)
     if prefill:
         for g in generations:
             if g.request_id in prefill:
@@ -76,27 +78,13 @@ def _one_transfer(
     return ints[0], packed[1].tolist(), ints[1]
 
 
-def _add_generations(
-    out: _Generations,
-    requests: list[RequestState],
-    ids: list[int],
-    lps: list[float],
-    texts: list[str],
-    codes: list[int],
-    special: frozenset[int],
+def _stopped(
+    requests: list[RequestState], texts: list[str], codes: list[int]
 ) -> list[tuple[int, int]]:
-    """One Generation per request, appended to `out`; returns the (row, FinishReason) of each
-    request that finished: `codes` holds the length/EOS stops, stop sequences are checked here."""
-    add = out.add
+    """Counts each request's token; returns the (row, FinishReason) of each request that
+    finished: `codes` holds the length/EOS stops, stop sequences are checked here."""
     finished = []
-    for row, (r, token, lp, text, code) in enumerate(
-        zip(requests, ids, lps, texts, codes, strict=True)
-    ):
-        tokens = add(request_id=r.id).tokens
-        tokens.ids.append(token)
-        tokens.logprobs.append(lp)
-        tokens.texts.append(text)
-        tokens.is_special.append(token in special)
+    for row, (r, text, code) in enumerate(zip(requests, texts, codes, strict=True)):
         stopping = r.stopping
         stopping.generated += 1
         if code == RUNNING:
