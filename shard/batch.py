@@ -50,7 +50,7 @@ class RequestState:
     @property
     def length(self) -> int:
         """Tokens known so far: the prompt and every generated token."""
-        return self.prompt_length + self.stopping.generated
+        return self.prompt_length + self.text.generated
 
 
 @dataclass(slots=True)
@@ -111,6 +111,7 @@ class Batch:
         )
         self.streams = [r.text for r in requests]
         self.request_ids = [r.id for r in requests]
+        self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]
         self._pb: generate_pb2.CachedBatch | None = None
 
     def __len__(self) -> int:

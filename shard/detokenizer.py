@@ -49,6 +49,11 @@ class TextStream:
     def generated_ids(self) -> list[int]:
         return self.ids[self.prompt_context :]
 
+    @property
+    def generated(self) -> int:
+        """How many tokens were generated (every one is appended here)."""
+        return len(self.ids) - self.prompt_context
+
 
 def clean_up_tokenization(text: str) -> str:
     """transformers' legacy clean-up of spaces before punctuation, for tokenizers that ask for it."""
@@ -114,8 +119,8 @@ class Detokenizer:
         """Each token decoded on its own (prefill and top tokens, as TGI reports them)."""
         return self.decode_batch([[i] for i in ids])
 
-    def advance(self, streams: Sequence[TextStream]) -> list[str]:
-        """The new text of each stream after its latest token was appended ("" if withheld).
+    def advance(self, streams: Sequence[TextStream], tokens: Sequence[int]) -> list[str]:
+        """Appends tokens[i] to streams[i]; returns the new text of each ("" if withheld).
 
         A stream whose window is one plain token and that got one plain token reads that token's
         piece (exactly what decoding the two windows gives, see `_plain_pieces`); the others
@@ -125,11 +130,11 @@ class Detokenizer:
         known = len(pieces)
         out: list[str] = []
         windowed: list[int] = []
-        for i, s in enumerate(streams):
+        for i, (s, token) in enumerate(zip(streams, tokens, strict=True)):
             ids = s.ids
+            ids.append(token)
             n = len(ids)
             if s.plain_window and s.read_offset == n - 1:
-                token = ids[-1]
                 piece = pieces[token] if 0 <= token < known else None
                 if piece is not None:
                     s.prefix_offset = n - 1

@@ -38,15 +38,13 @@ def next_tokens(
     reasons = batch.stops.reasons(next_ids, batch.lengths)
     ids, lps, codes = _to_host(next_ids, chosen, reasons)
 
-    requests, streams = batch.requests, batch.streams
-    for stream, token in zip(streams, ids, strict=True):
-        stream.ids.append(token)
-    texts = detokenizer.advance(streams)
+    requests = batch.requests
+    texts = detokenizer.advance(batch.streams, ids)
     response = generate_pb2.DecodeResponse()
     wire = one_token_generations(batch.request_ids, ids, lps, texts, detokenizer.special_ids)
     response.MergeFromString(wire)
     generations = response.generations
-    finished = _stopped(requests, texts, codes)
+    finished = _finished(requests, texts, codes, batch.stop_rows)
     if prefill:
         for g in generations:
             if g.request_id in prefill:
@@ -78,28 +76,25 @@ def _one_transfer(
     return ints[0], packed[1].tolist(), ints[1]
 
 
-def _stopped(
-    requests: list[RequestState], texts: list[str], codes: list[int]
+def _finished(
+    requests: list[RequestState], texts: list[str], codes: list[int], stop_rows: list[int]
 ) -> list[tuple[int, int]]:
-    """Counts each request's token; returns the (row, FinishReason) of each request that
-    finished: `codes` holds the length/EOS stops, stop sequences are checked here."""
-    finished = []
-    for row, (r, text, code) in enumerate(zip(requests, texts, codes, strict=True)):
-        stopping = r.stopping
-        stopping.generated += 1
-        if code == RUNNING:
-            if not (stopping.stop_sequences and stopping.matches(text)):
-                continue
-            code = STOP_SEQUENCE
-        finished.append((row, code))
-    return finished
+    """(row, FinishReason) of each request that finished, in row order: `codes` holds the
+    length/EOS stops; stop sequences are checked here, for the rows that have any."""
+    finished = [(row, code) for row, code in enumerate(codes) if code != RUNNING]
+    stopped = [
+        (row, STOP_SEQUENCE)
+        for row in stop_rows
+        if codes[row] == RUNNING and requests[row].stopping.matches(texts[row])
+    ]
+    return sorted(finished + stopped) if stopped else finished
 
 
 def _set_generated_text(
     out: generate_pb2.GeneratedText, r: RequestState, reason: int, detokenizer: Detokenizer
 ) -> None:
     out.text = detokenizer.decode(r.text.generated_ids, skip_special_tokens=True)
-    out.generated_tokens = r.stopping.generated
+    out.generated_tokens = r.text.generated
     out.finish_reason = reason  # type: ignore[assignment]
     if r.seed is not None:
         out.seed = r.seed

@@ -33,8 +33,7 @@ def stream_texts(detok: Detokenizer, prompt: list[int], generated: list[int]) ->
     stream = TextStream.start(prompt)
     out = []
     for token in generated:
-        stream.ids.append(token)
-        out.extend(detok.advance([stream]))
+        out.extend(detok.advance([stream], [token]))
     return out
 
 
@@ -56,9 +55,10 @@ def test_batched_streams_advance_independently(detok: Detokenizer) -> None:
     pieces: list[list[str]] = [[], []]
     for step in range(max(len(a), len(b))):
         active = [i for i, seq in enumerate((a, b)) if step < len(seq)]
-        for i in active:
-            streams[i].ids.append((a, b)[i][step])
-        for i, text in zip(active, detok.advance([streams[i] for i in active]), strict=True):
+        tokens = [(a, b)[i][step] for i in active]
+        for i, text in zip(
+            active, detok.advance([streams[i] for i in active], tokens), strict=True
+        ):
             pieces[i].append(text)
     assert ["".join(p) for p in pieces] == ["🙂 fox", "The dog"]
     assert streams[0].generated_ids == a and streams[1].generated_ids == b
@@ -91,10 +91,16 @@ def test_eos_ids_come_from_generation_config_then_tokenizer_then_config(
     assert Detokenizer.from_model_dir(tmp_path).eos_ids == {pad}
 
 
-def test_clean_up_tokenization_spaces_when_the_tokenizer_asks(model_dir: Path, tmp_path: Path) -> None:
+def test_clean_up_tokenization_spaces_when_the_tokenizer_asks(
+    model_dir: Path, tmp_path: Path
+) -> None:
     (tmp_path / "tokenizer.json").write_text((model_dir / "tokenizer.json").read_text())
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
-    ids = Detokenizer.from_model_dir(model_dir).tokenizer.encode("fox !", add_special_tokens=False).ids
+    ids = (
+        Detokenizer.from_model_dir(model_dir)
+        .tokenizer.encode("fox !", add_special_tokens=False)
+        .ids
+    )
     assert Detokenizer.from_model_dir(model_dir).decode(ids) == "fox !"
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({**config, "clean_up_tokenization_spaces": True})
@@ -119,9 +125,8 @@ def steps_of(detok: Detokenizer, prompts: list[list[int]], tokens: list[list[int
     out = []
     for step in range(max(len(t) for t in tokens)):
         active = [i for i, t in enumerate(tokens) if step < len(t)]
-        for i in active:
-            streams[i].ids.append(tokens[i][step])
-        out.append(detok.advance([streams[i] for i in active]))
+        new = [tokens[i][step] for i in active]
+        out.append(detok.advance([streams[i] for i in active], new))
     return [out, [(s.prefix_offset, s.read_offset) for s in streams]]
 
 

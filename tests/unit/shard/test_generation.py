@@ -40,9 +40,7 @@ def reference_step(
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
     batch.append(next_ids)
     ids, lps = next_ids.tolist(), chosen.tolist()
-    for r, token in zip(batch.requests, ids, strict=True):
-        r.text.ids.append(token)
-    texts = plain.advance([r.text for r in batch.requests])
+    texts = plain.advance([r.text for r in batch.requests], ids)
     generations, finished = [], []
     for r, token, lp, text in zip(batch.requests, ids, lps, texts, strict=True):
         g = pb.Generation(
