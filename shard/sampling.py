@@ -162,7 +162,8 @@ class NextTokenChooser:
     def __call__(
         self, logits: torch.Tensor, history: torch.Tensor, lengths: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Processes `logits` in place and returns (next ids [batch], logprobs [batch, vocab]).
+        """Processes `logits` in place into (next ids [batch], logprobs [batch, vocab]), the
+        logprobs in `logits`' own storage.
 
         history: [batch, width] token ids so far (prompt + generated), valid up to `lengths`.
         logprobs are the log-softmax of the processed scores, as TGI reports them.
@@ -187,7 +188,9 @@ class NextTokenChooser:
         next_ids = first_max(scores)
         if self.sample_rows:
             next_ids.index_copy_(0, self.sample_index, self._sample(scores[self.sample_index]))
-        return next_ids, torch.log_softmax(scores, dim=-1)
+        # Written over the scores: no second [batch, vocab] tensor to allocate and fill (after
+        # a forward, its first touch costs ~0.1 ms at 256 x 4096 on the CPU).
+        return next_ids, torch.log_softmax(scores, dim=-1, out=scores)
 
     def _warp_candidates(self, scores: torch.Tensor, top_k_ids: torch.Tensor) -> None:
         """Top-p and typical-p on the top-k candidates only (the same result, no vocab sort)."""

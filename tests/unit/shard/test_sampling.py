@@ -71,9 +71,12 @@ def test_greedy_is_argmax_with_logprobs_of_the_raw_logits() -> None:
     torch.manual_seed(0)
     logits = torch.randn(3, VOCAB)
     ids, lengths = history([[1, 2], [3], [4, 5, 6]])
-    next_ids, logprobs = chooser(*[SamplingParams()] * 3)(logits.clone(), ids, lengths)
+    scores = logits.clone()
+    next_ids, logprobs = chooser(*[SamplingParams()] * 3)(scores, ids, lengths)
     assert next_ids.tolist() == logits.argmax(-1).tolist()
-    torch.testing.assert_close(logprobs, torch.log_softmax(logits, -1))
+    # Bit for bit, written over the scores.
+    assert torch.equal(logprobs, torch.log_softmax(logits, -1))
+    assert logprobs.data_ptr() == scores.data_ptr()
 
 
 def test_heterogeneous_processors_match_transformers_row_by_row() -> None:
