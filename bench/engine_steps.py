@@ -4,8 +4,9 @@ For each batch size, a batch of `--input-len`-token prompts is prefilled, then d
 `--steps` steps by calling the shard Engine's Prefill/Decode directly (no gRPC, no router). Per
 step it reports the whole call, the model forward the engine measured, and the rest: the
 overhead outside the forward (sampling, stopping, detokenization, batch bookkeeping, protobuf)
-that the GPU would sit idle for without overlap. Prints a table and the command; `--out` saves
-JSON.
+that the GPU would sit idle for without overlap. With `--overlap both` (default) the same engine
+is measured with the overlap scheduler off, then on. Prints a table and the command; `--out`
+saves JSON.
 
     python -m pytgi_bench.engine_steps --model DIR --batch-sizes 1,64,256 --steps 32
 """
@@ -29,6 +30,7 @@ _FIRST_PLAIN_ID = 3
 
 @dataclass(slots=True)
 class StepRow:
+    overlap: bool
     batch_size: int
     prefill_ms: float
     decode_ms: float
@@ -82,8 +84,8 @@ def measure(engine, size: int, input_len: int, steps: int) -> StepRow:  # type: 
         cached = response.batch
     engine.clear(None)
     call, forward = statistics.median(calls), statistics.median(forwards)
-    return StepRow(size, prefill_s * 1e3, call * 1e3, forward * 1e3, (call - forward) * 1e3,
-                   size / call)
+    return StepRow(engine.overlap, size, prefill_s * 1e3, call * 1e3, forward * 1e3,
+                   (call - forward) * 1e3, size / call)
 
 
 def _warmup(engine, max_batch: int, input_len: int) -> None:  # type: ignore[no-untyped-def]
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--input-len", type=int, default=32)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--threads", type=int, default=None, help="torch threads (CPU)")
+    p.add_argument("--overlap", choices=("both", "on", "off"), default="both",
+                   help="the overlap scheduler: measure with it on, off, or both (one engine)")
     p.add_argument("--extra", default="", help="more ShardSettings as k=v,k=v")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -121,17 +125,24 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_engine(settings)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     _warmup(engine, max(sizes), args.input_len)
-    measure(engine, min(sizes), args.input_len, 4)  # untimed: first-call costs
-    rows = [measure(engine, s, args.input_len, args.steps) for s in sizes]
+    rows = []
+    for overlap in {"both": (False, True), "on": (True,), "off": (False,)}[args.overlap]:
+        engine.overlap = overlap
+        measure(engine, min(sizes), args.input_len, 4)  # untimed: first-call costs
+        rows += [measure(engine, s, args.input_len, args.steps) for s in sizes]
     command = "python -m pytgi_bench.engine_steps " + shlex.join(argv or sys.argv[1:])
     print(f"# {command}")
     print(f"# device {engine.model.device}, dtype {engine.model.dtype}, "
           f"attention {args.attention}, prompt {args.input_len} tokens, {args.steps} steps")
-    print("| batch | prefill ms | decode step ms | forward ms | outside forward ms | tok/s |")
-    print("|---|---|---|---|---|---|")
+    # With overlap the forward of a step ran during the previous call: "busy" is the share of
+    # a Decode call's wall time the device spent in forwards (1 - the idle fraction).
+    print("| overlap | batch | prefill ms | decode step ms | forward ms | outside forward ms "
+          "| busy | tok/s |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.batch_size} | {r.prefill_ms:.2f} | {r.decode_ms:.3f} | {r.forward_ms:.3f} | "
-              f"{r.overhead_ms:.3f} | {r.tokens_per_s:,.0f} |")
+        print(f"| {'on' if r.overlap else 'off'} | {r.batch_size} | {r.prefill_ms:.2f} | "
+              f"{r.decode_ms:.3f} | {r.forward_ms:.3f} | {r.overhead_ms:.3f} | "
+              f"{min(r.forward_ms / r.decode_ms, 1):.0%} | {r.tokens_per_s:,.0f} |")
     if args.out:
         args.out.write_text(json.dumps({"command": command, "rows": [asdict(r) for r in rows]},
                                        indent=2))

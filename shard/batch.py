@@ -113,6 +113,7 @@ class Batch:
         self.request_ids = [r.id for r in requests]
         self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]
         self._pb: generate_pb2.CachedBatch | None = None
+        self._capacity: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -236,18 +237,37 @@ class Batch:
     def decode_inputs(self) -> ForwardInputs:
         """One token per request: the last known one, at position length - 1."""
         positions = self.lengths - 1
-        rows = self.rows
+        return self._one_token_inputs(positions, self._slots(self.rows, positions), self.lengths)
+
+    def lookahead_inputs(self) -> ForwardInputs:
+        """decode_inputs for a forward launched before this step's stops are known (the overlap
+        scheduler). A request that has just finished may have no slot left for its last token:
+        such a row writes to the reserved block 0 and attends within its own blocks; its logits
+        are never used. Every other row gets exactly decode_inputs' values."""
+        if self._capacity is None:
+            slots = [len(r.blocks) * self.block_size for r in self.requests]
+            self._capacity = torch.tensor(slots, dtype=torch.long).to(
+                self.lengths.device, non_blocking=True
+            )
+        positions, capacity = self.lengths - 1, self._capacity
+        inside = torch.minimum(positions, capacity - 1)
+        slots = torch.where(positions < capacity, self._slots(self.rows, inside), 0)
+        return self._one_token_inputs(positions, slots, torch.minimum(self.lengths, capacity))
+
+    def _one_token_inputs(
+        self, positions: torch.Tensor, slots: torch.Tensor, seqlens: torch.Tensor
+    ) -> ForwardInputs:
         meta = AttentionMetadata(
             is_prefill=False,
             cu_seqlens_q=self.cu_seqlens_decode,
-            seqlens_k=self.lengths.to(torch.int32),
-            slot_mapping=self._slots(rows, positions),
+            seqlens_k=seqlens.to(torch.int32),
+            slot_mapping=slots,
             block_tables=self.block_tables,
             max_seqlen_q=1,
             max_seqlen_k=self.max_length,
             block_size=self.block_size,
         )
-        return ForwardInputs(self.last_ids, positions, meta, None, rows)
+        return ForwardInputs(self.last_ids, positions, meta, None, self.rows)
 
     def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.slot_table[rows, positions]

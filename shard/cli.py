@@ -76,6 +76,13 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         help="decode batch sizes to capture as CUDA graphs, a comma list like 1,2,4,8; 0 disables "
         "(env CUDA_GRAPHS; default 1,2,4,...,256 capped at the router's max batch size)",
     )
+    p.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="queue each decode step's next forward before reading its tokens back (default: "
+        "on for CUDA devices)",
+    )
     p.add_argument("--watermark-gamma", type=float, help="env WATERMARK_GAMMA; default 0.5")
     p.add_argument("--watermark-delta", type=float, help="env WATERMARK_DELTA; default 2.0")
     p.add_argument("--json-output", action="store_true", help="log JSON lines")
@@ -124,6 +131,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         attention=args.attention,
         block_size=args.block_size,
         max_total_tokens=args.max_total_tokens,
+        overlap=args.overlap,
         json_output=args.json_output,
         log_level=args.log_level,
         otlp_endpoint=args.otlp_endpoint,

@@ -23,8 +23,9 @@ from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.forward_timer import ForwardTimer
-from pytgi_shard.generation import next_tokens
+from pytgi_shard.generation import choose_tokens, emit_generations
 from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.lookahead import Lookahead, Lookaheads
 from pytgi_shard.models.model import Model
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
@@ -61,6 +62,12 @@ class Engine:
         self.kv_cache = self.allocate_kv_cache(1)
         # Decode forwards through CUDA graphs; Warmup captures them over the cache it sizes.
         self.decode_graphs: DecodeGraphRunner | None = None
+        # The overlap scheduler (shard/lookahead.py): on by default where the forward runs
+        # asynchronously (CUDA); on the CPU it would only compute ahead what it waits for anyway.
+        self.overlap = settings.overlap if settings.overlap is not None else (
+            model.device.type == "cuda"
+        )
+        self.lookaheads = Lookaheads()
 
     def allocate_kv_cache(self, num_blocks: int) -> KVCache:
         m = self.model
@@ -137,6 +144,7 @@ class Engine:
             # A failed step leaves the batches it touched in an unknown state: drop them.
             if cached_id is not None:
                 self.cache.delete(cached_id)
+            self.lookaheads.clear()
             raise
         return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
 
@@ -165,7 +173,11 @@ class Engine:
             concat_ns = time.perf_counter_ns() - start
         else:
             batch = batches[0]
-        step = self._step(batch, batch.decode_inputs())
+        try:
+            step = self._step(batch, None)
+        except BaseException:
+            self.lookaheads.clear()
+            raise
         return self._reply(generate_pb2.DecodeResponse, step, start, concat_ns)
 
     def _reply(
@@ -191,33 +203,63 @@ class Engine:
         return out
 
     @torch.inference_mode()
-    def _step(self, batch: Batch, inputs: ForwardInputs) -> _Step:
-        """Forward, then next tokens."""
+    def _step(self, batch: Batch, inputs: ForwardInputs | None) -> _Step:
+        """Forward (None inputs: a decode step, whose logits may have been computed ahead), then
+        next tokens; with overlap, the next decode forward is queued before the host reads this
+        step's tokens back."""
         start = time.perf_counter_ns()
-        timer = ForwardTimer(self.model.device)
-        with self._span("forward"):
-            graphs = self.decode_graphs
-            if graphs is not None and graphs.takes(inputs, self.kv_cache):
-                logits = graphs.forward(inputs, self.kv_cache)
-            else:
-                logits = self.model.forward(
-                    inputs.input_ids,
-                    inputs.positions,
-                    self.kv_cache,
-                    inputs.meta,
-                    inputs.lm_head_indices,
-                )
-            timer.stop()
+        ahead = self.lookaheads.take(batch.request_ids) if inputs is None else None
+        if inputs is None:
+            inputs = batch.decode_inputs()
+        if ahead is None:
+            with self._span("forward"):
+                logits, timer, _ = self._forward(inputs)
+        else:
+            logits, timer = ahead
         with self._span("sample"):
-            generations, finished = next_tokens(batch, logits, inputs, self.detokenizer)
+            choice = choose_tokens(batch, logits, inputs, self.detokenizer)
+            if self.overlap:
+                self._look_ahead(batch)
+            generations, finished = emit_generations(batch, choice, self.detokenizer)
             live: Batch | None = batch
             if finished:
                 done = set(finished)
                 keep = [i for i in batch.request_ids if i not in done]
                 live = batch.filter(keep) if keep else None
-        # The forward's own time (on CUDA: on the device, read without another sync) and the rest.
+                if live is None and self.overlap:
+                    self.lookaheads.drop(done)
+        # The forward's own time (on CUDA: on the device, read without another sync) and the
+        # rest; a forward computed ahead overlapped the previous call, so all of this one's
+        # time is the rest.
         step_ns, forward_ns = time.perf_counter_ns() - start, timer.elapsed_ns()
-        return _Step(generations, live, forward_ns, max(step_ns - forward_ns, 0))
+        decode_ns = step_ns if ahead is not None else max(step_ns - forward_ns, 0)
+        return _Step(generations, live, forward_ns, decode_ns)
+
+    def _forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
+        """The model's logits for `inputs`, through a CUDA graph when one fits (then the logits
+        are a view of the graph's output, which its next replay overwrites: the bool says so)."""
+        timer = ForwardTimer(self.model.device)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.takes(inputs, self.kv_cache):
+            logits, graphed = graphs.forward(inputs, self.kv_cache), True
+        else:
+            logits, graphed = self.model.forward(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_cache,
+                inputs.meta,
+                inputs.lm_head_indices,
+            ), False
+        timer.stop()
+        return logits, timer, graphed
+
+    def _look_ahead(self, batch: Batch) -> None:
+        """Queues the next decode forward of every request of `batch` (shard/lookahead.py)."""
+        with self._span("lookahead"):
+            logits, timer, graphed = self._forward(batch.lookahead_inputs())
+            if graphed:
+                logits = logits.clone()
+            self.lookaheads.add(Lookahead(list(batch.request_ids), logits, timer))
 
     def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch | None:
         """Keeps the listed requests; None when none is left (the batch is dropped)."""
@@ -234,11 +276,17 @@ class Engine:
     def clear(self, batch_id: int | None) -> None:
         if batch_id is None:
             self.cache.clear()
+            self.lookaheads.clear()
         else:
             self.cache.delete(batch_id)
 
     def warmup(self, request: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
-        return warmup(self, request)
+        # Warmup replaces the cache the look-aheads wrote into.
+        self.lookaheads.clear()
+        try:
+            return warmup(self, request)
+        finally:
+            self.lookaheads.clear()
 
     def _span(self, name: str) -> AbstractContextManager[trace.Span]:
         return self.tracer.start_as_current_span(name)

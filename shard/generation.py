@@ -10,6 +10,8 @@ prefill logprobs, top tokens and final texts cost more only for the requests tha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
@@ -24,11 +26,66 @@ NAN = float("nan")
 _Generations = RepeatedCompositeFieldContainer[generate_pb2.Generation]
 
 
+@dataclass(slots=True)
+class Choice:
+    """A step's token choice, decided on the device: what emit_generations turns into messages
+    once the host has the ids (the transfer runs while the device may already compute ahead)."""
+
+    transfer: HostTransfer
+    prefill: dict[int, generate_pb2.Tokens]
+    tops: list[tuple[list[int], list[float]]] | None
+
+
+class HostTransfer:
+    """The step's ids, their logprobs and finish codes, on their way to the host.
+
+    On a GPU every read is a synchronisation, so the three travel as one float64 tensor (which
+    holds each exactly) copied without blocking into pinned memory behind an event: work queued
+    after it (the overlap scheduler's next forward) does not delay reading it. On the CPU the
+    lists come straight from the tensors.
+    """
+
+    def __init__(self, next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor) -> None:
+        self._event: torch.cuda.Event | None = None
+        if next_ids.device.type != "cuda":
+            self._lists = (next_ids.tolist(), chosen.tolist(), reasons.tolist())
+            return
+        packed = pack(next_ids, chosen, reasons)
+        self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        self._host.copy_(packed, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def wait(self) -> tuple[list[int], list[float], list[int]]:
+        if self._event is None:
+            return self._lists
+        self._event.synchronize()
+        return unpack(self._host)
+
+
+def pack(next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor) -> torch.Tensor:
+    """[3, batch] float64: ids, logprobs and codes, each held exactly, for one transfer."""
+    return torch.stack((next_ids.double(), chosen.double(), reasons.double()))
+
+
+def unpack(packed: torch.Tensor) -> tuple[list[int], list[float], list[int]]:
+    ints = packed[0::2].long().tolist()
+    return ints[0], packed[1].tolist(), ints[1]
+
+
 def next_tokens(
     batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detokenizer: Detokenizer
 ) -> tuple[generate_pb2.DecodeResponse, list[int]]:
     """Advances every request of `batch` by one token; returns a DecodeResponse holding the
     step's Generations (a Decode answers with it as it is) and the ids of the finished requests."""
+    return emit_generations(batch, choose_tokens(batch, logits, inputs, detokenizer), detokenizer)
+
+
+def choose_tokens(
+    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detokenizer: Detokenizer
+) -> Choice:
+    """The device half of a step: next tokens chosen and appended to the batch, stops decided,
+    the results on their way to the host. Prefill logprobs and top tokens read the host here."""
     prefill = _prefill_tokens(batch, logits, inputs, detokenizer) if not batch.prefilled else {}
     last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
     next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths)
@@ -36,8 +93,14 @@ def next_tokens(
     tops = top_tokens(logprobs, batch.top_n) if batch.top_n is not None else None
     batch.append(next_ids)
     reasons = batch.stops.reasons(next_ids, batch.lengths)
-    ids, lps, codes = _to_host(next_ids, chosen, reasons)
+    return Choice(HostTransfer(next_ids, chosen, reasons), prefill, tops)
 
+
+def emit_generations(
+    batch: Batch, choice: Choice, detokenizer: Detokenizer
+) -> tuple[generate_pb2.DecodeResponse, list[int]]:
+    """The host half: texts, Generations, stop sequences; the ids of the finished requests."""
+    ids, lps, codes = choice.transfer.wait()
     requests = batch.requests
     texts = detokenizer.advance(batch.streams, ids)
     response = generate_pb2.DecodeResponse()
@@ -45,35 +108,15 @@ def next_tokens(
     response.MergeFromString(wire)
     generations = response.generations
     finished = _finished(requests, texts, codes, batch.stop_rows)
-    if prefill:
+    if choice.prefill:
         for g in generations:
-            if g.request_id in prefill:
-                g.prefill_tokens.CopyFrom(prefill[g.request_id])
-    if tops is not None:
-        _add_top_tokens(generations, requests, tops, detokenizer)
+            if g.request_id in choice.prefill:
+                g.prefill_tokens.CopyFrom(choice.prefill[g.request_id])
+    if choice.tops is not None:
+        _add_top_tokens(generations, requests, choice.tops, detokenizer)
     for row, reason in finished:
         _set_generated_text(generations[row].generated_text, requests[row], reason, detokenizer)
     return response, [requests[row].id for row, _ in finished]
-
-
-def _to_host(
-    next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor
-) -> tuple[list[int], list[float], list[int]]:
-    """The step's ids, their logprobs and finish codes as Python lists."""
-    if next_ids.device.type == "cpu":
-        # Already on the host: nothing to transfer, no packing to pay for.
-        return next_ids.tolist(), chosen.tolist(), reasons.tolist()
-    return _one_transfer(next_ids, chosen, reasons)
-
-
-def _one_transfer(
-    next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor
-) -> tuple[list[int], list[float], list[int]]:
-    """The step's only device-to-host transfer (on a GPU every read is a sync): the three in one
-    float64 tensor, which holds each of them exactly."""
-    packed = torch.stack((next_ids.double(), chosen.double(), reasons.double())).cpu()
-    ints = packed[0::2].long().tolist()
-    return ints[0], packed[1].tolist(), ints[1]
 
 
 def _finished(

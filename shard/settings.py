@@ -52,6 +52,9 @@ class ShardSettings:
     # CPU KV budget in tokens when the router's Warmup does not impose one.
     max_total_tokens: int | None = None
     cuda_memory_fraction: float = 1.0
+    # Queue each step's next decode forward before reading its tokens back (shard/lookahead.py);
+    # None: on for CUDA devices.
+    overlap: bool | None = None
     # Decode batch sizes to capture as CUDA graphs; () disables them.
     cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
     watermark_gamma: float = 0.5

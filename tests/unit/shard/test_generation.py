@@ -12,7 +12,7 @@ import torch
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.batch import Batch, BatchContext
 from pytgi_shard.detokenizer import Detokenizer
-from pytgi_shard.generation import _one_transfer, _to_host, next_tokens
+from pytgi_shard.generation import HostTransfer, next_tokens, pack, unpack
 from pytgi_shard.sampling import Watermark
 from tests.tiny_models import train_tokenizer, write_tokenizer
 from tests.unit.shard.test_batch import batch_of, request
@@ -118,15 +118,15 @@ def test_one_transfer_holds_ids_logprobs_and_reasons_exactly() -> None:
     ids = torch.tensor([0, 5, 2**31 - 1, 2**40 + 3])
     lps = torch.tensor([-0.1234567, float("-inf"), float("nan"), -1e-30], dtype=torch.float32)
     reasons = torch.tensor([-1, 0, 1, 2])
-    got_ids, got_lps, got_reasons = _one_transfer(ids, lps, reasons)
+    got_ids, got_lps, got_reasons = unpack(pack(ids, lps, reasons))
     assert got_ids == ids.tolist() and got_reasons == reasons.tolist()
     expected = lps.tolist()
     assert got_lps[:2] + got_lps[3:] == expected[:2] + expected[3:] and math.isnan(got_lps[2])
     assert all(type(i) is int for i in got_ids + got_reasons)
     half = torch.tensor([-0.3333, -7.5], dtype=torch.bfloat16)
-    assert _one_transfer(ids[:2], half, reasons[:2])[1] == half.tolist()
+    assert unpack(pack(ids[:2], half, reasons[:2]))[1] == half.tolist()
     # On the CPU the lists come straight from the tensors: the same values.
-    on_cpu = _to_host(ids, lps, reasons)
+    on_cpu = HostTransfer(ids, lps, reasons).wait()
     assert on_cpu[0] == got_ids and on_cpu[2] == got_reasons and math.isnan(on_cpu[1][2])
 
 
