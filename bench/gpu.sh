@@ -114,11 +114,11 @@ pick_attention() {  # triton on a GPU when pytgi has it (asked after the install
 }
 
 stage_steps() {
-    local rc=0 shape model sizes=1,64,256 steps=32 ATTN
+    local rc=0 shape model sizes=1,64,256 steps=16 ATTN
     ATTN="$(pick_attention)"
     [[ $SMOKE == 1 ]] && sizes=1,4 && steps=4
     mkdir -p "$WORK/steps" && rm -f "$WORK"/steps/*.json
-    for shape in $(shapes_for 1b 8b); do
+    for shape in $(shapes_for 8b 1b); do
         model="$(ensure_model "$shape")" && [[ -n $model ]] || { rc=1; continue; }
         echo "+ engine_steps $shape --attention $ATTN --batch-sizes $sizes"
         "$PY" -m pytgi_bench.engine_steps --model "$model" --attention "$ATTN" \
