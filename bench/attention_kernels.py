@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn.functional as F
 
-from pytgi_shard.attention import AttentionMetadata, get_backend
+from pytgi_shard.attention import AttentionBackend, AttentionMetadata, get_backend
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
@@ -103,6 +103,7 @@ def make_inputs(batch: int, new: int, cached: int, seed: int = 0) -> Inputs:
 
 def layer_forward(backend_name: str, inputs: Inputs, **options: int) -> Callable[[], object]:
     """One layer's attention call; the metadata (and its plans) is shared, as across layers."""
+    backend: AttentionBackend
     if backend_name == "triton":
         from pytgi_shard.attention.triton_backend import TritonAttention
 

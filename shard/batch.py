@@ -245,8 +245,8 @@ class Batch:
         such a row writes to the reserved block 0 and attends within its own blocks; its logits
         are never used. Every other row gets exactly decode_inputs' values."""
         if self._capacity is None:
-            slots = [len(r.blocks) * self.block_size for r in self.requests]
-            self._capacity = torch.tensor(slots, dtype=torch.long).to(
+            held = [len(r.blocks) * self.block_size for r in self.requests]
+            self._capacity = torch.tensor(held, dtype=torch.long).to(
                 self.lengths.device, non_blocking=True
             )
         positions, capacity = self.lengths - 1, self._capacity

@@ -124,8 +124,10 @@ def _finished(
 ) -> list[tuple[int, int]]:
     """(row, FinishReason) of each request that finished, in row order: `codes` holds the
     length/EOS stops; stop sequences are checked here, for the rows that have any."""
-    finished = [(row, code) for row, code in enumerate(codes) if code != RUNNING]
-    stopped = [
+    finished: list[tuple[int, int]] = [
+        (row, code) for row, code in enumerate(codes) if code != RUNNING
+    ]
+    stopped: list[tuple[int, int]] = [
         (row, STOP_SEQUENCE)
         for row in stop_rows
         if codes[row] == RUNNING and requests[row].stopping.matches(texts[row])

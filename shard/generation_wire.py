@@ -51,7 +51,7 @@ def one_token_generations(
 ) -> bytes:
     """DecodeResponse bytes with, per row, Generation(request_id, tokens=Tokens(ids=[id],
     logprobs=[logprob], texts=[text], is_special=[id in special]))."""
-    parts = []
+    parts: list[bytes] = []
     append = parts.append
     for request_id, token, logprob, text in zip(request_ids, ids, logprobs, texts, strict=True):
         token_bytes = varint(token)

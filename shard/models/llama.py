@@ -132,11 +132,14 @@ class Llama(nn.Module, Model):
         dist = weights.dist
         windows = config.layer_windows
         self.embed_tokens = VocabParallelEmbedding.load(weights, "model.embed_tokens.weight")
-        self.layers = nn.ModuleList(
+        layers = [
             LlamaDecoderLayer(config, weights, i, backend, windows[i])
             for i in range(config.num_hidden_layers)
-        )
+        ]
+        self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm.load(weights, "model.norm", config.rms_norm_eps)
+        # Every layer makes the same choice; the forward builds the factors that choice takes.
+        self.fused_rotary = all(layer.self_attn.fused_rotary for layer in layers)
         head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         self.lm_head = ParallelLMHead.load(weights, head)
         self.rotary = RotaryEmbedding(
@@ -180,7 +183,7 @@ class Llama(nn.Module, Model):
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         cos, sin = self.rotary.cos_sin(positions)
-        if not self.layers[0].self_attn.fused_rotary:
+        if not self.fused_rotary:
             cos, sin = rotation_tables(cos, sin, hidden.dtype)
         residual: torch.Tensor | None = None
         for layer in self.layers:
