@@ -35,4 +35,4 @@ def chunked_first_max(scores: torch.Tensor, chunk: int) -> torch.Tensor:
     # the first maximum (or NaN) of the chunk maxima.
     first_chunk = chunks.amax(dim=-1).max(dim=-1).indices
     inside = chunks[torch.arange(rows, device=scores.device), first_chunk]
-    return first_chunk * chunk + inside.max(dim=-1).indices
+    return inside.max(dim=-1).indices.add_(first_chunk, alpha=chunk)
