@@ -19,6 +19,8 @@ from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.detokenizer import TextStream
 from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.generation_wire import request_field
+from pytgi_shard.request_validation import validate_request
 from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
 from pytgi_shard.stopping import BatchStops, StoppingCriteria
 
@@ -104,13 +106,14 @@ class Batch:
         top_n = [r.top_n_tokens for r in requests]
         self.top_n: list[int] | None = top_n if any(top_n) else None
         # What every decode step of this batch reuses: its rows (one token each), the requests'
-        # text streams and ids, and (once asked) its CachedBatch.
+        # text streams, ids and ids as Generation fields, and (once asked) its CachedBatch.
         self.rows = torch.arange(len(requests), device=lengths.device)
         self.cu_seqlens_decode = torch.arange(
             len(requests) + 1, dtype=torch.int32, device=lengths.device
         )
         self.streams = [r.text for r in requests]
         self.request_ids = [r.id for r in requests]
+        self.request_fields = [request_field(r.id) for r in requests]
         self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]
         self._pb: generate_pb2.CachedBatch | None = None
         self._capacity: torch.Tensor | None = None
@@ -356,7 +359,7 @@ def _request_state(
     pb: generate_pb2.Request, prompt: list[int], params: SamplingParams, ctx: BatchContext
 ) -> RequestState:
     stop = pb.stopping_parameters
-    _validate(pb, prompt, ctx)
+    validate_request(pb, prompt, ctx.vocab_size, ctx.block_size, ctx.num_blocks)
     eos = () if stop.ignore_eos_token else ctx.eos_ids
     return RequestState(
         id=pb.id,
@@ -368,49 +371,3 @@ def _request_state(
         text=TextStream.start(prompt),
         seed=params.seed if params.samples else None,
     )
-
-
-def _validate(pb: generate_pb2.Request, prompt: list[int], ctx: BatchContext) -> None:
-    who = f"request {pb.id}"
-    max_new = pb.stopping_parameters.max_new_tokens
-    if not prompt:
-        raise InvalidRequest(f"{who}: input_ids is empty")
-    if max_new == 0:
-        raise InvalidRequest(f"{who}: max_new_tokens must be > 0")
-    if max(prompt) >= ctx.vocab_size:
-        raise InvalidRequest(
-            f"{who}: token id {max(prompt)} is not below the vocabulary size {ctx.vocab_size}"
-        )
-    # The last generated token is never fed back, so its KV never needs a slot.
-    needed = len(prompt) + max_new - 1
-    have = len(pb.blocks) * ctx.block_size
-    if have < needed:
-        raise InvalidRequest(
-            f"{who}: {len(pb.blocks)} blocks of {ctx.block_size} hold {have} tokens; "
-            f"{len(prompt)} prompt + {max_new} max_new_tokens need {needed}"
-        )
-    if pb.blocks and max(pb.blocks) >= ctx.num_blocks:
-        raise InvalidRequest(
-            f"{who}: block {max(pb.blocks)} is outside the KV cache ({ctx.num_blocks} blocks; "
-            "was Warmup called?)"
-        )
-    if pb.slots:
-        _validate_slots(pb, ctx.block_size)
-
-
-def _validate_slots(pb: generate_pb2.Request, block_size: int) -> None:
-    """Attention reads the cache through block tables, so explicit slots must follow them."""
-    if len(pb.slots) > len(pb.blocks) * block_size:
-        raise InvalidRequest(f"request {pb.id}: more slots than its blocks hold")
-    expected = [
-        pb.blocks[i // block_size] * block_size + i % block_size for i in range(len(pb.slots))
-    ]
-    if list(pb.slots) != expected:
-        raise InvalidRequest(
-            f"request {pb.id}: slots must be the consecutive slots of its blocks "
-            "(slot i = blocks[i // block_size] * block_size + i % block_size)"
-        )
-    if len(pb.slots) < len(pb.input_ids):
-        raise InvalidRequest(
-            f"request {pb.id}: {len(pb.slots)} slots for {len(pb.input_ids)} prompt tokens"
-        )

@@ -104,7 +104,7 @@ def emit_generations(
     requests = batch.requests
     texts = detokenizer.advance(batch.streams, ids)
     response = generate_pb2.DecodeResponse()
-    wire = one_token_generations(batch.request_ids, ids, lps, texts, detokenizer.special_ids)
+    wire = one_token_generations(batch.request_fields, ids, lps, texts, detokenizer.special_ids)
     response.MergeFromString(wire)
     generations = response.generations
     finished = _finished(requests, texts, codes, batch.stop_rows)

@@ -42,37 +42,49 @@ def varint(n: int) -> bytes:
 _SMALL = tuple(bytes((i,)) for i in range(0x80))
 
 
+def request_field(request_id: int) -> bytes:
+    """A Generation's request_id field (empty for 0, which proto3 leaves out): a batch keeps one
+    per request, since its ids do not change from step to step."""
+    return _GENERATION_REQUEST_ID + varint(request_id) if request_id else b""
+
+
 def one_token_generations(
-    request_ids: Sequence[int],
+    request_fields: Sequence[bytes],
     ids: Sequence[int],
     logprobs: Sequence[float],
     texts: Sequence[str],
     special: frozenset[int],
 ) -> bytes:
     """DecodeResponse bytes with, per row, Generation(request_id, tokens=Tokens(ids=[id],
-    logprobs=[logprob], texts=[text], is_special=[id in special]))."""
+    logprobs=[logprob], texts=[text], is_special=[id in special])), the request_id given as its
+    `request_field`."""
     parts: list[bytes] = []
     append = parts.append
-    for request_id, token, logprob, text in zip(request_ids, ids, logprobs, texts, strict=True):
-        token_bytes = varint(token)
+    small = _SMALL
+    rows = zip(request_fields, ids, logprobs, texts, strict=True)
+    for request, token, logprob, text in rows:
+        token_bytes = small[token] if token < 0x80 else varint(token)
         text_bytes = text.encode()
+        n = len(text_bytes)
         tokens = b"".join(
             (
                 _TOKENS_IDS,
-                _SMALL[len(token_bytes)],
+                small[len(token_bytes)],
                 token_bytes,
                 _TOKENS_ONE_LOGPROB,
                 _float(logprob),
                 _TOKENS_TEXTS,
-                varint(len(text_bytes)),
+                small[n] if n < 0x80 else varint(n),
                 text_bytes,
                 _TOKENS_ONE_IS_SPECIAL[token in special],
             )
         )
-        # proto3 leaves a zero request_id out.
-        head = _GENERATION_REQUEST_ID + varint(request_id) if request_id else b""
-        generation = b"".join((head, _GENERATION_TOKENS, varint(len(tokens)), tokens))
+        n = len(tokens)
+        generation = b"".join(
+            (request, _GENERATION_TOKENS, small[n] if n < 0x80 else varint(n), tokens)
+        )
+        n = len(generation)
         append(_RESPONSE_GENERATION)
-        append(varint(len(generation)))
+        append(small[n] if n < 0x80 else varint(n))
         append(generation)
     return b"".join(parts)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.generation_wire import one_token_generations, varint
+from pytgi_shard.generation_wire import one_token_generations, request_field, varint
 
 SPECIAL = frozenset({0, 2, 70000})
 # Any float32 (NaN, infinities, -0.0 and subnormals included), as a float32 tensor holds them.
@@ -39,7 +39,7 @@ def test_wire_bytes_are_the_message_apis(rows: list[tuple[int, int, float, str]]
     ids, tokens, logprobs, texts = (
         (list(column) for column in zip(*rows, strict=True)) if rows else ([], [], [], [])
     )
-    wire = one_token_generations(ids, tokens, logprobs, texts, SPECIAL)
+    wire = one_token_generations([request_field(i) for i in ids], tokens, logprobs, texts, SPECIAL)
     expected = by_api(rows).SerializeToString(deterministic=True)
     assert wire == expected
     parsed = pb.DecodeResponse()
