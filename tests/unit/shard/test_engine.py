@@ -270,9 +270,25 @@ def test_bad_calls_leave_the_cache_intact(engines: Callable[[str], Engine]) -> N
     engine.clear(None)
 
 
-def test_health_runs_a_forward_in_block_zero(engines: Callable[[str], Engine]) -> None:
-    engines("gpt2").health()
-    engines("llama").health()
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_health_runs_a_forward_in_block_zero(
+    engines: Callable[[str], Engine], family: str
+) -> None:
+    """Health writes the one token's keys and values into reserved block 0 of every layer (a
+    real forward ran) and leaves every other block, which may hold live requests, untouched."""
+    engine = engines(family)
+    cache = engine.kv_cache
+    for layer in cache.keys + cache.values:
+        layer[0].zero_()
+        layer[1:].normal_()
+    others = [layer[1:].clone() for layer in cache.keys + cache.values]
+    engine.health()
+    for layer, before in zip(cache.keys + cache.values, others, strict=True):
+        assert bool(layer[0, 0].ne(0).any()), "no key/value written into block 0, slot 0"
+        assert bool(layer[0, 1:].eq(0).all())
+        assert torch.equal(layer[1:], before)
+    for layer in cache.keys + cache.values:
+        layer.zero_()
 
 
 def test_warmup_sizes_the_cpu_cache_from_the_requested_budget(
