@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from pytgi_proto import generate_pb2
 
+from .block_allocator import BlockAllocator
 from .infer_settings import InferSettings
 
 logger = logging.getLogger(__name__)
@@ -74,10 +75,14 @@ def derive_info(
     capacity = (num_blocks - 1) * block_size
     max_batch_total = capacity
     if settings.max_batch_total_tokens is not None:
-        if settings.max_batch_total_tokens > capacity:
+        max_batch_total = whole_blocks(settings.max_batch_total_tokens, block_size)
+        if max_batch_total > capacity:
             logger.warning("--max-batch-total-tokens=%d exceeds the KV cache (%d tokens): using %d",
                            settings.max_batch_total_tokens, capacity, capacity)
-        max_batch_total = min(settings.max_batch_total_tokens, capacity)
+            max_batch_total = capacity
+        elif max_batch_total != settings.max_batch_total_tokens:
+            logger.info("--max-batch-total-tokens=%d rounded up to whole KV blocks of %d: %d",
+                        settings.max_batch_total_tokens, block_size, max_batch_total)
     max_total = settings.max_total_tokens or warmup.max_total_tokens
     max_input = settings.max_input_tokens or warmup.max_input_tokens
     prefill = settings.max_batch_prefill_tokens
@@ -91,7 +96,7 @@ def derive_info(
         max_total = min(max_total, max_batch_total)
     if settings.max_input_tokens is None:
         max_input = min(max_input, prefill, max_total - 1)
-    check_limits(max_input, max_total, prefill, max_batch_total)
+    check_limits(max_input, max_total, prefill, max_batch_total, block_size)
     return ShardInfo(
         model_type=info.model_type,
         dtype=info.dtype,
@@ -108,15 +113,42 @@ def derive_info(
     )
 
 
-def check_limits(max_input: int, max_total: int, prefill: int, max_batch_total: int) -> None:
+def whole_blocks(tokens: int, block_size: int) -> int:
+    """`tokens` rounded up to whole KV blocks.
+
+    The router reserves KV in whole blocks (a request of 500 tokens holds 32 blocks of 16 = 512),
+    so a budget that is not a multiple of the block size could never admit a request of
+    `max_total_tokens` on an idle server: it waited at the head of the FIFO forever and jammed
+    the queue behind it. Rounding up (rather than refusing the flag) costs nothing: the shards
+    already size their cache to whole blocks (ceil(budget / block_size)), so the extra tokens of
+    the last block are memory they hold anyway.
+    """
+    return -(-tokens // block_size) * block_size
+
+
+def new_allocator(info: ShardInfo) -> BlockAllocator:
+    """The router's allocator for `info`: only the blocks of the KV budget (whole blocks)."""
+    return BlockAllocator(
+        info.num_blocks, info.block_size, info.max_batch_total_tokens // info.block_size
+    )
+
+
+def check_limits(
+    max_input: int, max_total: int, prefill: int, max_batch_total: int, block_size: int = 1
+) -> None:
+    """Refuses settings under which a request that passes validation could never be admitted on
+    an idle server: its prompt must fit the prefill budget, and its KV, in whole blocks, the
+    KV budget."""
     if prefill < 1:
         raise InferStartError(f"`max_batch_prefill_tokens` must be >= 1, got {prefill}")
     if max_input < 1 or max_input >= max_total:
         raise InferStartError(f"`max_input_tokens` ({max_input}) must be >= 1 and < "
                               f"`max_total_tokens` ({max_total})")
-    if max_total > max_batch_total:
-        raise InferStartError(f"Not enough memory to handle max_total_tokens={max_total}: the KV "
-                              f"cache holds {max_batch_total} tokens (`max_batch_total_tokens`)")
+    if whole_blocks(max_total, block_size) > max_batch_total:
+        raise InferStartError(f"Not enough memory to handle max_total_tokens={max_total} "
+                              f"({whole_blocks(max_total, block_size)} tokens in whole KV blocks "
+                              f"of {block_size}): the KV cache holds {max_batch_total} tokens "
+                              f"(`max_batch_total_tokens`)")
     if max_input > prefill:
         raise InferStartError(f"`max_batch_prefill_tokens` ({prefill}) must be >= "
                               f"`max_input_tokens` ({max_input})")

@@ -19,8 +19,7 @@ from itertools import count
 from opentelemetry import trace
 
 from .batch_state import request_pb
-from .block_allocator import BlockAllocator
-from .capacity import ShardInfo, derive_info, pinned_settings, warmup_request
+from .capacity import ShardInfo, derive_info, new_allocator, pinned_settings, warmup_request
 from .client import ShardClient
 from .errors import (
     GenerationError,
@@ -106,9 +105,7 @@ class Infer:
 
     def _install(self, info: ShardInfo) -> None:
         """A new allocator, budgets and batching task for the shards' (new) capacity."""
-        allocator = BlockAllocator(
-            info.num_blocks, info.block_size, info.max_batch_total_tokens // info.block_size
-        )
+        allocator = new_allocator(info)
         budgets = Budgets(
             max_batch_prefill_tokens=info.max_batch_prefill_tokens,
             max_batch_total_tokens=info.max_batch_total_tokens,

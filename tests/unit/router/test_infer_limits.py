@@ -34,7 +34,8 @@ def test_user_budget_above_capacity_is_capped() -> None:
     settings = InferSettings(max_batch_prefill_tokens=512, max_batch_total_tokens=10**6)
     assert derive_info(settings, INFO, warmup(), 1).max_batch_total_tokens == 1024
     settings = InferSettings(max_batch_prefill_tokens=512, max_batch_total_tokens=600)
-    assert derive_info(settings, INFO, warmup(), 1).max_batch_total_tokens == 600
+    # Rounded up to whole blocks of 16 (the router reserves KV in whole blocks).
+    assert derive_info(settings, INFO, warmup(), 1).max_batch_total_tokens == 608
 
 
 def test_default_input_limit_fits_the_prefill_budget() -> None:
