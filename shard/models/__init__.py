@@ -1,7 +1,8 @@
 """Model loading: our tensor-parallel Llama family, or any other causal LM via transformers.
 
-Loading is safe by default: safetensors only (no pickle is ever opened), and a model that needs
-its own Python code (config.json `auto_map`) is refused unless --trust-remote-code asks for it.
+Loading is safe by default: safetensors only (no pickle is ever opened), a model that needs
+its own Python code (config.json `auto_map`) is refused unless --trust-remote-code asks for it,
+and a quantized checkpoint is refused (no quantized kernels yet), naming its method.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pytgi_shard.distributed import Dist
 from pytgi_shard.models.llama import Llama
 from pytgi_shard.models.llama_config import FAMILY_DEFAULTS
 from pytgi_shard.models.model import Model
+from pytgi_shard.models.quantization import check_not_quantized
 from pytgi_shard.weights import find_weight_files
 
 __all__ = ["Model", "get_model", "read_model_type"]
@@ -79,6 +81,7 @@ def get_model(
     """
     config = read_config(model_path)
     model_type = read_model_type(model_path, config)
+    check_not_quantized(model_path, config)
     find_weight_files(model_path)  # safetensors or a clear refusal, before anything loads
     backend = get_backend(attention)
     if model_type in FAMILY_DEFAULTS:
