@@ -122,7 +122,8 @@ def route_generation(entry: Entry, generation: generate_pb2.Generation, now: flo
     top = generation.top_tokens
     last = len(infos) - 1 if finished else len(infos)
     for i, info in enumerate(infos):
-        top_i = token_infos(top[i]) if i < len(top) else []
+        # Never more than asked, whatever a shard sends (a tie must not list the vocabulary).
+        top_i = token_infos(top[i])[: request.top_n_tokens] if i < len(top) else []
         if i == last:
             stream.push(_end(entry, info, top_i, generation.generated_text, now))
         else:

@@ -266,18 +266,40 @@ def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> None:
 
 
 def top_tokens(logprobs: torch.Tensor, top_n: Sequence[int]) -> list[tuple[list[int], list[float]]]:
-    """Per row, the `top_n[row]` most likely (id, logprob), ties at the n-th value included."""
-    rows = len(top_n)
-    max_n = min(max(top_n, default=0), logprobs.shape[-1])
+    """Per row, exactly the `top_n[row]` most likely (id, logprob) (fewer only when fewer tokens
+    are left unfiltered), by logprob then token id: a tie at the n-th value must not list the
+    whole vocabulary (temperature 1e9 ties every token; 128k entries a step on Llama 3).
+
+    On the device, then one transfer: this runs on every decode step of a batch that asked.
+    """
+    rows, vocab = len(top_n), logprobs.shape[-1]
+    max_n = min(max(top_n, default=0), vocab)
     if max_n == 0:
         return [([], [])] * rows
-    n = torch.tensor(top_n, dtype=torch.long, device=logprobs.device).clamp(max=max_n)
-    values = torch.topk(logprobs, max_n, dim=-1).values
-    nth = values.gather(1, (n - 1).clamp(min=0).unsqueeze(1))
-    # An n-th value of -inf would tie with every filtered token: keep only finite ones then.
-    nth.clamp_(min=torch.finfo(logprobs.dtype).min)
-    counts = torch.where(n > 0, (logprobs >= nth).sum(dim=-1), 0)
-    k = int(counts.max())
-    best = torch.topk(logprobs, k, dim=-1)
-    ids, lps, counts_list = best.indices.tolist(), best.values.tolist(), counts.tolist()
-    return [(ids[r][: counts_list[r]], lps[r][: counts_list[r]]) for r in range(rows)]
+    device = logprobs.device
+    n = torch.tensor(top_n, dtype=torch.long, device=device).clamp(max=max_n).unsqueeze(1)
+    values, indices = torch.topk(logprobs, max_n, dim=-1)
+    nth = values.gather(1, (n - 1).clamp(min=0))
+    # All the tokens above the n-th value are in `values` (fewer than n of them) ...
+    above = (values > nth).sum(dim=1, keepdim=True)
+    # ... the rest are ties at the n-th value, lowest ids first: topk of (vocab - id) over them.
+    reversed_ids = torch.arange(vocab, 0, -1, dtype=torch.int32, device=device)
+    tie_keys = torch.topk((logprobs == nth) * reversed_ids, max_n, dim=-1).values
+    position = torch.arange(max_n, device=device).unsqueeze(0)
+    tie_ids = vocab - tie_keys.gather(1, (position - above).clamp(min=0)).long()
+    from_top = position < above
+    ids = torch.where(from_top, indices, tie_ids)
+    lps = torch.where(from_top, values, nth)
+    # A -inf n-th value would tie with every filtered token: only the finite ones above it then.
+    count = torch.where(nth > NEG_INF, n, above)
+    lps = lps.masked_fill(position >= count, NEG_INF)
+    # Ties above the n-th value come from topk in no set order: by logprob, then id.
+    ids, order = torch.sort(ids, dim=-1)
+    lps, by_value = torch.sort(lps.gather(1, order), dim=-1, descending=True, stable=True)
+    ids = ids.gather(1, by_value)
+    packed = torch.cat((count.double(), ids.double(), lps.double()), dim=1).tolist()
+    return [(_ints(r[1 : 1 + int(r[0])]), r[1 + max_n : 1 + max_n + int(r[0])]) for r in packed]
+
+
+def _ints(values: list[float]) -> list[int]:
+    return [int(v) for v in values]

@@ -78,6 +78,18 @@ def test_health_info_models_docs(url: str) -> None:
     assert "swagger-ui" in httpx.get(f"{url}/docs").text
 
 
+def test_top_n_tokens_under_ties_list_exactly_n(url: str) -> None:
+    """temperature 1e9 ties every token: n entries, lowest ids first, not the vocabulary."""
+    flat = {"max_new_tokens": 3, "temperature": 1e9, "seed": 1, "details": True}
+    d = generate(url, "Hello", **flat, top_n_tokens=2)["details"]
+    assert [[t["id"] for t in step] for step in d["top_tokens"]] == [[0, 1]] * 3
+    chat = post(url, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3, "seed": 1,
+        "temperature": 1e9, "logprobs": True, "top_logprobs": 2})
+    assert chat.status_code == 200, chat.text
+    content = chat.json()["choices"][0]["logprobs"]["content"]
+    assert len(content) == 3 and all(len(c["top_logprobs"]) == 2 for c in content)
+
 def test_generate_details_headers_and_full_text(url: str) -> None:
     r = post(url, "/generate", {"inputs": "Hello world", "parameters": {
         **GREEDY, "details": True, "decoder_input_details": True, "top_n_tokens": 2}})
@@ -87,7 +99,7 @@ def test_generate_details_headers_and_full_text(url: str) -> None:
     assert d["generated_tokens"] == len(d["tokens"]) <= 12 and d["seed"] is None
     assert d["finish_reason"] in ("length", "eos_token")
     assert d["prefill"][0]["logprob"] is None and len(d["prefill"]) >= 2
-    assert all(len(step) >= 2 for step in d["top_tokens"])
+    assert all(len(step) == 2 for step in d["top_tokens"])
     h = r.headers
     assert h["x-prompt-tokens"] == str(len(d["prefill"]))
     assert h["x-generated-tokens"] == str(d["generated_tokens"])

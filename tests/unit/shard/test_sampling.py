@@ -174,14 +174,41 @@ def test_any_warper_implies_sampling_and_top_k_1_is_greedy() -> None:
     assert set(draws) == {int(logits.argmax())}
 
 
-def test_top_tokens_include_ties_at_the_nth_value() -> None:
+def reference_top_tokens(logprobs: torch.Tensor, n: int) -> tuple[list[int], list[float]]:
+    """The plain definition: sort by logprob (descending) then id, keep n finite ones."""
+    row = logprobs.tolist()
+    order = sorted(range(len(row)), key=lambda i: (-row[i], i))
+    kept = [i for i in order if row[i] > float("-inf")][:n]
+    return kept, [row[i] for i in kept]
+
+
+def test_top_tokens_break_ties_by_token_id_never_more_than_n() -> None:
     logprobs = torch.log_softmax(torch.tensor([[3.0, 2.0, 2.0, 1.0, 0.0], [0.0, 1.0, 2.0, 3.0, 4.0]]), -1)
     (ids0, lps0), (ids1, lps1) = top_tokens(logprobs, [2, 1])
-    assert ids0[0] == 0 and sorted(ids0[1:]) == [1, 2]
-    assert lps0[0] == pytest.approx(logprobs[0, 0].item())
+    assert ids0 == [0, 1] and lps0 == pytest.approx(logprobs[0, :2].tolist())
     assert ids1 == [4] and len(lps1) == 1
     assert top_tokens(logprobs, [0, 0]) == [([], []), ([], [])]
     assert top_tokens(logprobs, [0, 3])[0] == ([], [])
+
+
+def test_top_tokens_of_a_flat_distribution_are_the_n_lowest_ids() -> None:
+    """temperature 1e9 makes every logprob equal: n entries, not the whole vocabulary."""
+    logits = torch.randn(3, 393)
+    _, logprobs = chooser(*[SamplingParams(temperature=1e9, seed=1)] * 3)(logits, *history([[1]] * 3))
+    tops = top_tokens(logprobs, [2, 5, 0])
+    assert [ids for ids, _ in tops] == [[0, 1], [0, 1, 2, 3, 4], []]
+    assert all(len(lps) == len(ids) for ids, lps in tops)
+
+
+def test_top_tokens_match_the_sorted_reference_with_many_ties() -> None:
+    torch.manual_seed(0)
+    # Few distinct values over the vocabulary: ties above, at and below the n-th value.
+    logprobs = torch.randint(0, 4, (16, VOCAB)).float().log_softmax(-1)
+    logprobs[3, 5:] = float("-inf")
+    logprobs[4, :] = logprobs[4, 0]
+    top_n = [i % 7 for i in range(16)]
+    for row, (ids, lps) in enumerate(top_tokens(logprobs, top_n)):
+        assert (ids, lps) == reference_top_tokens(logprobs[row], top_n[row]), row
 
 
 def test_top_tokens_never_list_filtered_tokens() -> None:
