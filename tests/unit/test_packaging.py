@@ -40,3 +40,13 @@ def test_torch_is_a_range_for_users_and_pinned_only_for_these_machines() -> None
     (exact,) = pin.specifier
     assert exact.operator == "==" and torch.specifier.contains(exact.version)
     assert "-c constraints.txt" in (ROOT / "Makefile").read_text()
+
+
+def test_jinja2_has_the_sandbox_escape_fixes() -> None:
+    """Chat templates run in jinja2's sandbox; 3.1.5 and 3.1.6 fixed escapes from it
+    (CVE-2024-56201, CVE-2024-56326, CVE-2025-27516): older versions must not satisfy the range."""
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (jinja2,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "jinja2"]
+    assert not jinja2.specifier.contains("3.1.5") and jinja2.specifier.contains("3.1.6")
