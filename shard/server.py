@@ -24,6 +24,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from pytgi_proto import generate_pb2, generate_pb2_grpc
+from pytgi_shard.device_failure import exit_on_device_failure
 from pytgi_shard.engine import Engine
 from pytgi_shard.errors import BatchNotFound, InvalidRequest, OutOfMemory
 from pytgi_shard.settings import ShardSettings
@@ -58,6 +59,7 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
             await _abort(context, _STATUS[type(e)], str(e))
         except Exception as e:
             log.exception("%s failed", getattr(fn, "__name__", "call"))
+            exit_on_device_failure(e)  # a poisoned CUDA context: exit, the launcher restarts
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             await _abort(context, grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
