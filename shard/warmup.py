@@ -30,6 +30,7 @@ from pytgi_shard.kv_cache import KVCache
 
 if TYPE_CHECKING:
     from pytgi_shard.engine import Engine
+    from pytgi_shard.models.model import Model
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,19 @@ class Limits:
             pb.max_total_tokens,
             pb.max_batch_size,
             pb.max_batch_total_tokens,
+        )
+
+
+def check_positions(limits: Limits, model: Model) -> None:
+    """Refuses a max_total_tokens beyond a learned position table (GPT-2 through the transformers
+    fallback): a position past its last row does not exist, and looking it up fails mid-request
+    (an index error on the CPU, a device-side assert that poisons the device on CUDA)."""
+    limit = model.max_position_embeddings
+    if model.learned_positions and limits.max_total_tokens > limit:
+        raise InvalidRequest(
+            f"max_total_tokens ({limits.max_total_tokens}) exceeds max_position_embeddings "
+            f"({limit}) of {model.model_type}, whose learned position table has no row past "
+            f"{limit}: set --max-total-tokens to at most {limit}"
         )
 
 
@@ -114,6 +128,7 @@ def warmup_batch(lengths: list[int], vocab_size: int, block_size: int) -> genera
 def warmup(engine: Engine, pb: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
     limits = Limits.from_pb(pb)
     model = engine.model
+    check_positions(limits, model)
     lengths = prompt_lengths(limits, model.max_position_embeddings)
     batch = warmup_batch(lengths, model.vocab_size, engine.block_size)
     engine.cache.clear()

@@ -22,6 +22,9 @@ class Model(ABC):
     device: torch.device
     model_type: str
     max_position_embeddings: int
+    # Whether positions index a learned table of max_position_embeddings rows (GPT-2's wpe): then
+    # no position beyond it exists (rotary models extrapolate, learned tables cannot).
+    learned_positions: bool = False
     # Sliding-window size when the model attends to a window only (Mistral); None otherwise.
     sliding_window: int | None = None
     # Whether a decode forward can be captured in a CUDA graph (with a capturable attention

@@ -117,6 +117,19 @@ def _max_positions(config: PretrainedConfig) -> int:
     return int(limit)
 
 
+# Names transformers gives learned position tables (GPT-2/GPT-Neo wpe, OPT/BioGPT embed_positions,
+# BERT-style position_embeddings); sinusoidal tables under those names are not nn.Embedding.
+_POSITION_TABLES = ("wpe", "embed_positions", "position_embeddings")
+
+
+def _learned_positions(model: torch.nn.Module) -> bool:
+    """Whether `model` looks its positions up in a learned nn.Embedding table."""
+    return any(
+        isinstance(module, torch.nn.Embedding) and name.rsplit(".", 1)[-1] in _POSITION_TABLES
+        for name, module in model.named_modules()
+    )
+
+
 def _window(config: PretrainedConfig) -> int | None:
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
@@ -148,6 +161,7 @@ class TransformersModel(Model):
         self.model_type = config.model_type
         self.max_position_embeddings = _max_positions(config)
         self.sliding_window = _window(config)
+        self.learned_positions = _learned_positions(model)
         parameters = inspect.signature(model.forward).parameters
         self._logits_to_keep = "logits_to_keep" in parameters
 
