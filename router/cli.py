@@ -66,6 +66,7 @@ _LIMITS: list[tuple[str, type, Any]] = [
     ("--max-queue-size", int, "unbounded"),
     ("--max-client-batch-size", int, 4),
     ("--payload-limit", int, 2_000_000),
+    ("--max-connections", int, 1024),
     ("--validation-workers", int, 2),
 ]
 

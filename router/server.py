@@ -21,7 +21,7 @@ from pytgi_router import event_loop
 from pytgi_router.app import create_app
 from pytgi_router.chat_template import load_chat_template
 from pytgi_router.client import ShardClient
-from pytgi_router.http_protocol import BoundedHttpToolsProtocol
+from pytgi_router.http_protocol import bounded_protocol
 from pytgi_router.infer import Infer
 from pytgi_router.infer_settings import InferSettings
 from pytgi_router.logs import announce
@@ -130,13 +130,13 @@ class RouterServer:
     async def serve(self) -> None:
         """Serves until shutdown; start() must have run."""
         assert self.state is not None and self.sock is not None
-        # Uvicorn with the httptools parser (heads bounded, see http_protocol.py): its per-chunk
+        # Uvicorn with the httptools parser (bounds: see http_protocol.py): its per-chunk
         # send is a few Python lines around one transport write, which matters on the streaming
         # hot path (one send per token per client). No signal capture (ours drain first), no
         # proxy-header rewriting, no lifespan.
         config = uvicorn.Config(
             RawSend(create_app(self.state)),
-            http=BoundedHttpToolsProtocol,
+            http=bounded_protocol(self.settings.max_connections),
             ws="none",
             lifespan="off",
             loop="none",

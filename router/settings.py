@@ -28,6 +28,8 @@ class RouterSettings:
     max_total_tokens: int | None = None
     max_client_batch_size: int = 4
     payload_limit: int = 2_000_000
+    # Open HTTP connections; past it a new one gets 503 at once (slow clients cannot pile up).
+    max_connections: int = 1024
     # Scheduler budgets, forwarded to the inference core.
     waiting_served_ratio: float = 0.3
     max_batch_prefill_tokens: int = 4096
@@ -63,6 +65,7 @@ class RouterSettings:
             "max_best_of": self.max_best_of,
             "max_client_batch_size": self.max_client_batch_size,
             "payload_limit": self.payload_limit,
+            "max_connections": self.max_connections,
             "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
             "validation_workers": self.validation_workers,
         }

@@ -29,6 +29,9 @@ def test_defaults_are_tgi_defaults() -> None:
             s.max_client_batch_size, s.payload_limit) == (128, 2, 4, 5, 4, 2_000_000)
     assert s.otlp_service_name == "pytgi.router" and s.graceful_termination_timeout == 90
     assert s.shard_step_timeout == 300
+    assert s.max_connections == 1024
+    bounded = parse_settings(["--tokenizer-name", "/m", "--max-connections", "8"], environ={})
+    assert bounded.max_connections == 8
 
 
 def test_environment_forms_and_command_line_precedence() -> None:
@@ -59,6 +62,7 @@ def test_legacy_input_length_alias() -> None:
     ["--tokenizer-name", "/m", "--max-best-of", "0"],
     ["--tokenizer-name", "/m", "--port", "x"],
     ["--tokenizer-name", "/m", "--shard-step-timeout", "0"],
+    ["--tokenizer-name", "/m", "--max-connections", "0"],
 ])
 def test_bad_settings_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:

@@ -1,9 +1,10 @@
 """The router's HTTP protocol (uvicorn's httptools protocol with bounded heads), served by a real
-uvicorn server on a real socket in this process, with a short head timeout."""
+uvicorn server on a real socket in this process, with short head and body timeouts."""
 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import threading
 import time
@@ -13,12 +14,19 @@ from typing import Any
 import pytest
 import uvicorn
 
-from pytgi_router.http_protocol import MAX_HEAD_BYTES, BoundedHttpToolsProtocol
+from pytgi_router.http_protocol import MAX_HEAD_BYTES, BoundedHttpToolsProtocol, bounded_protocol
 
 HEAD_TIMEOUT_S = 0.5
+BODY_TIMEOUT_S = 0.5
+MAX_CONNECTIONS = 3
 
 
 async def _app(scope: Any, receive: Any, send: Any) -> None:
+    message = await receive()
+    while message["type"] == "http.request" and message.get("more_body"):
+        message = await receive()
+    if message["type"] == "http.disconnect":
+        return
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -26,10 +34,11 @@ async def _app(scope: Any, receive: Any, send: Any) -> None:
 @pytest.fixture
 def port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     monkeypatch.setattr(BoundedHttpToolsProtocol, "head_timeout_s", HEAD_TIMEOUT_S)
+    monkeypatch.setattr(BoundedHttpToolsProtocol, "body_timeout_s", BODY_TIMEOUT_S)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
-    config = uvicorn.Config(_app, http=BoundedHttpToolsProtocol, lifespan="off",
+    config = uvicorn.Config(_app, http=bounded_protocol(MAX_CONNECTIONS), lifespan="off",
                             log_config=None, access_log=False)
     server = uvicorn.Server(config)
     loop = asyncio.new_event_loop()
@@ -91,3 +100,38 @@ def test_an_oversized_head_gets_431(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
         conn.sendall(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES))
         assert _read_all(conn).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_whole_body_is_served(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+                     b"Connection: close\r\n\r\nbody")
+        assert _read_all(conn).startswith(b"HTTP/1.1 200 OK\r\n")
+
+
+def test_a_body_that_never_completes_gets_408_after_the_timeout(port: int) -> None:
+    """Headers on time, then a trickle: the body's deadline runs from the end of the head."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+        started = time.monotonic()
+        # One byte every 50 ms until the answer is there: trickling does not extend the deadline.
+        while not select.select([conn], [], [], 0.05)[0]:
+            assert time.monotonic() - started < BODY_TIMEOUT_S + 3
+            conn.sendall(b"x")
+        assert BODY_TIMEOUT_S * 0.8 <= time.monotonic() - started < BODY_TIMEOUT_S + 3
+        answer = _read_all(conn)
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"error_type": "request_timeout"' in answer
+
+
+def test_connections_past_the_limit_get_503_at_once(port: int) -> None:
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as extra:
+            answer = _read_all(extra)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b'"error_type": "overloaded"' in answer
+    finally:
+        for conn in held:
+            conn.close()
+    time.sleep(0.1)  # the server sees the closes: a new connection is served again
+    test_a_whole_request_is_served(port)
