@@ -33,7 +33,8 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--max-batch-total-tokens", int, "KV token budget (default: from warmup)"),
     ("--max-waiting-tokens", int, "decode steps before waiting requests join (default 20)"),
     ("--max-batch-size", int, "hard cap on requests per batch"),
-    ("--max-queue-size", int, "waiting requests before 429 (default 2 x --max-concurrent-requests)"),
+    ("--max-queue-size", int, "waiting requests before 429, < --max-concurrent-requests "
+     "(default: none, the permits bound queued + running)"),
     ("--max-client-batch-size", int, "max prompts in one /v1/completions request (default 4)"),
     ("--payload-limit", int, "HTTP body limit in bytes (default 2000000)"),
     ("--validation-workers", int, "tokenizer workers in the router (default 2)"),

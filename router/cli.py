@@ -63,7 +63,7 @@ _LIMITS: list[tuple[str, type, Any]] = [
     ("--max-batch-total-tokens", int, "from the shard's warmup"),
     ("--max-waiting-tokens", int, 20),
     ("--max-batch-size", int, None),
-    ("--max-queue-size", int, "unbounded"),
+    ("--max-queue-size", int, "none: waiting requests hold permits"),
     ("--max-client-batch-size", int, 4),
     ("--payload-limit", int, 2_000_000),
     ("--max-connections", int, 1024),

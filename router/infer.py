@@ -59,7 +59,8 @@ class Infer:
         self._task: asyncio.Task[None] | None = None
         self._ids = count()
         self._in_flight = 0
-        self._max_queue = settings.max_queue_size or 2 * settings.max_concurrent_requests
+        # Waiting requests; None: only the permits bound them (a queued request holds one).
+        self._max_queue = settings.max_queue_size
         self._stopping = False
         # From the moment the shards are known lost until reconnect() succeeds.
         self._down = False
@@ -161,7 +162,7 @@ class Infer:
             raise UnhealthyError("the shards are unavailable: reconnecting")
         if self._in_flight >= self.settings.max_concurrent_requests:
             raise OverloadedError()
-        if len(scheduler.queue) >= self._max_queue:
+        if self._max_queue is not None and len(scheduler.queue) >= self._max_queue:
             raise OverloadedError()
         self._check_schedulable(request)
         entry_id = next(self._ids)

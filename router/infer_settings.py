@@ -15,7 +15,8 @@ class InferSettings:
     max_waiting_tokens: int = 20
     max_input_tokens: int | None = None  # None → from Warmup
     max_total_tokens: int | None = None  # None → from Warmup
-    # Bound on waiting requests; None → 2 x max_concurrent_requests (overflow → OverloadedError).
+    # Bound on waiting (not yet running) requests, below max_concurrent_requests: a queued
+    # request holds a permit, so the permits alone bound queued + running. None: no other bound.
     max_queue_size: int | None = None
     # health(): a batch that succeeded this recently proves the shards; else a Health RPC with
     # this timeout.
@@ -42,6 +43,12 @@ class InferSettings:
             )
             if value is not None and value < low
         ]
+        if self.max_queue_size is not None and self.max_queue_size >= self.max_concurrent_requests:
+            problems.append(
+                f"`max_queue_size` must be < `max_concurrent_requests` "
+                f"({self.max_concurrent_requests}), got {self.max_queue_size}: queued requests "
+                f"hold permits, so it would never trigger"
+            )
         if not self.shard_step_timeout_s > 0:
             problems.append(f"`shard_step_timeout_s` must be > 0, got {self.shard_step_timeout_s}")
         if problems:

@@ -72,6 +72,11 @@ class RouterSettings:
         out += [f"--{k.replace('_', '-')} must be > 0" for k, v in positive.items() if v <= 0]
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0:
             out.append("--max-stop-sequences and --max-top-n-tokens must be >= 0")
+        queue, permits = self.max_queue_size, self.max_concurrent_requests
+        if queue is not None and not 0 < queue < permits:
+            # A queued request holds a permit: a bound at or above the permits is dead.
+            out.append(f"--max-queue-size must be > 0 and < --max-concurrent-requests ({permits}), "
+                       f"got {queue}: queued requests hold permits, so it would never trigger")
         if not 0 <= self.port <= 65535:
             out.append(f"--port must be in 0..65535, got {self.port}")
         out += token_limit_problems(

@@ -399,8 +399,7 @@ def test_api_key(spare_shards: ShardProcesses, model: Path) -> None:
 
 
 def test_overload_is_429(spare_shards: ShardProcesses, model: Path) -> None:
-    with RouterProcess(spare_shards.urls[0], model, "--max-concurrent-requests", "1",
-                       "--max-queue-size", "1") as router:
+    with RouterProcess(spare_shards.urls[0], model, "--max-concurrent-requests", "1") as router:
         u = router.url
         body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 150}}
         with httpx.stream("POST", f"{u}/generate_stream", json=body, timeout=60) as r:

@@ -63,6 +63,8 @@ def test_legacy_input_length_alias() -> None:
     ["--tokenizer-name", "/m", "--port", "x"],
     ["--tokenizer-name", "/m", "--shard-step-timeout", "0"],
     ["--tokenizer-name", "/m", "--max-connections", "0"],
+    ["--tokenizer-name", "/m", "--max-queue-size", "128"],
+    ["--tokenizer-name", "/m", "--max-queue-size", "0"],
 ])
 def test_bad_settings_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:

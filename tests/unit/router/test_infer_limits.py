@@ -74,6 +74,8 @@ def test_no_usable_block_is_an_error() -> None:
     [
         {"max_concurrent_requests": 0}, {"max_batch_size": 0}, {"waiting_served_ratio": -0.1},
         {"max_batch_total_tokens": 0}, {"max_queue_size": 0}, {"max_batch_prefill_tokens": 0},
+        # A queued request holds a permit: a queue bound at or above the permits never triggers.
+        {"max_queue_size": 128}, {"max_queue_size": 4, "max_concurrent_requests": 4},
     ],
 )
 def test_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
