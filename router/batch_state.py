@@ -237,6 +237,15 @@ class RunningBatch:
         self.cached = None
         self._cancelled.clear()
 
+    def fail_entries(self, entries: Iterable[Entry], error: InferError) -> None:
+        """Only `entries` end with `error` (a prefill the shards refused as invalid): the
+        cached batch and its requests are untouched."""
+        for entry in entries:
+            if entry.id in self.entries:
+                self._cancelled.discard(entry.id)
+                entry.stream.fail(error)
+                self._retire(entry)
+
     def fail_all(self, error: InferError) -> None:
         """The batch is lost (shard failure): every live request ends with `error`."""
         self._close_all(error)

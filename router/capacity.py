@@ -31,6 +31,8 @@ class ShardInfo:
     num_blocks: int
     attention_impl: str
     window_size: int | None
+    # Token ids must be below it (the model's embedding rows); 0 when a shard did not say.
+    vocab_size: int = 0
 
 
 class InferStartError(RuntimeError):
@@ -110,6 +112,7 @@ def derive_info(
         num_blocks=num_blocks,
         attention_impl=info.attention_impl,
         window_size=info.window_size if info.HasField("window_size") else None,
+        vocab_size=info.vocab_size,
     )
 
 

@@ -165,6 +165,7 @@ class Infer:
         if self._max_queue is not None and len(scheduler.queue) >= self._max_queue:
             raise OverloadedError()
         self._check_schedulable(request)
+        self._check_vocabulary(request)
         entry_id = next(self._ids)
         try:
             pb = request_pb(entry_id, request)
@@ -200,6 +201,18 @@ class Infer:
                                   f"{info.max_batch_total_tokens}. Given: {prompt} `inputs` "
                                   f"tokens and {request.stopping.max_new_tokens} "
                                   f"`max_new_tokens`")
+
+    def _check_vocabulary(self, request: ValidRequest) -> None:
+        """A token id the model has no embedding row for (a tokenizer's added token beyond the
+        model's vocabulary) is refused here, with its own 422, rather than by the shard."""
+        vocab_size = self.info.vocab_size
+        if vocab_size and request.input_ids:
+            highest = max(request.input_ids)
+            if highest >= vocab_size:
+                raise ValidationError(
+                    f"`inputs` holds token id {highest}, outside the model's vocabulary of "
+                    f"{vocab_size} tokens (a tokenizer token the model has no embedding for)"
+                )
 
     def _cancel(self, entry: Entry) -> None:
         self._release(entry)

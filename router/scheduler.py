@@ -15,6 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
@@ -97,6 +98,14 @@ class _MethodMetrics:
         self.filter = metrics.batch_filter_duration.labels(method=method)
         # TGI labels every concatenation "decode".
         self.concat = metrics.batch_concat_duration.labels(method="decode")
+
+
+def refused_as_invalid(err: Exception) -> bool:
+    """Whether a shard call failed because a shard answered INVALID_ARGUMENT (the request, not
+    the shard, is at fault)."""
+    cause = err.__cause__
+    return (isinstance(err, ShardError) and isinstance(cause, grpc.aio.AioRpcError)
+            and cause.code() == grpc.StatusCode.INVALID_ARGUMENT)
 
 
 def concat_reason(limits: BatchLimits) -> str:
@@ -205,7 +214,8 @@ class Scheduler:
         links = [Link(e.trace_context) for e in entries if e.trace_context is not None]
         timeout = self.step_timeout_s
         await self._step(
-            "prefill", lambda: self.client.prefill(batch, cached, timeout), len(entries), links
+            "prefill", lambda: self.client.prefill(batch, cached, timeout), len(entries), links,
+            entries,
         )
 
     async def _decode(self) -> None:
@@ -222,8 +232,10 @@ class Scheduler:
         call: Callable[[], Awaitable[StepResponse]],
         size: int,
         links: list[Link] | None = None,
+        newcomers: list[Entry] | None = None,
     ) -> None:
-        """One shard call, then routing its generations and filtering the batch."""
+        """One shard call, then routing its generations and filtering the batch. A prefill of
+        `newcomers` that the shards refuse as invalid fails only them."""
         metrics = self._method_metrics[method]
         metrics.count.inc()
         start = time.perf_counter()
@@ -236,6 +248,9 @@ class Scheduler:
         except Exception as err:  # ShardError, or a bug: either way this batch is lost
             self.step_started = None
             metrics.failure.inc()
+            if newcomers is not None and refused_as_invalid(err):
+                self._refuse(newcomers, err)
+                return
             await self._fail_running(err)
             return
         # (A cancelled task leaves it set: Infer then discards this scheduler.)
@@ -272,6 +287,16 @@ class Scheduler:
         else:
             await self.client.clear_cache(cached.id, self.step_timeout_s)
             self.running.cached = None
+
+    def _refuse(self, newcomers: list[Entry], err: Exception) -> None:
+        """The shards validate a new batch before touching the cached one, so an
+        INVALID_ARGUMENT leaves it intact: only the newcomers fail, the running requests keep
+        decoding. (Should a shard have dropped the cached batch after all, the next Decode
+        answers NOT_FOUND and the batch fails as any lost batch does.)"""
+        logger.warning("prefill of %d new request(s) refused by the shards: %s",
+                       len(newcomers), err)
+        self.running.fail_entries(newcomers, GenerationError(str(err)))
+        self._publish_batch_gauges()
 
     async def _fail_running(self, err: Exception) -> None:
         """Fails every request of the running batch, frees their blocks, clears the shards."""
