@@ -20,7 +20,7 @@ from pytgi_router.openai_schemas import (
 )
 from pytgi_router.openai_stream import ChatChunks, error_chunk
 from pytgi_router.routes_generate import CLIENT_CLOSED
-from pytgi_router.routes_info import simple_tokens
+from pytgi_router.routes_info import tokens_response
 from pytgi_router.schemas import GenerateRequest
 from pytgi_router.sse import DONE, EventStreamResponse
 from pytgi_router.state import AppState
@@ -38,12 +38,13 @@ class ChatRoutes:
             Route("/chat_tokenize", self.chat_tokenize, methods=["POST"]),
         ]
 
-    def prompt(self, chat: ChatRequest) -> str:
+    async def prompt(self, chat: ChatRequest) -> str:
+        """Renders in the worker pool: a conversation near the payload limit takes a while."""
         template = self.state.chat_template
         try:
             if template is None:
                 raise TemplateError("template not found")
-            return template.apply(chat.messages)
+            return await self.state.validator.offload(template.apply, chat.messages)
         except TemplateError:
             m = self.state.metrics
             m.request_count.inc()
@@ -52,18 +53,17 @@ class ChatRoutes:
 
     async def chat_tokenize(self, request: Request) -> Response:
         chat = parse_chat(await read_json(request))
-        text = self.prompt(chat)
-        encoding = await self.state.validator.encode(text, add_special_tokens=False)
-        return json_response(
-            {"tokenize_response": simple_tokens(text, encoding), "templated_text": text}
-        )
+        text = await self.prompt(chat)
+        validator = self.state.validator
+        encoding = await validator.encode(text, add_special_tokens=False)
+        return await validator.offload(tokens_response, text, encoding, True)
 
     async def chat(self, request: Request) -> Response:
         return await self.chat_body(request, await read_json(request))
 
     async def chat_body(self, request: Request, body: object) -> Response:
         chat = parse_chat(body)
-        req = GenerateRequest(self.prompt(chat), chat.parameters(), add_special_tokens=False)
+        req = GenerateRequest(await self.prompt(chat), chat.parameters(), add_special_tokens=False)
         env = Envelope(
             model=chat.fields.model or self.state.model_id,
             system_fingerprint=self.state.system_fingerprint,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+import json
 
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.requests import Request
@@ -17,22 +17,51 @@ from pytgi_router.openai_schemas import models_list
 from pytgi_router.schemas import parse_generate
 from pytgi_router.state import AppState
 
+# Tokens per slice of the /tokenize answer, joined and encoded at once.
+CHUNK_TOKENS = 4096
 
-def simple_tokens(text: str, encoding: Encoding) -> list[dict[str, Any]]:
-    """TGI's `[{id, text, start, stop}]`; start/stop are UTF-8 byte offsets as in TGI (Rust)."""
+
+def simple_tokens(text: str, encoding: Encoding) -> bytes:
+    """TGI's `[{id, text, start, stop}]` as JSON; start/stop are UTF-8 byte offsets as in TGI.
+
+    Written as text, token by token, rather than through a million dicts and one json.dumps:
+    that many tracked objects set off full garbage collections, and one C call over all of them,
+    each holding the GIL for a second while the event loop waits (a megabyte prompt)."""
     ascii_only = text.isascii()
     byte_at: list[int] = []
     if not ascii_only:
         byte_at = [0]
         for ch in text:
             byte_at.append(byte_at[-1] + len(ch.encode()))
-    out = []
-    for token_id, (start, stop) in zip(encoding.ids, encoding.offsets, strict=True):
-        piece = text[start:stop]
-        if not ascii_only:
-            start, stop = byte_at[start], byte_at[stop]
-        out.append({"id": token_id, "text": piece, "start": start, "stop": stop})
-    return out
+    quote = _encode_string
+    ids, offsets = encoding.ids, encoding.offsets
+    chunks: list[bytes] = []
+    for first in range(0, len(ids), CHUNK_TOKENS):
+        out = []
+        for token_id, (start, stop) in zip(ids[first:first + CHUNK_TOKENS],
+                                           offsets[first:first + CHUNK_TOKENS], strict=True):
+            piece = quote(text[start:stop])
+            if not ascii_only:
+                start, stop = byte_at[start], byte_at[stop]
+            out.append(f'{{"id":{token_id},"text":{piece},"start":{start},"stop":{stop}}}')
+        chunks.append(",".join(out).encode())  # one short C call per slice, not one for all
+    return b"[" + b",".join(chunks) + b"]"
+
+
+def tokens_response(text: str, encoding: Encoding, templated: bool = False) -> Response:
+    """The /tokenize (or /chat_tokenize) answer. A megabyte prompt is a million tokens: callers
+    run this in the worker pool so that building it does not block the event loop."""
+    tokens = simple_tokens(text, encoding)
+    if templated:
+        text_json = _encode_string(text).encode()
+        body = b'{"tokenize_response":' + tokens + b',"templated_text":' + text_json + b"}"
+        return Response(body, media_type="application/json")
+    return Response(tokens, media_type="application/json")
+
+
+def _encode_string(value: str) -> str:
+    """A JSON string literal without ASCII escaping, as JSONBody writes them."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 class InfoRoutes:
@@ -74,4 +103,4 @@ class InfoRoutes:
         truncate = req.parameters.truncate
         if truncate is not None and len(encoding.ids) > truncate:
             encoding.truncate(truncate, direction="left")
-        return json_response(simple_tokens(req.inputs, encoding))
+        return await validator.offload(tokens_response, req.inputs, encoding)

@@ -8,21 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import re
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tokenizers import Encoding, Tokenizer
 
 from pytgi_router.errors import ValidationError
 from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
 from pytgi_router.schemas import GenerateParameters, GenerateRequest
+from pytgi_router.token_bound import max_chars_per_token
+
+T = TypeVar("T")
 
 # Inputs longer than this (in characters) are tokenized in the worker pool, off the event loop;
 # shorter ones cost less than the thread hop.
 OFFLOAD_CHARS = 2048
+# Prompts longer than this (in characters) that cannot fit are refused from their length alone
+# (refuse_by_length); shorter ones tokenize quickly enough to get TGI's exact token count.
+REFUSE_BY_LENGTH_CHARS = 65536
 
 GRAMMAR_JSON = 1
 GRAMMAR_REGEX = 2
@@ -61,6 +69,8 @@ class Validator:
         self.limits = limits
         self.executor = executor
         self._rng = rng or random.SystemRandom()
+        # None when the tokenizer does not make a character-count bound certain (token_bound.py).
+        self.max_chars_per_token = max_chars_per_token(tokenizer)
 
     def random_seed(self) -> int:
         return self._rng.getrandbits(64)
@@ -68,8 +78,10 @@ class Validator:
     # ---- tokenization ------------------------------------------------------------------------
 
     def encode_sync(self, text: str, add_special_tokens: bool = True) -> Encoding:
+        """`encode_batch`, not `encode`: only the batch call releases the GIL while the Rust side
+        works, so a megabyte prompt tokenizing in the pool does not stall the event loop."""
         try:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+            return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         except Exception as err:  # the tokenizer's own failure, reported as TGI does
             raise ValidationError(f"tokenizer error {err}") from None
 
@@ -78,6 +90,33 @@ class Validator:
             return self.encode_sync(text, add_special_tokens)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, self.encode_sync, text, add_special_tokens)
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs `fn` in the worker pool (e.g. a chat template render on a large conversation)."""
+        if self.executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    def refuse_by_length(self, inputs: str, truncate: int | None, max_new: int | None) -> None:
+        """Refuses, before tokenizing, a prompt whose length alone proves it cannot fit: at
+        least ceil(chars / max_chars_per_token) tokens. Not with `truncate` (a long prompt then
+        fits by losing its start), nor when the tokenizer gives no certain bound, nor for a
+        prompt short enough to count exactly."""
+        per_token = self.max_chars_per_token
+        if truncate is not None or per_token is None or len(inputs) <= REFUSE_BY_LENGTH_CHARS:
+            return
+        lim = self.limits
+        at_least = math.ceil(len(inputs) / per_token)
+        if max_new is not None and at_least + max_new > lim.max_total_tokens:
+            raise ValidationError(
+                f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
+                f"Given: at least {at_least} `inputs` tokens and {max_new} `max_new_tokens`"
+            )
+        if at_least > lim.max_input_tokens:
+            raise ValidationError(
+                f"`inputs` must have less than {lim.max_input_tokens} tokens. "
+                f"Given: at least {at_least}"
+            )
 
     # ---- generate requests -------------------------------------------------------------------
 
@@ -109,6 +148,7 @@ class Validator:
                 f"`truncate` must be strictly positive and less than {lim.max_input_tokens}. "
                 f"Given: {p.truncate}"
             )
+        self.refuse_by_length(req.inputs, p.truncate, p.max_new_tokens)
         input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
