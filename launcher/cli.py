@@ -42,9 +42,12 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--hostname", str, "HTTP bind address (default 0.0.0.0)"),
     ("--port", int, "HTTP port (default 3000)"),
     ("--api-key", str, "require `Authorization: Bearer <key>` on generation routes"),
-    ("--shard-uds-path", str, f"shard socket base name, rank r on PATH-r (default {DEFAULT_UDS_PATH})"),
+    ("--shard-uds-path", str, f"shard socket base name, rank r on PATH-r (default "
+     f"{DEFAULT_UDS_PATH} on --port 3000, {DEFAULT_UDS_PATH}-PORT on another port)"),
     ("--master-addr", str, "torch.distributed rendezvous address (default localhost)"),
-    ("--master-port", int, "torch.distributed rendezvous port (default 29500)"),
+    ("--master-port", int, "torch.distributed rendezvous port (default: a free port)"),
+    ("--shard-token", str, "shared secret of the shards' gRPC, passed to shards and router "
+     "(SHARD_TOKEN is better: argv is visible to every user)"),
     ("--cuda-memory-fraction", float, "share of each GPU a shard may use (default 1.0)"),
     ("--attention", str, "shard attention backend (default: the shard's choice)"),
     ("--cuda-graphs", str, "decode batch sizes captured as CUDA graphs, comma list like 1,2,4,8; "

@@ -22,13 +22,22 @@ def _switch(flag: str, on: bool) -> list[str]:
 
 
 def shard_argv(
-    s: LauncherSettings, model_path: Path, rank: int, world_size: int, dtype: str
+    s: LauncherSettings,
+    model_path: Path,
+    rank: int,
+    world_size: int,
+    dtype: str,
+    master_port: int | None = None,
+    instance_id: str | None = None,
 ) -> list[str]:
+    """`master_port`: the one resolved at launch (else --master-port, else the shard's default);
+    `instance_id`: the launch's id, which the shard answers health checks for (readiness.py)."""
     return [
         sys.executable, "-m", "pytgi_shard.cli", "serve", str(model_path),
         "--rank", str(rank), "--world-size", str(world_size),
-        "--master-addr", s.master_addr, "--master-port", str(s.master_port),
-        "--uds-path", s.shard_uds_path, "--dtype", dtype,
+        "--master-addr", s.master_addr, *_opt("--master-port", master_port or s.master_port),
+        "--uds-path", s.shard_base_path, "--dtype", dtype,
+        *_opt("--instance-id", instance_id),
         "--cuda-memory-fraction", str(s.cuda_memory_fraction),
         *_switch("--trust-remote-code", s.trust_remote_code),
         *_opt("--attention", s.attention),
@@ -42,15 +51,24 @@ def shard_argv(
 
 
 def shard_env(
-    s: LauncherSettings, environ: Mapping[str, str], rank: int, world_size: int
+    s: LauncherSettings,
+    environ: Mapping[str, str],
+    rank: int,
+    world_size: int,
+    master_port: int | None = None,
 ) -> dict[str, str]:
     """TGI's per-shard variables; the flags carry the same values, these serve code that reads
-    the environment (torch.distributed, NCCL)."""
+    the environment (torch.distributed, NCCL). The shard token goes here, not in argv."""
     # The API key is the router's alone: a shard has no use for it in its environment.
     env = {k: v for k, v in environ.items() if k not in ("LOG_LEVEL", "API_KEY")}
+    port = master_port or s.master_port
+    if port is not None:
+        env["MASTER_PORT"] = str(port)
+    if s.shard_token is not None:
+        env["SHARD_TOKEN"] = s.shard_token
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-        "MASTER_ADDR": s.master_addr, "MASTER_PORT": str(s.master_port),
+        "MASTER_ADDR": s.master_addr,
         "CUDA_MEMORY_FRACTION": str(s.cuda_memory_fraction),
         "TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
         "PYTHONUNBUFFERED": "1",
@@ -61,7 +79,7 @@ def shard_env(
 def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
     return [
         sys.executable, "-m", "pytgi_router.cli",
-        "--master-shard-uds-path", f"{s.shard_uds_path}-0",
+        "--master-shard-uds-path", s.shard_socket(0),
         "--tokenizer-name", str(model_path),
         "--model-id", s.model_id,
         "--hostname", s.hostname, "--port", str(s.port),
@@ -95,6 +113,8 @@ def router_env(
 ) -> dict[str, str]:
     env = dict(environ)
     env["PYTHONUNBUFFERED"] = "1"
+    if s.shard_token is not None:
+        env["SHARD_TOKEN"] = s.shard_token
     if s.api_key is not None:
         # Through the environment rather than argv, where `ps` would show it to every user.
         env["API_KEY"] = s.api_key

@@ -39,6 +39,17 @@ def port_in_use(hostname: str, port: int) -> bool:
     return False
 
 
+def free_port(host: str) -> int:
+    """A port the OS has free on `host` now: the default rendezvous port. A fixed default (TGI's
+    29500) makes a second instance on the host collide with the first one's process group."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        try:
+            sock.bind((host.strip("[]"), 0))
+        except OSError:
+            sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
 def fail(message: str) -> int:
     print(f"pytgi-launcher: error: {message}", file=sys.stderr)
     return 1
@@ -68,5 +79,6 @@ def launch(settings: LauncherSettings, environ: Mapping[str, str]) -> int:
         return fail(str(e))
     dtype = settings.resolved_dtype(on_gpu=gpus > 0)
     log.info("model %s at %s: %d shard(s), %s", settings.model_id, model_path, num_shard, dtype)
-    plan = Plan(settings, model_path, num_shard, dtype, compute_type(num_shard, gpu_name), environ)
+    plan = Plan(settings, model_path, num_shard, dtype, compute_type(num_shard, gpu_name), environ,
+                master_port=settings.master_port or free_port(settings.master_addr))
     return Supervisor(plan, sink, log).run()

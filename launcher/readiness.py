@@ -1,4 +1,5 @@
-"""Is a child ready? A shard: its socket (or port) accepts and grpc.health.v1 says SERVING.
+"""Is a child ready? A shard: its socket (or port) accepts and grpc.health.v1 says SERVING for
+the service the launcher asks about (its own instance's, so a stranger never counts).
 The router: GET /health answers 200 (it answers only after connecting to and warming the shards).
 """
 
@@ -13,8 +14,9 @@ def shard_target(uds_path: str) -> str:
     return f"unix://{uds_path}"
 
 
-def shard_serving(target: str, timeout: float = PROBE_TIMEOUT) -> bool:
-    """One health probe of a shard at `target` (grpc form: unix:///path or host:port)."""
+def shard_serving(target: str, service: str = "", timeout: float = PROBE_TIMEOUT) -> bool:
+    """One health probe of `service` at `target` (grpc form: unix:///path or host:port); an
+    unknown service (NOT_FOUND) is not serving."""
     if target.startswith("unix://") and not Path(target.removeprefix("unix://")).exists():
         return False
     import grpc
@@ -23,7 +25,7 @@ def shard_serving(target: str, timeout: float = PROBE_TIMEOUT) -> bool:
     with grpc.insecure_channel(target) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(service=""), timeout=timeout
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
             )
         except grpc.RpcError:
             return False

@@ -11,8 +11,11 @@ from pytgi_shard.settings import parse_cuda_graphs
 DTYPES = ("float16", "bfloat16", "float32")
 # The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
-# TGI's socket base name: shard r listens on `{base}-{r}`.
+# TGI's socket base name: shard r listens on `{base}-{r}`. It is the default for TGI's HTTP port
+# (3000), so TGI's tools find rank 0; another --port gets `{base}-{port}` (shard_base_path), so two
+# instances on one host, which cannot share an HTTP port, never share a socket either.
 DEFAULT_UDS_PATH = "/tmp/text-generation-server"
+TGI_HTTP_PORT = 3000
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +51,12 @@ class LauncherSettings:
     port: int = 3000
     cors_allow_origin: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)
-    # Shards.
-    shard_uds_path: str = DEFAULT_UDS_PATH
+    # Shards. None: derived from --port (shard_base_path); a free port picked at launch.
+    shard_uds_path: str | None = None
     master_addr: str = "localhost"
-    master_port: int = 29500
+    master_port: int | None = None
+    # Shared secret of the shards' gRPC (passed to shards and router through SHARD_TOKEN).
+    shard_token: str | None = field(default=None, repr=False)
     cuda_memory_fraction: float = 1.0
     attention: str | None = None
     # TGI's comma list of decode batch sizes for CUDA graphs, passed to the shards; None: theirs.
@@ -107,7 +112,7 @@ class LauncherSettings:
             self.max_input_tokens, self.max_total_tokens, self.max_batch_total_tokens
         )
         for name, port in (("port", self.port), ("master-port", self.master_port)):
-            if not 0 < port < 65536:
+            if port is not None and not 0 < port < 65536:
                 out.append(f"--{name} must be in 1..65535, got {port}")
         if not 0.0 < self.cuda_memory_fraction <= 1.0:
             out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
@@ -116,6 +121,8 @@ class LauncherSettings:
                 parse_cuda_graphs(self.cuda_graphs)
             except ValueError as e:
                 out.append(str(e))
+        if self.shard_token is not None and not self.shard_token:
+            out.append("--shard-token must not be empty")
         if self.max_shard_restarts < 0:
             out.append(f"--max-shard-restarts must be >= 0, got {self.max_shard_restarts}")
         if self.shard_startup_timeout <= 0:
@@ -142,5 +149,14 @@ class LauncherSettings:
             return self.dtype
         return "bfloat16" if on_gpu else "float32"
 
+    @property
+    def shard_base_path(self) -> str:
+        """--shard-uds-path, else TGI's base name on port 3000 and `{base}-{port}` elsewhere."""
+        if self.shard_uds_path is not None:
+            return self.shard_uds_path
+        if self.port == TGI_HTTP_PORT:
+            return DEFAULT_UDS_PATH
+        return f"{DEFAULT_UDS_PATH}-{self.port}"
+
     def shard_socket(self, rank: int) -> str:
-        return f"{self.shard_uds_path}-{rank}"
+        return f"{self.shard_base_path}-{rank}"

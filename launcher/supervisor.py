@@ -1,7 +1,8 @@
 """Starts the shards, then the router, and watches them until a signal or a death.
 
 Start-up: all N shards at once (they rendezvous with each other), each waited for until its gRPC
-health says SERVING (`--shard-startup-timeout`); then the router, which connects to rank 0 and runs
+health says SERVING for this launch's instance id (`--shard-startup-timeout`): a server of another
+instance on the same socket path never counts; then the router, which connects to rank 0 and runs
 Warmup before its /health turns 200 (same timeout). Afterwards, every 100 ms: a shard that exits
 makes the launcher restart the whole shard group (`--max-shard-restarts`, with backoff; see
 restart.py) while the router stays up and reconnects; a router that exits, or a shard death with
@@ -19,6 +20,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from pytgi_launcher.logs import LogSink
 from pytgi_launcher.readiness import local_url, router_healthy, shard_serving, shard_target
 from pytgi_launcher.restart import RestartPolicy
 from pytgi_launcher.settings import LauncherSettings
+from pytgi_shard.serving_state import instance_service
 
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 10.0
@@ -60,6 +63,11 @@ class Plan:
     dtype: str
     compute_type: str
     environ: Mapping[str, str] = field(default_factory=dict)
+    # The rendezvous port resolved at launch (--master-port, else a free one).
+    master_port: int | None = None
+    # This launch's id: its shards answer the health service pytgi.instance.<id>, which no other
+    # instance's shard does, so readiness never counts a stranger on the same socket path.
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 class Supervisor:
@@ -170,8 +178,9 @@ class Supervisor:
     def _start_shards(self) -> None:
         p = self.plan
         for rank in range(p.num_shard):
-            argv = shard_argv(p.settings, p.model_path, rank, p.num_shard, p.dtype)
-            env = shard_env(p.settings, p.environ, rank, p.num_shard)
+            argv = shard_argv(p.settings, p.model_path, rank, p.num_shard, p.dtype,
+                              p.master_port, p.instance_id)
+            env = shard_env(p.settings, p.environ, rank, p.num_shard, p.master_port)
             child = self._spawn(f"shard-{rank}", argv, env)
             self.log.info("started shard %d (pid %d) of %d", rank, child.pid, p.num_shard)
             self.shards.append(child)
@@ -190,7 +199,8 @@ class Supervisor:
 
     def _shard_ready(self, child: ChildProcess) -> bool:
         rank = self.shards.index(child)
-        return shard_serving(shard_target(self.plan.settings.shard_socket(rank)))
+        target = shard_target(self.plan.settings.shard_socket(rank))
+        return shard_serving(target, instance_service(self.plan.instance_id))
 
     def _router_ready(self) -> bool:
         s = self.plan.settings

@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     add = p.add_argument
     add("--master-shard-uds-path", help=f"rank 0's unix socket (default {DEFAULT_UDS_PATH})")
     add("--master-shard-address", help="rank 0's host:port (TCP); wins over the socket path")
+    add("--shard-token", help="the shards' shared secret, sent with every call (env SHARD_TOKEN, "
+        "preferred: argv is visible to every user)")
     add("--tokenizer-name", help="model directory (or cached Hub id) holding tokenizer.json")
     add("--tokenizer-config-path", help="alternate tokenizer_config.json (e.g. a chat_template)")
     add("--model-id", help="name served by /info and /v1/models (default: --tokenizer-name)")

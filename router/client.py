@@ -35,6 +35,11 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+def token_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
+    """What the shards' token interceptor (pytgi_shard.token_auth) checks on every call."""
+    return None if token is None else (("authorization", f"Bearer {token}"),)
+
+
 class ShardError(Exception):
     """A shard call failed (any rank): the message is what the client sees after
     "Request failed during generation: "."""
@@ -64,24 +69,29 @@ def prefill_request(
 
 
 class ShardClient:
-    def __init__(self, channels: list[grpc.aio.Channel], urls: list[str]) -> None:
+    def __init__(
+        self, channels: list[grpc.aio.Channel], urls: list[str], token: str | None = None
+    ) -> None:
         self.urls = urls
         self._channels = channels
         self._stubs = [generate_pb2_grpc.TextGenerationServiceStub(c) for c in channels]
+        self._metadata = token_metadata(token)
 
     @classmethod
     async def connect(
-        cls, master: str, timeout: float = 10.0, traced: bool = False
+        cls, master: str, timeout: float = 10.0, traced: bool = False, token: str | None = None
     ) -> ShardClient:
         """Connects to rank 0 at `master` ("unix:///path" or "host:port"), discovers the other
         ranks, and connects to them; ShardError if any is unreachable within `timeout` s.
-        `traced`: propagate the current span to the shards."""
+        `traced`: propagate the current span to the shards; `token`: the shards' --shard-token,
+        sent as metadata with every call."""
         channels = [_open_channel(master, traced)]
         try:
             await asyncio.wait_for(channels[0].channel_ready(), timeout)
             stub = generate_pb2_grpc.TextGenerationServiceStub(channels[0])
             response = await stub.ServiceDiscovery(
-                generate_pb2.ServiceDiscoveryRequest(), timeout=timeout
+                generate_pb2.ServiceDiscoveryRequest(), timeout=timeout,
+                metadata=token_metadata(token),
             )
             urls = list(response.urls) or [master]
             # Index = rank; rank 0 is the master we already hold a channel to.
@@ -91,7 +101,7 @@ class ShardClient:
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as err:
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
             raise ShardError(f"cannot connect to the shards at {master}: {_describe(err)}") from err
-        return cls(channels, urls)
+        return cls(channels, urls, token)
 
     @property
     def world_size(self) -> int:
@@ -106,7 +116,8 @@ class ShardClient:
     async def _all(self, rpc: str, request: Any, timeout: float | None = None) -> Any:
         """Calls `rpc` on every rank; rank 0's answer, or ShardError as soon as one fails."""
         calls: list[Awaitable[Any]] = [
-            getattr(stub, rpc)(request, timeout=timeout) for stub in self._stubs
+            getattr(stub, rpc)(request, timeout=timeout, metadata=self._metadata)
+            for stub in self._stubs
         ]
         if len(calls) == 1:
             # The single-shard hot path: no tasks, no extra scheduling.

@@ -100,12 +100,12 @@ class RouterServer:
         if template is None:
             log.warning("no chat template found: /v1/chat/completions will answer 422")
         traced = self.tracing.enabled
-        client = await ShardClient.connect(s.shard_uri, traced=traced)
+        client = await ShardClient.connect(s.shard_uri, traced=traced, token=s.shard_token)
         metrics = Metrics(s.max_input_tokens or 1024, s.max_total_tokens or 2048)
         # Reconnection reaches the same addresses: a restarted shard group listens there again.
         infer = self._infer = Infer(
             client, infer_settings(s), metrics,
-            lambda: ShardClient.connect(s.shard_uri, RECONNECT_TIMEOUT_S, traced),
+            lambda: ShardClient.connect(s.shard_uri, RECONNECT_TIMEOUT_S, traced, s.shard_token),
         )
         info = await infer.start()
         self._watchdog = Watchdog(infer)

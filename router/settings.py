@@ -12,6 +12,8 @@ class RouterSettings:
     # Where rank 0 listens; the address wins over the socket path when both are given.
     master_shard_uds_path: str = DEFAULT_UDS_PATH
     master_shard_address: str | None = None
+    # Shared secret the shards require (--shard-token on them), sent as gRPC metadata.
+    shard_token: str | None = field(default=None, repr=False)
     tokenizer_name: str = ""
     tokenizer_config_path: str | None = None
     # The name served in /info, /v1/models and OpenAI responses; defaults to tokenizer_name.

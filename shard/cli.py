@@ -30,6 +30,7 @@ ENV_FALLBACKS = {
     "cuda_memory_fraction": ("CUDA_MEMORY_FRACTION", float),
     "watermark_gamma": ("WATERMARK_GAMMA", float),
     "watermark_delta": ("WATERMARK_DELTA", float),
+    "shard_token": ("SHARD_TOKEN", str),
 }
 
 
@@ -85,6 +86,22 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--watermark-gamma", type=float, help="env WATERMARK_GAMMA; default 0.5")
     p.add_argument("--watermark-delta", type=float, help="env WATERMARK_DELTA; default 2.0")
+    p.add_argument(
+        "--shard-token",
+        help="shared secret every call but health checks must carry as `authorization: Bearer "
+        "TOKEN` metadata (env SHARD_TOKEN, preferred: argv is visible to every user)",
+    )
+    p.add_argument(
+        "--grpc-reflection",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve gRPC reflection (default: on for a unix socket, off over TCP)",
+    )
+    p.add_argument(
+        "--instance-id",
+        help="set by pytgi-launcher: the health service pytgi.instance.ID answers SERVING, so the "
+        "launcher knows the server on the socket is its own child",
+    )
     p.add_argument("--json-output", action="store_true", help="log JSON lines")
     p.add_argument("--log-level", "--logger-level", dest="log_level", default="INFO")
     p.add_argument("--otlp-endpoint", help="OTLP gRPC collector for traces")
@@ -132,6 +149,8 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         block_size=args.block_size,
         max_total_tokens=args.max_total_tokens,
         overlap=args.overlap,
+        grpc_reflection=args.grpc_reflection,
+        instance_id=args.instance_id,
         json_output=args.json_output,
         log_level=args.log_level,
         otlp_endpoint=args.otlp_endpoint,
@@ -157,11 +176,18 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     configure_logging(settings.json_output, settings.log_level, settings.rank)
     # Heavy imports after argument parsing, so `--help` and bad flags answer at once.
-    from pytgi_shard.server import remove_socket, serve
+    from pytgi_shard.server import serve
+    from pytgi_shard.socket_guard import SocketInUse, claim_socket
     from pytgi_shard.startup import load_engine, peer_urls
     from pytgi_shard.tracing import server_interceptors, setup_tracing
 
-    remove_socket(settings)
+    if settings.socket_path is not None:
+        # Before loading anything: a second instance on this host fails at once, harmlessly.
+        try:
+            claim_socket(settings.socket_path)
+        except SocketInUse as e:
+            log.error("shard %d cannot start: %s", settings.rank, e)
+            return 1
     provider = (
         setup_tracing(settings.otlp_endpoint, settings.otlp_service_name)
         if settings.otlp_endpoint
@@ -172,6 +198,9 @@ def run_serve(args: argparse.Namespace) -> int:
         engine = load_engine(settings)
         urls = peer_urls(settings, engine.dist)
         asyncio.run(serve(settings, engine, urls, server_interceptors(provider)))
+    except SocketInUse as e:
+        log.error("shard %d cannot start: %s", settings.rank, e)
+        return 1
     except Exception:
         log.exception("shard %d failed", settings.rank)
         return 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -63,6 +63,12 @@ class ShardSettings:
     log_level: str = "INFO"
     otlp_endpoint: str | None = None
     otlp_service_name: str = "pytgi.shard"
+    # A shared secret every call but grpc.health.v1 must carry (shard/token_auth.py); None: open.
+    shard_token: str | None = field(default=None, repr=False)
+    # gRPC reflection; None: on for a unix socket, off over TCP (it maps the API for anyone).
+    grpc_reflection: bool | None = None
+    # Set by the launcher: a health service `pytgi.instance.<id>` tells it this process is its own.
+    instance_id: str | None = None
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -91,9 +97,20 @@ class ShardSettings:
             out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
         if any(size < 1 for size in self.cuda_graphs):
             out.append(f"--cuda-graphs sizes must be >= 1, got {self.cuda_graphs}")
+        if self.shard_token is not None and not self.shard_token:
+            out.append("--shard-token must not be empty")
         if not 0.0 < self.watermark_gamma < 1.0:
             out.append(f"--watermark-gamma must be in (0, 1), got {self.watermark_gamma}")
         return out
+
+    @property
+    def reflection_enabled(self) -> bool:
+        return self.grpc_reflection if self.grpc_reflection is not None else self.port is None
+
+    @property
+    def socket_path(self) -> str | None:
+        """This rank's unix socket file, None over TCP."""
+        return None if self.uds_path is None else f"{self.uds_path}-{self.rank}"
 
     @property
     def listen_address(self) -> str:

@@ -126,6 +126,13 @@ def warmup_batch(lengths: list[int], vocab_size: int, block_size: int) -> genera
 
 
 def warmup(engine: Engine, pb: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
+    if len(engine.cache):
+        # Resizing the KV cache under live batches corrupts them (their blocks may fall outside
+        # the new cache): a stray router, e.g. a second instance's, must not do that.
+        raise InvalidRequest(
+            f"Warmup refused: {len(engine.cache)} live batch(es) hold the KV cache; their router "
+            "must ClearCache first (is another router connected to this shard?)"
+        )
     limits = Limits.from_pb(pb)
     model = engine.model
     check_positions(limits, model)

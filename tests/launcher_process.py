@@ -62,15 +62,19 @@ def assert_all_gone(pids: set[int], timeout: float = 10.0) -> None:
 class Launcher:
     """A `pytgi-launcher` process on free ports and a private socket directory."""
 
-    def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, *flags: str, env: dict[str, str] | None = None, private: bool = True
+    ) -> None:
+        """`private=False`: the launcher's own default socket path and rendezvous port (derived
+        from the HTTP port / picked free) instead of a private directory and a free port."""
         # Unix socket paths must stay short (~107 bytes): not under pytest's deep tmp_path.
         self.workdir = Path(tempfile.mkdtemp(prefix="pytgi-l-", dir="/tmp"))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.uds = str(self.workdir / "s")
+        self.uds = str(self.workdir / "s") if private else f"/tmp/text-generation-server-{self.port}"
+        own = ["--shard-uds-path", self.uds, "--master-port", str(free_port())] if private else []
         argv = [sys.executable, "-m", "pytgi_launcher.cli", "--hostname", "127.0.0.1",
-                "--port", str(self.port), "--shard-uds-path", self.uds,
-                "--master-port", str(free_port()), "--graceful-termination-timeout", "20", *flags]
+                "--port", str(self.port), *own, "--graceful-termination-timeout", "20", *flags]
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from text_generation import Client
 
-from pytgi_launcher.readiness import shard_serving
+from pytgi_proto import generate_pb2, generate_pb2_grpc
 from tests.router_process import RouterProcess
 
 WORLD_SIZE = 2
@@ -32,6 +32,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def health_status(address: str, service: str = "") -> int | None:
+    """grpc.health.v1's answer for `service`, None when the shard does not answer."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            return int(health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=2).status)
+        except grpc.RpcError:
+            return None
+
+
+def health_answers(address: str) -> bool:
+    return health_status(address) is not None
 
 
 def shard_script() -> str:
@@ -66,13 +80,16 @@ def pods(tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFacto
         with log.open("wb") as out:
             procs.append(subprocess.Popen(
                 [shard_script(), "serve", str(model), "--port", str(port),
-                 "--advertise-address", addresses[rank]],
+                 "--advertise-address", addresses[rank],
+                 # Reflection is off over TCP unless asked: rank 1 asks, rank 0 does not.
+                 *(["--grpc-reflection"] if rank == 1 else [])],
                 env=env, stdout=out, stderr=subprocess.STDOUT,
             ))
     pods = Pods(addresses, procs, logs)
     try:
         deadline = time.monotonic() + START_TIMEOUT
-        while not all(shard_serving(a) for a in addresses):
+        # Up, not SERVING: grpc.health.v1 says SERVING only once a router ran Warmup.
+        while not all(health_answers(a) for a in addresses):
             if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
                 raise AssertionError(f"shards did not start:\n{pods.output()}")
             time.sleep(0.2)
@@ -132,12 +149,30 @@ def test_ctl_reports_an_unreachable_shard() -> None:
     assert "health on 127.0.0.1:" in done.stderr and "UNAVAILABLE" in done.stderr
 
 
+def warm_up(pods: Pods) -> None:
+    """What the router does first: Warmup on every rank at once (they agree on the cache size)."""
+    request = generate_pb2.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=2048)
+    channels = [grpc.insecure_channel(a) for a in pods.addresses]
+    calls = [generate_pb2_grpc.TextGenerationServiceStub(c).Warmup.future(request, timeout=60)
+             for c in channels]
+    for call in calls:
+        call.result()
+    for channel in channels:
+        channel.close()
+
+
 def test_standard_grpc_health_and_reflection(pods: Pods) -> None:
-    """What Kubernetes' grpc probes and grpcurl use."""
+    """What Kubernetes' grpc probes and grpcurl use; reflection only where asked over TCP."""
+    warm_up(pods)
+    serving = health_pb2.HealthCheckResponse.SERVING
+    assert [health_status(a) for a in pods.addresses] == [serving, serving]
+    with grpc.insecure_channel(pods.addresses[0]) as channel:
+        replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+        with pytest.raises(grpc.RpcError) as off:
+            list(replies)
+        assert off.value.code() == grpc.StatusCode.UNIMPLEMENTED
     with grpc.insecure_channel(pods.addresses[1]) as channel:
-        status = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=10).status
-        assert status == health_pb2.HealthCheckResponse.SERVING
         replies = reflection_pb2_grpc.ServerReflectionStub(channel).ServerReflectionInfo(
             iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
         services = {s.name for r in replies for s in r.list_services_response.service}

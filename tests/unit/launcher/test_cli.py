@@ -12,8 +12,9 @@ from pytgi_router.cli_env import env_name
 def test_defaults_are_tgis_except_the_model() -> None:
     s = parse_settings([], environ={})
     assert s.model_id == str(DEMO_MODEL)
-    assert (s.port, s.hostname, s.shard_uds_path) == (3000, "0.0.0.0", "/tmp/text-generation-server")
-    assert (s.master_addr, s.master_port) == ("localhost", 29500)
+    assert (s.port, s.hostname, s.shard_base_path) == (3000, "0.0.0.0", "/tmp/text-generation-server")
+    # No fixed rendezvous port (a second instance would collide): launch picks a free one.
+    assert (s.master_addr, s.master_port) == ("localhost", None)
     assert (s.max_concurrent_requests, s.max_best_of, s.max_stop_sequences) == (128, 2, 4)
     assert (s.max_top_n_tokens, s.max_client_batch_size, s.payload_limit) == (5, 4, 2_000_000)
     assert (s.waiting_served_ratio, s.max_waiting_tokens) == (0.3, 20)
@@ -21,6 +22,16 @@ def test_defaults_are_tgis_except_the_model() -> None:
     assert s.num_shard is None and s.sharded is None and s.dtype is None
     assert s.max_shard_restarts == 3
     assert not s.json_output and not s.trust_remote_code
+
+
+def test_default_socket_is_derived_from_the_http_port() -> None:
+    """One instance per HTTP port is already the rule, so sockets derived from it never collide;
+    TGI's port keeps TGI's path (its tools look for /tmp/text-generation-server-0)."""
+    assert parse_settings([], environ={}).shard_socket(0) == "/tmp/text-generation-server-0"
+    other = parse_settings(["--port", "8080"], environ={})
+    assert other.shard_socket(1) == "/tmp/text-generation-server-8080-1"
+    given = parse_settings(["--port", "8080", "--shard-uds-path", "/run/s"], environ={})
+    assert given.shard_socket(0) == "/run/s-0"
 
 
 def test_every_flag_has_its_environment_form() -> None:

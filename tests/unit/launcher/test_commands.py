@@ -48,7 +48,7 @@ def test_router_command_is_understood_by_the_router() -> None:
     env = router_env(s, {}, "2-cpu")
     assert "k" not in argv, "the API key must not be visible in the process list"
     r = parse_router(argv[3:], environ=env)
-    assert r.shard_uri == f"unix://{s.shard_uds_path}-0"
+    assert r.shard_uri == "unix:///tmp/text-generation-server-8080-0"
     assert r.tokenizer_name == str(MODEL) and r.served_model_id == "org/model"
     assert (r.hostname, r.port) == ("127.0.0.1", 8080)
     assert (r.max_input_tokens, r.max_total_tokens) == (100, 200)
