@@ -16,6 +16,7 @@ import yaml
 from pytgi_router.cli import parse_settings as parse_router
 from pytgi_router.metrics import Metrics
 from pytgi_shard.cli import build_parser as shard_parser
+from pytgi_shard.cli import settings_from_args as shard_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -89,8 +90,11 @@ def test_shards_are_a_statefulset_with_a_pod_per_rank() -> None:
     assert env["RANK"] == {"fieldRef": {"fieldPath": index}}
     assert int(env["WORLD_SIZE"]) == sts["spec"]["replicas"]
     assert env["MASTER_ADDR"] == f"{sts['metadata']['name']}-0.{svc['metadata']['name']}"
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["grpc"]["port"] == 50051
+    # Readiness follows the engine (NOT_SERVING until the router's Warmup); start-up and liveness
+    # must not, or an un-warmed shard waiting for its router would be killed.
+    assert c["readinessProbe"]["grpc"]["port"] == 50051
+    for probe in ("startupProbe", "livenessProbe"):
+        assert c[probe]["tcpSocket"]["port"] == "grpc"
     assert c["resources"]["requests"]["nvidia.com/gpu"] == "1"
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
@@ -193,3 +197,51 @@ def test_make_run_serves_the_demo_on_8080() -> None:
     assert re.search(r"^PORT \?= 8080$", makefile, re.M)
     recipe = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
     assert "pytgi-launcher --port $(PORT)" in recipe and "--model-id" not in recipe
+
+
+def pod_labels(doc: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = doc["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def test_only_the_router_and_other_shards_reach_a_shard() -> None:
+    """Issue 11 item 10: a NetworkPolicy on the shard pods admits the router's pods on the gRPC
+    port and the other shards (rendezvous, NCCL's ephemeral ports), and nothing else."""
+    policy = find("NetworkPolicy", "pytgi-shard")
+    shard, router = pod_labels(find("StatefulSet", "pytgi-shard")), pod_labels(
+        find("Deployment", "pytgi-router"))
+    spec = policy["spec"]
+    assert selects(spec["podSelector"], shard) and not selects(spec["podSelector"], router)
+    assert spec["policyTypes"] == ["Ingress"]
+    allowed = []
+    for rule in spec["ingress"]:
+        # Pods of this namespace only: no namespaceSelector, no ipBlock, never an open `from`.
+        assert rule["from"] and all(set(peer) == {"podSelector"} for peer in rule["from"])
+        for peer in rule["from"]:
+            who = ("router" if selects(peer["podSelector"], router) else
+                   "shard" if selects(peer["podSelector"], shard) else "other")
+            allowed.append((who, [p["port"] for p in rule.get("ports", [])]))
+    assert sorted(allowed) == [("router", [50051]), ("shard", [])]
+    assert "network-policy.yaml" in (K8S / "kustomization.yaml").read_text()
+
+
+def test_shards_and_router_share_the_optional_shard_token() -> None:
+    """Both read SHARD_TOKEN from the same optional Secret key; the shard's and the router's own
+    parsers take it from the environment (never from argv, which every user can read)."""
+    shard_c = container(find("StatefulSet", "pytgi-shard"))
+    router_c = container(find("Deployment", "pytgi-router"))
+    refs = [env_of(c)["SHARD_TOKEN"]["secretKeyRef"] for c in (shard_c, router_c)]
+    assert refs[0] == refs[1] == {"name": "pytgi-shard-token", "key": "SHARD_TOKEN",
+                                  "optional": True}
+    assert "--shard-token" not in shard_c["args"][0] + router_c["args"][0]
+    argv = exec_argv(shard_c["args"][0], {"MODEL_PATH": "/data/m", "POD_NAME": "pytgi-shard-1"})
+    shard = shard_settings(shard_parser().parse_args(argv[1:]), {"SHARD_TOKEN": "t0k"})
+    assert shard.shard_token == "t0k"
+    # Over TCP reflection stays off unless the command asks for it.
+    assert not shard.reflection_enabled
+    router_argv = exec_argv(router_c["args"][0], {"TOKENIZER": "/tmp/tok"})
+    assert parse_router(router_argv[1:], environ={"SHARD_TOKEN": "t0k"}).shard_token == "t0k"
