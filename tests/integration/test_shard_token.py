@@ -18,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from pytgi_launcher.ctl import call as ctl_call
 from pytgi_proto import generate_pb2 as pb
 from pytgi_proto import generate_pb2_grpc
 from pytgi_router.client import ShardClient, ShardError
@@ -55,6 +56,13 @@ def test_the_right_token_is_served_and_health_stays_open(shard: ShardProcesses) 
         health = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.NOT_SERVING  # not warmed up yet
+
+
+def test_pytgi_shard_ctl_uses_the_token(shard: ShardProcesses) -> None:
+    assert ctl_call(shard.urls[0], "discover", token=TOKEN) == shard.urls[0]
+    with pytest.raises(grpc.RpcError) as refused:
+        ctl_call(shard.urls[0], "discover")
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def test_reflection_is_off_over_tcp_by_default(shard: ShardProcesses) -> None:

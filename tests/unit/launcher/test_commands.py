@@ -71,3 +71,19 @@ def test_unset_limits_are_left_to_the_router() -> None:
 def test_user_compute_type_wins() -> None:
     s = parse_settings([], environ={})
     assert router_env(s, {"COMPUTE_TYPE": "mine"}, "1-cpu")["COMPUTE_TYPE"] == "mine"
+
+
+def test_the_shard_token_reaches_shards_and_router_through_the_environment() -> None:
+    """--shard-token (or SHARD_TOKEN) goes to every child's environment, never its argv."""
+    s = parse_settings(["--shard-token", "t0k", "--port", "8080"], environ={})
+    argv = shard_argv(s, MODEL, rank=0, world_size=1, dtype="float32", master_port=29999,
+                      instance_id="abc")
+    env = shard_env(s, {}, rank=0, world_size=1, master_port=29999)
+    assert "t0k" not in argv and env["SHARD_TOKEN"] == "t0k"
+    shard = shard_settings(shard_parser().parse_args(argv[3:]), env)
+    assert shard.shard_token == "t0k" and shard.instance_id == "abc"
+    assert shard.master_port == 29999 and shard.socket_path == "/tmp/text-generation-server-8080-0"
+    rargv = router_argv(s, MODEL)
+    renv = router_env(s, {}, "1-cpu")
+    assert "t0k" not in rargv
+    assert parse_router(rargv[3:], environ=renv).shard_token == "t0k"
