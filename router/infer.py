@@ -35,6 +35,7 @@ from .queue import Entry, Queue
 from .request import ValidRequest
 from .request_stream import RequestStream
 from .scheduler import Budgets, Scheduler
+from .shard_probe import ShardProbe
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class Infer:
         self._down = False
         self._idle = asyncio.Event()
         self._idle.set()
+        # /health's Health RPC: one in flight at a time, its answer reused for health_cache_s.
+        self._probe = ShardProbe(self._health_rpc, settings.health_cache_s)
 
     async def start(self) -> ShardInfo:
         """Info, ClearCache, Warmup; sizes budgets and allocator; starts the batching task."""
@@ -92,6 +95,7 @@ class Infer:
         # The validator was built for the limits already served: the group must take them.
         info = await self._handshake(pinned_settings(self.settings, self.info))
         self._install(info)
+        self._probe.forget()
         self._down = False
         self.metrics.shard_reconnects.inc()
         logger.info("reconnected to the shards: %s", info)
@@ -230,29 +234,37 @@ class Infer:
             self._idle.set()
 
     async def health(self) -> bool:
-        """True if a batch succeeded recently; otherwise asks the shards (Health RPC). False
-        at once while the shards are lost, or when a shard call makes no progress."""
+        """`/health`: False at once while the shards are lost or the server stops. True while a
+        batch succeeded recently, or while a step runs within its own deadline
+        (`shard_step_timeout_s` fails a wedged one): one slow CPU step is not a failure.
+        Otherwise the shared, cached Health RPC answers (ShardProbe). Never marks the
+        scheduler unhealthy: only the watchdog's own check leads to a reconnect."""
         scheduler = self._scheduler
-        if scheduler is None or self._stopping or self._down:
+        if scheduler is None or self._stopping or self._down or self.client.connection_lost():
             return False
-        if self.client.connection_lost():
-            return False
-        now = time.monotonic()
-        started = scheduler.step_started
-        if started is not None and now - started > self.settings.health_timeout_s:
-            # A Health RPC would only queue behind the stuck call on the shard's engine thread.
-            return False
-        recent = now - scheduler.last_success < self.settings.health_recent_s
-        if scheduler.healthy and recent:
-            return True
+        if scheduler.healthy:
+            if scheduler.step_started is not None:
+                return True
+            if time.monotonic() - scheduler.last_success < self.settings.health_recent_s:
+                return True
+        return await self._probe.healthy()
+
+    async def check_shards(self) -> bool:
+        """The watchdog's own Health RPC after a batch failed: True marks the scheduler healthy
+        again, False says the shards are lost (the watchdog then reconnects)."""
+        scheduler = self._scheduler
         try:
-            await self.client.health(self.settings.health_timeout_s)
-        except Exception as err:  # ShardError or timeout: either way not healthy
+            await self._health_rpc()
+        except Exception as err:  # ShardError or timeout: either way the shards are not serving
             logger.warning("shard health check failed: %s", err)
-            scheduler.healthy = False
             return False
-        scheduler.healthy = True
+        if scheduler is not None and scheduler is self._scheduler:
+            scheduler.healthy = True
         return True
+
+    async def _health_rpc(self) -> None:
+        self.metrics.shard_health_checks.inc()
+        await self.client.health(self.settings.health_timeout_s)
 
     def needs_reconnect(self) -> bool | None:
         """The watchdog's cheap check: True when the shards are known lost (a connection

@@ -22,6 +22,9 @@ class InferSettings:
     # this timeout.
     health_recent_s: float = 5.0
     health_timeout_s: float = 5.0
+    # /health's Health RPC answer is reused this long (and one RPC is in flight at a time), so a
+    # flood of probes costs the shards at most one RPC per this many seconds.
+    health_cache_s: float = 1.0
     # The longest one Prefill/Decode (or Warmup) may take: a wedged shard then fails its batch
     # with a generation error instead of hanging every request forever. Generous, because a
     # large prefill on a slow device is legitimately slow.

@@ -111,6 +111,11 @@ class Metrics:
             "pytgi_shard_reconnects", "Times the router re-connected to and re-warmed the shards",
             registry=r,
         )
+        self.shard_health_checks = Counter(
+            "pytgi_shard_health_checks",
+            "Health RPCs sent to the shards (/health shares one and caches it; the watchdog's own)",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

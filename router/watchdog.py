@@ -56,8 +56,9 @@ class Watchdog:
     async def shards_lost(self) -> bool:
         verdict = self.infer.needs_reconnect()
         if verdict is None:
-            # A batch failed: only a failing Health RPC says the shards themselves are gone.
-            return not await self.infer.health()
+            # A batch failed: only the watchdog's own failing Health RPC says the shards
+            # themselves are gone (a /health probe that fails never leads here).
+            return not await self.infer.check_shards()
         return verdict
 
     async def reconnect(self) -> None:

@@ -2,9 +2,11 @@
 
 - a Prefill the shard rejects fails that batch's requests with 424 and the router serves on, with
   no reconnection (the shards were fine);
-- a wedged shard (SIGSTOP): /health fails while no step makes progress, the stuck call hits its
-  deadline (--shard-step-timeout) and its requests end with 424 instead of hanging, and once the
-  shard runs again the watchdog reconnects and service resumes.
+- a wedged shard (SIGSTOP): /health stays up while the stuck step is within its deadline (a
+  wedged shard and one slow CPU step look the same; issue 11 item 5: no flapping), the stuck
+  call hits its deadline (--shard-step-timeout) and its requests end with 424 instead of
+  hanging, /health then fails, and once the shard runs again the watchdog reconnects and
+  service resumes.
 
 The rejected Prefill comes from a realistic misconfiguration: a tokenizer with one more token
 than the model's embedding, so a prompt with that token carries an id the shard refuses.
@@ -86,6 +88,15 @@ def health(url: str) -> int:
     return httpx.get(f"{url}/health", timeout=30).status_code
 
 
+def wait_for_health(url: str, status: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if health(url) == status:
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def generate(url: str, inputs: str) -> httpx.Response:
     return httpx.post(f"{url}/generate", timeout=60,
                       json={"inputs": inputs, "parameters": {"max_new_tokens": 4}})
@@ -122,9 +133,10 @@ def test_a_wedged_shard_fails_health_then_its_batch_then_recovers(
             statuses.append((time.monotonic() - stopped_at, health(url)))
             time.sleep(0.2)
         running.join(5)
-        # No progress for longer than the health timeout (5 s) is unhealthy, before the deadline.
-        assert any(code == 503 and t < STEP_TIMEOUT_S for t, code in statuses), statuses
-        assert all(code == 200 for t, code in statuses if t < 4), statuses
+        # A step within its deadline is not a failure, even past the health timeout (5 s).
+        assert all(code == 200 for t, code in statuses if t < STEP_TIMEOUT_S - 1), statuses
+        # Past the deadline the batch failed and the frozen shard fails the watchdog's check.
+        assert wait_for_health(url, 503, 10), "/health never failed while the shard was wedged"
         waited = running.ended_at - stopped_at
         assert STEP_TIMEOUT_S - 1 < waited < STEP_TIMEOUT_S + 5, waited
         assert running.events[-1]["error_type"] == "generation"
