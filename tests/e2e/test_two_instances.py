@@ -48,8 +48,10 @@ def test_second_instance_with_default_flags_leaves_the_first_alone(
     model = str(tiny_model("llama"))
     first = Launcher("--model-id", model, "--num-shard", "1", private=False).wait_ready()
     try:
+        # The second one also sets a shard token (item 10): launcher, shard and router share it
+        # through SHARD_TOKEN, and its requests pass the shard's check.
         second = Launcher("--model-id", model, "--num-shard", "1", "--max-batch-total-tokens",
-                          "1024", private=False).wait_ready()
+                          "1024", private=False, env={"SHARD_TOKEN": "t0k"}).wait_ready()
         try:
             assert first.uds != second.uds
             assert generate_ok(second.url) == REQUESTS
