@@ -102,17 +102,19 @@ def generate(url: str, inputs: str) -> httpx.Response:
                       json={"inputs": inputs, "parameters": {"max_new_tokens": 4}})
 
 
-def test_a_rejected_prefill_fails_its_batch_and_the_router_serves_on(url: str) -> None:
+def test_an_id_past_the_vocabulary_is_refused_before_it_reaches_the_batch(url: str) -> None:
+    """The router checks token ids against the shard's vocabulary (issue 11, item 6): the request
+    gets its own 422 and the stream running beside it never notices (what happens when a shard
+    still refuses a newcomer: tests/integration/test_rejected_newcomer.py)."""
     failures = metric(url, "tgi_batch_inference_failure", method="prefill")
     running = Stream(url)
     bad = generate(url, f"Hello {POISON} world")
-    assert bad.status_code == 424, bad.text
-    assert bad.json()["error_type"] == "generation"
-    assert "vocabulary size" in bad.json()["error"]
+    assert bad.status_code == 422, bad.text
+    assert bad.json()["error_type"] == "validation"
+    assert "outside the model's vocabulary" in bad.json()["error"]
     running.join(30)
-    # It shared the failed batch (the newcomer was prefilled onto it).
-    assert running.events[-1]["error_type"] == "generation"
-    assert metric(url, "tgi_batch_inference_failure", method="prefill") == failures + 1
+    assert "error_type" not in running.events[-1], running.events[-1]
+    assert metric(url, "tgi_batch_inference_failure", method="prefill") == failures
     ok = generate(url, "Hello world")
     assert ok.status_code == 200, ok.text
     assert health(url) == 200
