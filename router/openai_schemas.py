@@ -85,7 +85,7 @@ def _sampling_fields(data: dict[str, Any]) -> SamplingFields:
         repetition_penalty=opt_float(data, "repetition_penalty"),
         stream=bool(opt_bool(data, "stream")),
         include_usage=bool(opt_bool(options, "include_usage", "stream_options.")),
-        ignore_eos=bool(opt_bool(data, "ignore_eos")),
+        ignore_eos=bool(opt_bool(data, "ignore_eos") or opt_bool(data, "ignore_eos_token")),
     )
 
 

@@ -64,15 +64,24 @@ class CompletionChunks:
 
     def last(
         self, index: int, token: TokenInfo, finish_reason: str, prompt_tokens: int,
-        completion_tokens: int,
+        completion_tokens: int, inline_usage: bool = True,
     ) -> bytes:
+        """The prompt's final chunk; its own usage inline (TGI), or `null` when the stream ends
+        with the usage-only chunk instead (`stream_options.include_usage`, as OpenAI does)."""
         text = "" if token.special else token.text
         reason = FINISH_REASONS.get(finish_reason, finish_reason)
-        body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        body = "null"
+        if inline_usage:
+            body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
         return (
             f'data: {self._head},"choices":[{{"index":{index},"text":{_quote(text)},'
             f'"logprobs":null,"finish_reason":"{reason}"}}],"usage":{body}}}\n\n'
         ).encode()
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """OpenAI's usage-only chunk (`"choices": []`), summed over every prompt."""
+        body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+        return f'data: {self._head},"choices":[],"usage":{body}}}\n\n'.encode()
 
 
 def error_chunk(err: InferError) -> bytes:

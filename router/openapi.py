@@ -57,6 +57,8 @@ PARAMETERS = _obj({
     "adapter_id": _nullable("string"),
     "ignore_eos": {"type": "boolean", "default": False,
                    "description": "pytgi extension: generate past EOS (token-exact benchmarks)"},
+    "ignore_eos_token": {"type": "boolean", "default": False,
+                         "description": "alias of ignore_eos (vLLM's TGI backend sends it)"},
 })
 
 DETAILS = _obj({

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -49,7 +51,7 @@ class CompletionRoutes:
         )
         requests = [GenerateRequest(p, comp.parameters()) for p in comp.prompts]
         if comp.fields.stream:
-            return await self._stream(request, requests, env)
+            return await self._stream(request, requests, env, comp.fields.include_usage)
         job = Job()
         with self.state.serving():
             async with watching_disconnect(request.receive, job.cancel):
@@ -88,9 +90,13 @@ class CompletionRoutes:
             raise
 
     async def _stream(
-        self, request: Request, requests: list[GenerateRequest], env: Envelope
+        self, request: Request, requests: list[GenerateRequest], env: Envelope,
+        include_usage: bool,
     ) -> Response:
-        """Every prompt is validated and admitted before the stream starts (HTTP errors)."""
+        """Every prompt is validated and admitted before the stream starts (HTTP errors). With
+        `stream_options.include_usage` the stream ends, before `[DONE]`, with OpenAI's
+        usage-only chunk over all prompts (clients such as vLLM's benchmark count tokens from
+        it); otherwise each prompt's last chunk carries its own usage, as TGI does."""
         job = Job()
         runs = []
         try:
@@ -104,32 +110,60 @@ class CompletionRoutes:
                 run.dropped()
             raise
         chunks = CompletionChunks(env)
+        tally = UsageTally() if include_usage else None
         streams: list[AsyncIterator[bytes]] = [
-            encode_run(self.state, run, job, CompletionEncoder(chunks, i,
-                                                               run.valid.request.input_length))
+            encode_run(self.state, run, job, CompletionEncoder(
+                chunks, i, run.valid.request.input_length, tally))
             for i, run in enumerate(runs)
         ]
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(sum(len(r.inputs) for r in requests)),
         }
-        return EventStreamResponse(merge(streams, DONE), headers, on_disconnect=job.cancel)
+        events = merge(streams, DONE) if tally is None else usage_last(merge(streams), chunks, tally)
+        return EventStreamResponse(events, headers, on_disconnect=job.cancel)
+
+
+@dataclass(slots=True)
+class UsageTally:
+    """Tokens of every prompt of one completions stream, for the final usage-only chunk."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+async def usage_last(
+    events: AsyncIterator[bytes], chunks: CompletionChunks, tally: UsageTally
+) -> AsyncIterator[bytes]:
+    """The merged events, then the usage-only chunk and `[DONE]` once every prompt ended."""
+    async with contextlib.aclosing(events):  # type: ignore[type-var]
+        async for chunk in events:
+            yield chunk
+    yield chunks.usage(tally.prompt_tokens, tally.completion_tokens) + DONE
 
 
 class CompletionEncoder:
-    __slots__ = ("chunks", "index", "input_length")
+    __slots__ = ("chunks", "index", "input_length", "tally")
 
-    def __init__(self, chunks: CompletionChunks, index: int, input_length: int) -> None:
+    def __init__(
+        self, chunks: CompletionChunks, index: int, input_length: int,
+        tally: UsageTally | None = None,
+    ) -> None:
         self.chunks = chunks
         self.index = index
         self.input_length = input_length
+        self.tally = tally
 
     def token(self, index: int, ev: Token) -> bytes:
         return self.chunks.token(self.index, ev.token)
 
     def end(self, index: int, ev: End) -> bytes:
+        if self.tally is not None:
+            self.tally.prompt_tokens += self.input_length
+            self.tally.completion_tokens += ev.generated_tokens
         return self.chunks.last(
-            self.index, ev.token, ev.finish_reason, self.input_length, ev.generated_tokens
+            self.index, ev.token, ev.finish_reason, self.input_length, ev.generated_tokens,
+            inline_usage=self.tally is None,
         )
 
     def error(self, err: InferError) -> bytes:

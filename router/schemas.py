@@ -89,7 +89,8 @@ def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> 
         top_n_tokens=opt_int(data, "top_n_tokens", path),
         grammar=opt_obj(data, "grammar", path),
         adapter_id=opt_str(data, "adapter_id", path),
-        ignore_eos=bool(opt_bool(data, "ignore_eos", path)),
+        # vLLM's TGI backend sends `ignore_eos_token`: the same switch.
+        ignore_eos=bool(opt_bool(data, "ignore_eos", path) or opt_bool(data, "ignore_eos_token", path)),
     )
 
 

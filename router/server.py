@@ -26,6 +26,7 @@ from pytgi_router.infer import Infer
 from pytgi_router.infer_settings import InferSettings
 from pytgi_router.logs import announce
 from pytgi_router.metrics import Metrics
+from pytgi_router.model_card import pipeline_tag, snapshot_sha
 from pytgi_router.model_files import ModelFiles
 from pytgi_router.settings import RouterSettings
 from pytgi_router.sse import RawSend
@@ -122,6 +123,8 @@ class RouterServer:
         self.state = AppState(
             settings=s, infer=infer, info=info, validator=validator, metrics=metrics,
             chat_template=template, tracing=self.tracing,
+            model_sha=snapshot_sha(files.find("tokenizer.json")),
+            model_pipeline_tag=pipeline_tag(files.read_json("config.json")),
         )
         self.sock = bind_socket(s.hostname, s.port)
         self._port = int(self.sock.getsockname()[1])

@@ -35,7 +35,9 @@ class AppState:
     metrics: Metrics
     chat_template: ChatTemplate | None
     tracing: Tracing = field(default_factory=Tracing)
+    # From the model's files (model_card.py): the resolved Hub revision, the pipeline tag.
     model_sha: str | None = None
+    model_pipeline_tag: str | None = None
     version: str = field(default_factory=package_version)
     # Set on SIGTERM: /health and new requests answer 503 while in-flight ones finish.
     draining: bool = False
@@ -75,7 +77,7 @@ class AppState:
             "model_sha": self.model_sha,
             "model_dtype": i.dtype,
             "model_device_type": i.device_type,
-            "model_pipeline_tag": None,
+            "model_pipeline_tag": self.model_pipeline_tag,
             "max_concurrent_requests": s.max_concurrent_requests,
             "max_best_of": s.max_best_of,
             "max_stop_sequences": s.max_stop_sequences,

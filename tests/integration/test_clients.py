@@ -110,5 +110,18 @@ def test_openai_sdk(url: str, reference: dict) -> None:
                                            temperature=0, stream=True))
     assert "".join(p.choices[0].text for p in parts) == reference["generated_text"].rstrip(
         "\ufffd")
+    # stream_options.include_usage: OpenAI's usage-only last chunk, summed over the prompts
+    # (vLLM's serving benchmark reads its token counts there).
+    usage_parts = list(client.completions.create(
+        model="tgi", prompt=[PROMPT, "Hello"], max_tokens=N, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    last = usage_parts[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.completion_tokens == comp.usage.completion_tokens
+    assert last.usage.prompt_tokens == comp.usage.prompt_tokens
+    assert all(p.usage is None for p in usage_parts[:-1])
+    by_prompt = ["".join(p.choices[0].text for p in usage_parts[:-1] if p.choices[0].index == i)
+                 for i in (0, 1)]
+    assert by_prompt == [c.text.rstrip("\ufffd") for c in comp.choices]
     with pytest.raises(openai.UnprocessableEntityError):
         client.chat.completions.create(model="tgi", messages=[], max_tokens=1)

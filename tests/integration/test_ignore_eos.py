@@ -66,6 +66,20 @@ def test_openai_completions_take_ignore_eos_like_vllm(url: str) -> None:
     assert done["choices"][0]["finish_reason"] == "length"
 
 
+def test_ignore_eos_token_is_an_alias_as_vllms_tgi_backend_sends_it(url: str) -> None:
+    """vLLM's benchmark (backend "tgi") streams /generate_stream with `ignore_eos_token`."""
+    params = {"max_new_tokens": 6, "do_sample": True, "temperature": 0.01, "top_p": 0.99,
+              "truncate": 8, "details": True, "ignore_eos_token": True}
+    with httpx.stream("POST", f"{url}/generate_stream", timeout=60,
+                      json={"inputs": PROMPT, "parameters": params}) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert len(events) == 6 and events[-1]["details"]["finish_reason"] == "length"
+    body = {"model": "tgi", "prompt": PROMPT, "max_tokens": 5, "temperature": 0,
+            "ignore_eos_token": True}
+    assert post(url, "/v1/completions", body)["usage"]["completion_tokens"] == 5
+
+
 def test_ignore_eos_must_be_a_boolean(url: str) -> None:
     r = httpx.post(f"{url}/generate", timeout=60,
                    json={"inputs": PROMPT, "parameters": {"ignore_eos": "yes"}})
