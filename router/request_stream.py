@@ -3,6 +3,11 @@
 Hot path: the batching task pushes one event per generated token for every running request, so a
 push is a deque append plus, only when the reader is parked, one future resolution. No asyncio.Queue
 (its locking and bookkeeping cost several times more per item).
+
+Bounded: a reader that stops reading (a streaming client that does not read its socket: the SSE
+writer waits on the transport) would let the events pile up for the whole generation. Past
+MAX_PENDING_EVENTS unread events the request is cancelled (its batch slot and KV blocks freed),
+the pending events dropped, and the reader, if it ever comes back, gets a clear error.
 """
 
 from __future__ import annotations
@@ -12,19 +17,27 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from .errors import IncompleteGenerationError, InferError
+from .errors import GenerationError, IncompleteGenerationError, InferError
 from .events import End, Event
+
+# About 1024 tokens behind (beyond what the socket buffers already hold): ~0.3 MB per request.
+MAX_PENDING_EVENTS = 1024
 
 
 class RequestStream:
     """AsyncIterator of `Prefill?`, `Token`..., `End`; raises an `InferError` on failure."""
 
     __slots__ = ("queued_at", "_events", "_waiter", "_closed", "_error", "_on_cancel",
-                 "_cancelled")
+                 "_cancelled", "_max_pending")
 
-    def __init__(self, on_cancel: Callable[[RequestStream], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_cancel: Callable[[RequestStream], None] | None = None,
+        max_pending: int = MAX_PENDING_EVENTS,
+    ) -> None:
         self.queued_at = time.monotonic()
         self._events: deque[Event] = deque()
+        self._max_pending = max_pending
         self._waiter: asyncio.Future[None] | None = None
         # Closed: no more events will come (End pushed, failed, or cancelled).
         self._closed = False
@@ -76,6 +89,9 @@ class RequestStream:
     def push(self, event: Event) -> None:
         if self._closed:
             return
+        if len(self._events) >= self._max_pending:
+            self._fell_behind()
+            return
         self._events.append(event)
         if type(event) is End:
             self._closed = True
@@ -94,6 +110,14 @@ class RequestStream:
     def close_incomplete(self) -> None:
         """Ends a stream that will never get its `End` (the batch lost the request)."""
         self.fail(IncompleteGenerationError())
+
+    def _fell_behind(self) -> None:
+        """The reader is `max_pending` events behind: drop them, fail, cancel the request."""
+        self._events.clear()
+        self.fail(GenerationError(
+            f"the client fell {self._max_pending} events behind the generation: request cancelled"
+        ))
+        self.cancel()
 
     def detach(self) -> None:
         """The request finished: a late cancel() must not reach the batching task any more."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -16,6 +17,8 @@ from pytgi_router.generation import Job, Run
 
 if TYPE_CHECKING:
     from pytgi_router.state import AppState
+
+log = logging.getLogger("pytgi.router")
 
 
 class Encoder(Protocol):
@@ -64,14 +67,18 @@ async def merge(streams: list[AsyncIterator[bytes]], trailer: bytes = b"") -> As
         if trailer:
             yield trailer
         return
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    # Bounded: a client that does not read must leave the events in the requests' own bounded
+    # streams (request_stream.py), not pile them up here.
+    queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=len(streams))
 
     async def pump(it: AsyncIterator[bytes]) -> None:
         try:
             async for chunk in it:
                 await queue.put(chunk)
-        finally:
-            await queue.put(None)
+        except Exception:
+            log.exception("an event stream failed while merged")
+        # Not on cancellation (the merge is over): a full queue would block the cancelled pump.
+        await queue.put(None)
 
     tasks = [asyncio.ensure_future(pump(s)) for s in streams]
     try:

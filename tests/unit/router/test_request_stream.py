@@ -84,3 +84,37 @@ def test_detached_stream_does_not_call_back() -> None:
     stream.detach()
     stream.cancel()
     assert calls == [] and stream.cancelled
+
+
+def test_a_reader_that_falls_too_far_behind_cancels_its_request() -> None:
+    """Unread events are bounded: past the bound they are dropped, the request is cancelled
+    (the batching task frees its slot) and the reader gets a clear error when it comes back."""
+    async def main() -> None:
+        cancelled: list[RequestStream] = []
+        stream = RequestStream(cancelled.append, max_pending=8)
+        for i in range(8):
+            stream.push(token(i))
+        assert not cancelled and len(stream._events) == 8
+        stream.push(token(8))
+        assert cancelled == [stream] and stream.cancelled and stream.closed
+        assert not stream._events  # the pending events' memory is given back
+        for i in range(100):
+            stream.push(token(9 + i))  # later steps of the same batch: ignored
+        assert not stream._events and cancelled == [stream]
+        with pytest.raises(GenerationError, match="fell 8 events behind"):
+            await collect(stream)
+
+    asyncio.run(main())
+
+
+def test_a_reader_that_keeps_up_is_never_cut_off() -> None:
+    async def main() -> None:
+        stream = RequestStream(max_pending=2)
+        reader = asyncio.create_task(collect(stream))
+        for i in range(50):
+            stream.push(token(i))
+            await asyncio.sleep(0)
+        stream.push(end(50))
+        assert await reader == list(range(51))
+
+    asyncio.run(main())
