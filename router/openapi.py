@@ -185,12 +185,23 @@ def openapi_document(version: str) -> dict[str, Any]:
     }
 
 
-SWAGGER_PAGE = """<!doctype html>
+# Swagger UI from a CDN, pinned to one release and with Subresource Integrity: a browser runs the
+# assets only when their bytes hash to these values (the hashes of swagger-ui-dist 5.35.0's files
+# as published on npm, which unpkg serves), so a compromised or changed CDN file cannot run in
+# the page. To upgrade: `npm pack swagger-ui-dist@X`, then
+# `openssl dgst -sha384 -binary FILE | openssl base64 -A` for each file.
+SWAGGER_UI = "https://unpkg.com/swagger-ui-dist@5.35.0"
+SWAGGER_CSS_SRI = "sha384-WlYgdmXYOOBWL5apwjDEZwN+U3HmXSSu5R6V5aGxEcf7z+KuRNwBhoxKVN1i3D5I"
+SWAGGER_JS_SRI = "sha384-gjRm0bEPMeTmMh5jT2cHccIwCUZSTd8YC+j0d0sXw0MdGEfScduGpSyF3ZSSLkX9"
+
+SWAGGER_PAGE = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>pytgi API</title>
-<link rel="stylesheet" href="https://unpkg.com/swagger-ui-dist@5/swagger-ui.css"></head>
+<link rel="stylesheet" href="{SWAGGER_UI}/swagger-ui.css"
+ integrity="{SWAGGER_CSS_SRI}" crossorigin="anonymous"></head>
 <body><div id="swagger-ui"></div>
-<script src="https://unpkg.com/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
-<script>window.ui = SwaggerUIBundle({url: "/api-doc/openapi.json", dom_id: "#swagger-ui"});</script>
+<script src="{SWAGGER_UI}/swagger-ui-bundle.js"
+ integrity="{SWAGGER_JS_SRI}" crossorigin="anonymous"></script>
+<script>window.ui = SwaggerUIBundle({{url: "/api-doc/openapi.json", dom_id: "#swagger-ui"}});</script>
 </body></html>
 """
 
