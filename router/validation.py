@@ -32,6 +32,11 @@ OFFLOAD_CHARS = 2048
 # (refuse_by_length); shorter ones tokenize quickly enough to get TGI's exact token count.
 REFUSE_BY_LENGTH_CHARS = 65536
 
+# A temperature below this is greedy (vLLM's threshold too): dividing logits by it overflows
+# float32 (1e-40: infinite scores, NaN logprobs) or, below float32's range, arrives at the shard
+# as 0, which proto3 reads as "unset" (1e-50 sampled at temperature 1). Its limit is the argmax.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
 GRAMMAR_JSON = 1
 GRAMMAR_REGEX = 2
 
@@ -213,12 +218,16 @@ class Validator:
         # The shard samples whenever a warper is active (TGI's NextTokenChooser): say so.
         warped = temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
         seed = self.random_seed() if p.seed is None else p.seed
+        do_sample = p.do_sample or warped
+        if temperature < GREEDY_BELOW_TEMPERATURE:
+            # Greedy; the warpers keep the most likely token anyway.
+            temperature, top_k, top_p, typical_p, do_sample = 1.0, 0, 1.0, 1.0, False
         return SamplingParameters(
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             typical_p=typical_p,
-            do_sample=p.do_sample or warped,
+            do_sample=do_sample,
             seed=seed,
             repetition_penalty=repetition_penalty,
             frequency_penalty=frequency_penalty,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +90,17 @@ def test_top_n_tokens_under_ties_list_exactly_n(url: str) -> None:
     assert chat.status_code == 200, chat.text
     content = chat.json()["choices"][0]["logprobs"]["content"]
     assert len(content) == 3 and all(len(c["top_logprobs"]) == 2 for c in content)
+
+def test_a_temperature_below_the_threshold_is_greedy_over_http(url: str) -> None:
+    """1e-50 used to sample at temperature 1 (0 on the wire reads as unset), 1e-40 to give NaN
+    logprobs: both are greedy now, with finite logprobs."""
+    greedy = generate(url, "Hello", max_new_tokens=8, details=True)["details"]["tokens"]
+    for temperature in (1e-50, 1e-40):
+        tokens = generate(url, "Hello", max_new_tokens=8, details=True, seed=3,
+                          temperature=temperature)["details"]["tokens"]
+        assert [t["id"] for t in tokens] == [t["id"] for t in greedy], temperature
+        assert all(math.isfinite(t["logprob"]) for t in tokens), temperature
+
 
 def test_generate_details_headers_and_full_text(url: str) -> None:
     r = post(url, "/generate", {"inputs": "Hello world", "parameters": {

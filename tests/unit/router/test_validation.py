@@ -76,6 +76,17 @@ def test_a_warper_implies_sampling_like_the_shard_chooser(validator: Validator) 
     assert neutral.request.sampling.do_sample is False
 
 
+@pytest.mark.parametrize("temperature", [1e-50, 1e-40, 1e-6])
+def test_a_temperature_below_the_threshold_is_greedy(validator: Validator, temperature: float) -> None:
+    """Below float32's range (1e-50 reached the shard as 0: unset, sampled at temperature 1) or
+    overflowing it (1e-40: NaN logprobs): greedy, with every warper neutral."""
+    s = run(validator, {"inputs": "Hello", "parameters": {
+        "temperature": temperature, "do_sample": True, "top_k": 5, "top_p": 0.9}}).request.sampling
+    assert (s.temperature, s.top_k, s.top_p, s.typical_p, s.do_sample) == (1.0, 0, 1.0, 1.0, False)
+    at = run(validator, {"inputs": "Hello", "parameters": {"temperature": 1e-5}}).request.sampling
+    assert at.temperature == 1e-5 and at.do_sample
+
+
 def test_truncate_keeps_the_last_tokens(validator: Validator, tokenizer: Tokenizer) -> None:
     text = "The quick brown fox jumps over the lazy dog."
     ids = tokenizer.encode(text).ids
