@@ -68,6 +68,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True
         self._head_bytes = 0
+        # Heads completed on this connection: a chunk during which one completed is not all head.
+        self._heads = 0
         self._rejected = False
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
@@ -90,11 +92,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             return  # lingering: dropped
         if self._in_head and self._head_timer is None:
             self._arm_head_timer()  # the first byte of a request after a keep-alive wait
-        was_in_head = self._in_head
+        was_in_head, heads = self._in_head, self._heads
         super().data_received(data)
         # Counted only when the whole chunk was head: a chunk that completes the headers may
-        # carry any amount of body behind them.
-        if was_in_head and self._in_head and not self.transport.is_closing():
+        # carry any amount of body behind them (a whole request, even: in the head again after).
+        if was_in_head and self._heads == heads and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES:
                 self._reject(_HEAD_TOO_LARGE)
@@ -145,6 +147,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._heads += 1
         self._cancel_head_timer()
         self._body_timer = self.loop.call_later(self.body_timeout_s, self._body_timed_out)
         super().on_headers_complete()

@@ -135,3 +135,15 @@ def test_connections_past_the_limit_get_503_at_once(port: int) -> None:
             conn.close()
     time.sleep(0.1)  # the server sees the closes: a new connection is served again
     test_a_whole_request_is_served(port)
+
+
+def test_a_large_body_arriving_with_its_head_in_one_chunk_is_not_head(port: int) -> None:
+    """A whole request in one read (head + 100 KB body) leaves the protocol in the head state
+    again: its bytes must not count against the head limit (it got 431 depending on chunking)."""
+    body = b"x" * 100_000
+    request = (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+               % len(body)) + body
+    for _ in range(5):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(request)
+            assert _read_all(conn).startswith(b"HTTP/1.1 200 OK\r\n")
