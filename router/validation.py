@@ -37,6 +37,11 @@ REFUSE_BY_LENGTH_CHARS = 65536
 # as 0, which proto3 reads as "unset" (1e-50 sampled at temperature 1). Its limit is the argmax.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
+# The longest stop sequence, in characters: the shard matches every stop sequence against the
+# newly decoded text at every step, and the count alone (--max-stop-sequences) bounds nothing
+# when one sequence may be as long as the payload limit.
+MAX_STOP_SEQUENCE_CHARS = 512
+
 GRAMMAR_JSON = 1
 GRAMMAR_REGEX = 2
 
@@ -140,6 +145,12 @@ class Validator:
             raise ValidationError(
                 f"`stop` supports up to {lim.max_stop_sequences} stop sequences. "
                 f"Given: {len(p.stop)}"
+            )
+        longest = max(map(len, p.stop), default=0)
+        if longest > MAX_STOP_SEQUENCE_CHARS:
+            raise ValidationError(
+                f"`stop` sequences must be at most {MAX_STOP_SEQUENCE_CHARS} characters long. "
+                f"Given: {longest}"
             )
         top_n = p.top_n_tokens or 0
         if top_n > lim.max_top_n_tokens:

@@ -263,6 +263,8 @@ BAD_GENERATE: list[tuple[dict[str, Any], str]] = [
      "`max_new_tokens` must be strictly positive"),
     ({"inputs": "x", "parameters": {"stop": ["a"] * 5}},
      "`stop` supports up to 4 stop sequences. Given: 5"),
+    ({"inputs": "x", "parameters": {"stop": ["x" * 100_000]}},
+     "`stop` sequences must be at most 512 characters long. Given: 100000"),
     ({"inputs": "x", "parameters": {"top_n_tokens": 6}},
      "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),
     ({"inputs": "x", "parameters": {"best_of": 3, "do_sample": True}},

@@ -126,6 +126,7 @@ def test_top_p_one_is_accepted_as_no_filtering(validator: Validator) -> None:
     ({"top_k": -3}, "`top_k` must be strictly positive"),
     ({"max_new_tokens": 0}, "`max_new_tokens` must be strictly positive"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "`stop` supports up to 4 stop sequences. Given: 5"),
+    ({"stop": ["a", "b" * 513]}, "`stop` sequences must be at most 512 characters long. Given: 513"),
     ({"top_n_tokens": 6}, "`top_n_tokens` must be >= 0 and <= 5. Given: 6"),
     ({"best_of": 3, "do_sample": True}, "`best_of` must be > 0 and <= 2. Given: 3"),
     ({"best_of": 0}, "`best_of` must be > 0 and <= 2. Given: 0"),
