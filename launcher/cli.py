@@ -37,6 +37,7 @@ _VALUED: list[tuple[str, Any, str]] = [
      "(default: none, the permits bound queued + running)"),
     ("--max-client-batch-size", int, "max prompts in one /v1/completions request (default 4)"),
     ("--payload-limit", int, "HTTP body limit in bytes (default 2000000)"),
+    ("--max-connections", int, "open HTTP connections before new ones get 503 (default 1024)"),
     ("--validation-workers", int, "tokenizer workers in the router (default 2)"),
     ("--tokenizer-config-path", str, "alternate tokenizer_config.json (e.g. a chat_template)"),
     ("--hostname", str, "HTTP bind address (default 0.0.0.0)"),

@@ -91,6 +91,7 @@ def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
         "--max-waiting-tokens", str(s.max_waiting_tokens),
         "--max-client-batch-size", str(s.max_client_batch_size),
         "--payload-limit", str(s.payload_limit),
+        "--max-connections", str(s.max_connections),
         "--validation-workers", str(s.validation_workers),
         "--graceful-termination-timeout", str(s.graceful_termination_timeout),
         *_opt("--max-input-tokens", s.max_input_tokens),

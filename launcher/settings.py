@@ -43,6 +43,7 @@ class LauncherSettings:
     max_queue_size: int | None = None
     max_client_batch_size: int = 4
     payload_limit: int = 2_000_000
+    max_connections: int = 1024
     validation_workers: int = 2
     disable_grammar_support: bool = False
     tokenizer_config_path: str | None = None
@@ -98,6 +99,7 @@ class LauncherSettings:
             "max-best-of": self.max_best_of,
             "max-client-batch-size": self.max_client_batch_size,
             "payload-limit": self.payload_limit,
+            "max-connections": self.max_connections,
             "validation-workers": self.validation_workers,
             "max-batch-prefill-tokens": self.max_batch_prefill_tokens,
             "max-input-tokens": self.max_input_tokens,

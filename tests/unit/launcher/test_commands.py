@@ -40,6 +40,7 @@ def test_router_command_is_understood_by_the_router() -> None:
                         "--max-best-of", "3", "--max-stop-sequences", "5", "--max-top-n-tokens", "6",
                         "--waiting-served-ratio", "1.2", "--max-waiting-tokens", "7",
                         "--max-client-batch-size", "2", "--payload-limit", "1234",
+                        "--max-connections", "77",
                         "--cors-allow-origin", "http://a", "--cors-allow-origin", "http://b",
                         "--api-key", "k", "--disable-grammar-support", "--json-output",
                         "--otlp-service-name", "svc", "--graceful-termination-timeout", "5"],
@@ -55,7 +56,7 @@ def test_router_command_is_understood_by_the_router() -> None:
     assert (r.max_batch_prefill_tokens, r.max_batch_total_tokens, r.max_batch_size) == (300, 4000, 8)
     assert (r.max_concurrent_requests, r.max_best_of, r.max_stop_sequences) == (9, 3, 5)
     assert (r.max_top_n_tokens, r.waiting_served_ratio, r.max_waiting_tokens) == (6, 1.2, 7)
-    assert (r.max_client_batch_size, r.payload_limit) == (2, 1234)
+    assert (r.max_client_batch_size, r.payload_limit, r.max_connections) == (2, 1234, 77)
     assert r.cors_allow_origin == ("http://a", "http://b") and r.api_key == "k"
     assert r.disable_grammar_support and r.json_output and r.otlp_service_name == "svc"
     assert r.graceful_termination_timeout == 5 and r.compute_type == "2-cpu"
