@@ -107,7 +107,9 @@ class Engine:
 
     @torch.inference_mode()
     def health(self) -> None:
-        """Proves the device still computes: a one-token forward into reserved block 0.
+        """Proves the device still computes: a one-token forward into reserved block 0, through
+        the batch-1 decode graph when Warmup captured one (on a GPU one replay, not a forward's
+        worth of launches).
 
         With several ranks the forward's collectives could interleave with a Prefill/Decode that
         another rank is running, so there Health computes on the device without collectives.
@@ -120,7 +122,7 @@ class Engine:
             return
         zero = torch.zeros(1, dtype=torch.long, device=device)
         meta = AttentionMetadata.build([1], [0], [[0]], self.block_size, device)
-        logits = self.model.forward(zero, zero, self.kv_cache, meta, zero)
+        logits, _, _ = self._forward(ForwardInputs(zero, zero, meta, None, zero))
         if not bool(torch.isfinite(logits).all()):
             raise RuntimeError("health check forward produced non-finite logits")
 
