@@ -211,13 +211,13 @@ class Engine:
         step's tokens back."""
         start = time.perf_counter_ns()
         ahead = self.lookaheads.take(batch.request_ids) if inputs is None else None
-        if inputs is None:
-            inputs = batch.decode_inputs()
-        if ahead is None:
+        if ahead is not None:
+            logits, timer = ahead
+        else:
+            if inputs is None:
+                inputs = batch.decode_inputs()
             with self._span("forward"):
                 logits, timer, _ = self._forward(inputs)
-        else:
-            logits, timer = ahead
         with self._span("sample"):
             choice = choose_tokens(batch, logits, inputs, self.detokenizer)
             if self.overlap:

@@ -82,12 +82,18 @@ def next_tokens(
 
 
 def choose_tokens(
-    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detokenizer: Detokenizer
+    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs | None, detokenizer: Detokenizer
 ) -> Choice:
     """The device half of a step: next tokens chosen and appended to the batch, stops decided,
-    the results on their way to the host. Prefill logprobs and top tokens read the host here."""
-    prefill = _prefill_tokens(batch, logits, inputs, detokenizer) if not batch.prefilled else {}
-    last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
+    the results on their way to the host. Prefill logprobs and top tokens read the host here.
+
+    `inputs` None: the logits of a decode step computed ahead (one row per request, in order),
+    whose inputs the choice does not need."""
+    if inputs is None:
+        prefill, last = {}, logits
+    else:
+        prefill = _prefill_tokens(batch, logits, inputs, detokenizer) if not batch.prefilled else {}
+        last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
     next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths)
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
     tops = top_tokens(logprobs, batch.top_n) if batch.top_n is not None else None

@@ -66,13 +66,11 @@ class Lookaheads:
         timer = pending[-1].timer
         if len(pending) == 1 and pending[0].request_ids == request_ids:
             return pending[0].logits, timer
-        where = {rid: (k, row) for k, la in enumerate(pending) for row, rid in enumerate(la.request_ids)}
-        if any(rid not in where for rid in request_ids):
+        # Each request's row in the look-aheads' logits stacked in order.
+        row_of = {rid: row for row, rid in enumerate(r for la in pending for r in la.request_ids)}
+        if any(rid not in row_of for rid in request_ids):
             return None
-        offsets = [0]
-        for la in pending:
-            offsets.append(offsets[-1] + len(la.request_ids))
-        rows = [offsets[where[rid][0]] + where[rid][1] for rid in request_ids]
         stacked = torch.cat([la.logits for la in pending]) if len(pending) > 1 else pending[0].logits
+        rows = [row_of[rid] for rid in request_ids]
         index = torch.tensor(rows, dtype=torch.long).to(stacked.device, non_blocking=True)
         return stacked.index_select(0, index), timer
