@@ -20,6 +20,7 @@ from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.detokenizer import TextStream
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.generation_wire import request_field
+from pytgi_shard.kv_cache import SCRATCH_SLOT
 from pytgi_shard.request_validation import validate_request
 from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
 from pytgi_shard.stopping import BatchStops, StoppingCriteria
@@ -254,7 +255,7 @@ class Batch:
             )
         positions, capacity = self.lengths - 1, self._capacity
         inside = torch.minimum(positions, capacity - 1)
-        slots = torch.where(positions < capacity, self._slots(self.rows, inside), 0)
+        slots = torch.where(positions < capacity, self._slots(self.rows, inside), SCRATCH_SLOT)
         return self._one_token_inputs(positions, slots, torch.minimum(self.lengths, capacity))
 
     def _one_token_inputs(

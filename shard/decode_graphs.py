@@ -27,7 +27,7 @@ import torch
 
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.batch import ForwardInputs
-from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.kv_cache import SCRATCH_SLOT, KVCache
 from pytgi_shard.models.model import Model
 from pytgi_shard.settings import ShardSettings
 
@@ -36,8 +36,6 @@ log = logging.getLogger(__name__)
 # Attention backends whose decode launches are capturable: no host synchronisation, and a grid
 # that depends on the batch size only (never on a step's context lengths).
 CAPTURABLE_BACKENDS = ("triton",)
-# The cache slot padded rows write to: block 0, reserved for health checks and padding.
-SCRATCH_SLOT = 0
 
 
 def resolve_buckets(sizes: Sequence[int], max_batch_size: int) -> tuple[int, ...]:

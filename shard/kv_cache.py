@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 import torch
 
+# Block 0 is never handed out by the router: the slot that writes no request's KV goes there
+# (padded rows of a CUDA graph, a look-ahead row with no slot left, the Health forward).
+SCRATCH_SLOT = 0
+
 
 @dataclass
 class KVCache:

@@ -20,13 +20,13 @@ from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.backend import BACKENDS
 from pytgi_shard.batch import ForwardInputs
 from pytgi_shard.decode_graphs import (
-    SCRATCH_SLOT,
     DecodeGraphRunner,
     bucket_for,
     graphs_off_reason,
     resolve_buckets,
 )
 from pytgi_shard.engine import Engine
+from pytgi_shard.kv_cache import SCRATCH_SLOT
 from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS, ShardSettings, parse_cuda_graphs
 from pytgi_shard.startup import load_engine
 from tests.unit.shard.test_batch import batch_of, request
