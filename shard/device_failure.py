@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import os
 
+from pytgi_shard.errors import error_chain
+
 log = logging.getLogger(__name__)
 
 # The exit status of a shard that stopped on a device failure (the launcher restarts on any
@@ -40,16 +42,10 @@ def is_device_failure(err: BaseException) -> bool:
     """True when `err`, or an exception it was raised from, is a torch.AcceleratorError /
     RuntimeError whose message names a sticky device error (the context cannot be used again).
     Other exception types (a ValueError quoting a client's text) never count."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, RuntimeError):
-            message = str(current).lower()
-            if any(marker in message for marker in _STICKY):
-                return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(
+        isinstance(e, RuntimeError) and any(marker in str(e).lower() for marker in _STICKY)
+        for e in error_chain(err)
+    )
 
 
 def exit_on_device_failure(err: BaseException) -> None:

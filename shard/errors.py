@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 
 class ShardError(Exception):
     """Base of the errors that are the caller's fault and leave the shard's state intact."""
@@ -22,3 +24,13 @@ class BatchNotFound(ShardError):
 class OutOfMemory(ShardError):
     """Not enough memory for what was asked (gRPC RESOURCE_EXHAUSTED); the message names the flag
     to change."""
+
+
+def error_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """`error`, then what it was raised from or during, once each (a servicer's abort wraps the
+    engine's exception; a cycle of contexts ends the walk)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

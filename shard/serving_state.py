@@ -24,7 +24,7 @@ import logging
 from grpc_health.v1 import health, health_pb2
 
 from pytgi_shard.device_failure import is_device_failure
-from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.errors import InvalidRequest, error_chain
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +34,6 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def instance_service(instance_id: str) -> str:
     return f"pytgi.instance.{instance_id}"
-
-
-def _raised_from(error: BaseException | None, kind: type[BaseException]) -> bool:
-    """Whether `error` or an exception it was raised from or during is a `kind` (the servicer's
-    abort wraps the engine's exception)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, kind):
-            return True
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return False
 
 
 class ServingState:
@@ -80,7 +68,7 @@ class ServingState:
     async def warmup_failed(self, error: BaseException) -> None:
         """A refused Warmup (InvalidRequest: checked before anything changed) leaves the state
         alone; any other failure may have left the engine without a usable KV cache."""
-        if not _raised_from(error, InvalidRequest):
+        if not any(isinstance(e, InvalidRequest) for e in error_chain(error)):
             self.warmed = False
             await self._publish()
 
