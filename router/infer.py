@@ -247,7 +247,7 @@ class Infer:
                 return True
             if time.monotonic() - scheduler.last_success < self.settings.health_recent_s:
                 return True
-        return await self._probe.healthy()
+        return await self._probe.healthy(not_before=scheduler.last_failure)
 
     async def check_shards(self) -> bool:
         """The watchdog's own Health RPC after a batch failed: True marks the scheduler healthy

@@ -137,6 +137,8 @@ class Scheduler:
         # only a reconnection (ClearCache + Warmup) makes them trustworthy again.
         self.cache_unknown = False
         self.last_success = 0.0
+        # time.monotonic() of the last failed batch: a Health answer from before it is stale.
+        self.last_failure = 0.0
         # time.monotonic() when the shard call in progress began; None between calls.
         self.step_started: float | None = None
         self._work = asyncio.Event()
@@ -307,6 +309,7 @@ class Scheduler:
             logger.exception("batch failed on an unexpected error", exc_info=err)
             reason = f"{type(err).__name__}: {err}"
         self.healthy = False
+        self.last_failure = time.monotonic()
         self.running.fail_all(GenerationError(reason))
         self._publish_batch_gauges()
         try:

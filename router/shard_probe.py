@@ -30,11 +30,13 @@ class ShardProbe:
         self._answered_at = 0.0
         self._in_flight: asyncio.Future[bool] | None = None
 
-    async def healthy(self) -> bool:
-        """The cached answer while fresh, else the answer of the one RPC in flight (started
-        here if none is). Shielded: a /health client that goes away does not cancel the RPC
-        the others wait on."""
-        if self._answer is not None and self._clock() - self._answered_at < self.ttl_s:
+    async def healthy(self, not_before: float = 0.0) -> bool:
+        """The cached answer while fresh and given at or after `not_before` (a batch that failed
+        since makes an earlier "healthy" stale), else the answer of the one RPC in flight
+        (started here if none is). Shielded: a /health client that goes away does not cancel
+        the RPC the others wait on."""
+        fresh = self._clock() - self._answered_at < self.ttl_s
+        if self._answer is not None and fresh and self._answered_at >= not_before:
             return self._answer
         if self._in_flight is None:
             self._in_flight = asyncio.ensure_future(self._ask())
