@@ -12,8 +12,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytgi_launcher.settings import DEFAULT_UDS_PATH, DEMO_MODEL, DTYPES, LauncherSettings
-from pytgi_router.cli_env import env_values, parse_bool, resolve_input_length_alias
+from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
+from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
+from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
 
 # (flag, type, help); the default shown is LauncherSettings'.
 _VALUED: list[tuple[str, Any, str]] = [

@@ -15,11 +15,9 @@ import threading
 import time
 from typing import TextIO
 
+from pytgi_proto.contracts import utc_timestamp
+
 LAUNCHER = "launcher"
-
-
-def utc_timestamp(created: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
 
 
 class LogSink:

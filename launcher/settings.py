@@ -5,17 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytgi_router.settings import token_limit_problems
+from pytgi_proto import contracts as c
+from pytgi_proto.contracts import (
+    DEFAULT_UDS_PATH,
+    DTYPES,
+    TGI_HTTP_PORT,
+    shard_socket,
+    token_limit_problems,
+)
 from pytgi_shard.settings import parse_cuda_graphs
 
-DTYPES = ("float16", "bfloat16", "float32")
 # The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
-# TGI's socket base name: shard r listens on `{base}-{r}`. It is the default for TGI's HTTP port
+# Shard r listens on `{base}-{r}`: TGI's base name (DEFAULT_UDS_PATH) for TGI's HTTP port
 # (3000), so TGI's tools find rank 0; another --port gets `{base}-{port}` (shard_base_path), so two
 # instances on one host, which cannot share an HTTP port, never share a socket either.
-DEFAULT_UDS_PATH = "/tmp/text-generation-server"
-TGI_HTTP_PORT = 3000
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,27 +33,27 @@ class LauncherSettings:
     dtype: str | None = None
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
-    max_concurrent_requests: int = 128
-    max_best_of: int = 2
-    max_stop_sequences: int = 4
-    max_top_n_tokens: int = 5
+    max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS
+    max_best_of: int = c.MAX_BEST_OF
+    max_stop_sequences: int = c.MAX_STOP_SEQUENCES
+    max_top_n_tokens: int = c.MAX_TOP_N_TOKENS
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
-    waiting_served_ratio: float = 0.3
+    waiting_served_ratio: float = c.WAITING_SERVED_RATIO
     max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
-    max_waiting_tokens: int = 20
+    max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
-    max_client_batch_size: int = 4
-    payload_limit: int = 2_000_000
+    max_client_batch_size: int = c.MAX_CLIENT_BATCH_SIZE
+    payload_limit: int = c.PAYLOAD_LIMIT
     max_connections: int = 1024
     validation_workers: int = 2
     disable_grammar_support: bool = False
     tokenizer_config_path: str | None = None
     # HTTP.
     hostname: str = "0.0.0.0"
-    port: int = 3000
+    port: int = TGI_HTTP_PORT
     cors_allow_origin: tuple[str, ...] = ()
     api_key: str | None = field(default=None, repr=False)
     # Shards. None: derived from --port (shard_base_path); a free port picked at launch.
@@ -161,4 +165,4 @@ class LauncherSettings:
         return f"{DEFAULT_UDS_PATH}-{self.port}"
 
     def shard_socket(self, rank: int) -> str:
-        return f"{self.shard_base_path}-{rank}"
+        return shard_socket(self.shard_base_path, rank)

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytgi_router.cli_env import env_values, resolve_input_length_alias
+from pytgi_proto.cli_env import env_values, resolve_input_length_alias
 from pytgi_router.logs import configure_logging
-from pytgi_router.settings import DEFAULT_UDS_PATH, RouterSettings
+from pytgi_router.settings import DEFAULT_MASTER_SHARD_UDS_PATH, RouterSettings
 
 log = logging.getLogger("pytgi.router")
 
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
         argument_default=argparse.SUPPRESS,
     )
     add = p.add_argument
-    add("--master-shard-uds-path", help=f"rank 0's unix socket (default {DEFAULT_UDS_PATH})")
+    add("--master-shard-uds-path", help=f"rank 0's unix socket (default {DEFAULT_MASTER_SHARD_UDS_PATH})")
     add("--master-shard-address", help="rank 0's host:port (TCP); wins over the socket path")
     add("--shard-token", help="the shards' shared secret, sent with every call (env SHARD_TOKEN, "
         "preferred: argv is visible to every user)")

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
-import time
 
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        out = {
-            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname,
-            "target": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False)
+from pytgi_proto.contracts import JsonFormatter
 
 
 def announce(message: str, json_output: bool) -> None:

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DEFAULT_UDS_PATH = "/tmp/text-generation-server-0"
+from pytgi_proto import contracts as c
+from pytgi_proto.contracts import (
+    DEFAULT_UDS_PATH,
+    TGI_HTTP_PORT,
+    shard_socket,
+    token_limit_problems,
+)
+
+# Rank 0's socket under TGI's base name.
+DEFAULT_MASTER_SHARD_UDS_PATH = shard_socket(DEFAULT_UDS_PATH, 0)
 
 
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     # Where rank 0 listens; the address wins over the socket path when both are given.
-    master_shard_uds_path: str = DEFAULT_UDS_PATH
+    master_shard_uds_path: str = DEFAULT_MASTER_SHARD_UDS_PATH
     master_shard_address: str | None = None
     # Shared secret the shards require (--shard-token on them), sent as gRPC metadata.
     shard_token: str | None = field(default=None, repr=False)
@@ -20,23 +29,23 @@ class RouterSettings:
     model_id: str | None = None
     revision: str | None = None
     hostname: str = "0.0.0.0"
-    port: int = 3000
+    port: int = TGI_HTTP_PORT
     # Request limits (TGI's defaults).
-    max_concurrent_requests: int = 128
-    max_best_of: int = 2
-    max_stop_sequences: int = 4
-    max_top_n_tokens: int = 5
+    max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS
+    max_best_of: int = c.MAX_BEST_OF
+    max_stop_sequences: int = c.MAX_STOP_SEQUENCES
+    max_top_n_tokens: int = c.MAX_TOP_N_TOKENS
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
-    max_client_batch_size: int = 4
-    payload_limit: int = 2_000_000
+    max_client_batch_size: int = c.MAX_CLIENT_BATCH_SIZE
+    payload_limit: int = c.PAYLOAD_LIMIT
     # Open HTTP connections; past it a new one gets 503 at once (slow clients cannot pile up).
     max_connections: int = 1024
     # Scheduler budgets, forwarded to the inference core.
-    waiting_served_ratio: float = 0.3
-    max_batch_prefill_tokens: int = 4096
+    waiting_served_ratio: float = c.WAITING_SERVED_RATIO
+    max_batch_prefill_tokens: int = c.MAX_BATCH_PREFILL_TOKENS
     max_batch_total_tokens: int | None = None
-    max_waiting_tokens: int = 20
+    max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
     validation_workers: int = 2
@@ -102,28 +111,3 @@ class RouterSettings:
         path = self.master_shard_uds_path
         return path if path.startswith("unix:") else f"unix://{path}"
 
-
-def token_limit_problems(
-    max_input_tokens: int | None, max_total_tokens: int | None, max_batch_total_tokens: int | None
-) -> list[str]:
-    """How the token limits that are set must relate (the launcher checks its copies too)."""
-    out = []
-    if (
-        max_input_tokens is not None
-        and max_total_tokens is not None
-        and max_input_tokens >= max_total_tokens
-    ):
-        out.append(
-            f"--max-input-tokens ({max_input_tokens}) must be < --max-total-tokens "
-            f"({max_total_tokens})"
-        )
-    if (
-        max_total_tokens is not None
-        and max_batch_total_tokens is not None
-        and max_total_tokens > max_batch_total_tokens
-    ):
-        out.append(
-            f"--max-total-tokens ({max_total_tokens}) must be <= "
-            f"--max-batch-total-tokens ({max_batch_total_tokens})"
-        )
-    return out

@@ -16,8 +16,9 @@ from pathlib import Path
 
 from pytgi_launcher.ctl import add_ctl_command
 from pytgi_launcher.download import add_download_command
+from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
 from pytgi_shard.logs import configure_logging
-from pytgi_shard.settings import DEFAULT_UDS_PATH, DTYPES, ShardSettings, parse_cuda_graphs
+from pytgi_shard.settings import ShardSettings, parse_cuda_graphs
 
 log = logging.getLogger("pytgi_shard")
 

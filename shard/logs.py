@@ -1,6 +1,6 @@
 """Log output of a shard: plain lines, or one JSON object per line that the launcher relays.
 
-The JSON shape is the router's (timestamp, level, target, message), so one parser reads both.
+The JSON shape is pytgi_proto.contracts' (the router's too), so one parser reads both.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from pytgi_router.logs import JsonFormatter
+from pytgi_proto.contracts import JsonFormatter
 
 
 def configure_logging(json_output: bool, level: str, rank: int) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DTYPES = ("float16", "bfloat16", "float32")
-# TGI's default socket base name, so TGI's own tools (text-generation-benchmark) find rank 0.
-DEFAULT_UDS_PATH = "/tmp/text-generation-server"
+from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES, shard_socket
+
 # Decode batch sizes captured as CUDA graphs: TGI's --cuda-graphs default (1..32) extended to the
 # batch sizes a server GPU decodes at; Warmup caps them at the router's max_batch_size.
 DEFAULT_CUDA_GRAPHS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -110,14 +109,15 @@ class ShardSettings:
     @property
     def socket_path(self) -> str | None:
         """This rank's unix socket file, None over TCP."""
-        return None if self.uds_path is None else f"{self.uds_path}-{self.rank}"
+        return None if self.uds_path is None else shard_socket(self.uds_path, self.rank)
 
     @property
     def listen_address(self) -> str:
         """What this rank's gRPC server binds."""
         if self.port is not None:
             return f"[::]:{self.port}"
-        return f"unix://{self.uds_path}-{self.rank}"
+        return self.uds_url(self.rank)
 
     def uds_url(self, rank: int) -> str:
-        return f"unix://{self.uds_path}-{rank}"
+        assert self.uds_path is not None
+        return f"unix://{shard_socket(self.uds_path, rank)}"

@@ -19,7 +19,8 @@ from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+# The torch dtype of each of pytgi_proto.contracts.DTYPES.
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 def choose_device(rank: int) -> torch.device:
@@ -33,14 +34,14 @@ def resolve_dtype(settings: ShardSettings, device: torch.device) -> torch.dtype:
     """--dtype, else the checkpoint's half precision on GPU (bfloat16 for a float32 one), else
     float32 on CPU, where half precision is slow."""
     if settings.dtype is not None:
-        return DTYPES[settings.dtype]
+        return TORCH_DTYPES[settings.dtype]
     if device.type != "cuda":
         return torch.float32
     config_file = settings.model_path / "config.json"
     config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     name = config.get("torch_dtype") or config.get("dtype")
     if name in ("float16", "bfloat16"):
-        return DTYPES[name]
+        return TORCH_DTYPES[name]
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from pytgi_launcher.cli import build_parser, main, parse_settings
 from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
-from pytgi_router.cli_env import env_name
+from pytgi_proto.cli_env import env_name
 
 
 def test_defaults_are_tgis_except_the_model() -> None:

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from pytgi_proto.contracts import DEFAULT_UDS_PATH
 from pytgi_shard.cli import build_parser, settings_from_args
-from pytgi_shard.settings import DEFAULT_UDS_PATH, ShardSettings
+from pytgi_shard.settings import ShardSettings
 
 
 def parse(*argv: str, env: dict[str, str] | None = None) -> ShardSettings:

@@ -1,8 +1,7 @@
 """Environment forms of command-line flags, as TGI reads them: `--max-total-tokens` is also
 `MAX_TOTAL_TOKENS`, and the command line wins.
 
-Shared by the router's and the launcher's CLI (the launcher imports it from here), so both read
-the same variables the same way. It imports nothing beyond the standard library.
+Shared by the router's and the launcher's CLI, so both read the same variables the same way. It imports nothing beyond the standard library.
 """
 
 from __future__ import annotations

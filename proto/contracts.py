@@ -1,0 +1,87 @@
+"""What every pytgi process must agree on beyond generate.proto, defined once.
+
+The launcher passes flags to the shards and the router and relays their log lines; a default
+that differed between two of them (a socket path, a scheduler ratio) or a log line the launcher
+could not parse would be a bug between processes. Every process already imports this package, so
+these live here: the import graph stays launcher → {shard, router} → proto, never sideways.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+# --dtype names, as TGI's.
+DTYPES = ("float16", "bfloat16", "float32")
+
+# TGI's socket base name: shard r listens on `{base}-{r}`, so TGI's own tools find rank 0.
+DEFAULT_UDS_PATH = "/tmp/text-generation-server"
+TGI_HTTP_PORT = 3000
+
+
+def shard_socket(base: str, rank: int) -> str:
+    """The unix socket rank `rank` listens on for the base name `base`."""
+    return f"{base}-{rank}"
+
+
+# Request limits and scheduler budgets: TGI's defaults, shared by the launcher's, the router's
+# and the inference core's settings.
+MAX_CONCURRENT_REQUESTS = 128
+MAX_BEST_OF = 2
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_N_TOKENS = 5
+MAX_CLIENT_BATCH_SIZE = 4
+PAYLOAD_LIMIT = 2_000_000
+MAX_BATCH_PREFILL_TOKENS = 4096
+WAITING_SERVED_RATIO = 0.3
+MAX_WAITING_TOKENS = 20
+
+
+def token_limit_problems(
+    max_input_tokens: int | None, max_total_tokens: int | None, max_batch_total_tokens: int | None
+) -> list[str]:
+    """How the token limits that are set must relate; the launcher checks them before it spawns
+    anything, the router again on its own flags."""
+    out = []
+    if (
+        max_input_tokens is not None
+        and max_total_tokens is not None
+        and max_input_tokens >= max_total_tokens
+    ):
+        out.append(
+            f"--max-input-tokens ({max_input_tokens}) must be < --max-total-tokens "
+            f"({max_total_tokens})"
+        )
+    if (
+        max_total_tokens is not None
+        and max_batch_total_tokens is not None
+        and max_total_tokens > max_batch_total_tokens
+    ):
+        out.append(
+            f"--max-total-tokens ({max_total_tokens}) must be <= "
+            f"--max-batch-total-tokens ({max_batch_total_tokens})"
+        )
+    return out
+
+
+def utc_timestamp(created: float) -> str:
+    """A log line's timestamp: UTC with milliseconds, as TGI's JSON logs."""
+    millis = int(created % 1 * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{millis:03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line (timestamp, level, target, message): the shape the router and
+    the shards print and the launcher relays, adding the process name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "timestamp": utc_timestamp(record.created),
+            "level": record.levelname,
+            "target": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
