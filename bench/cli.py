@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from pytgi_bench.settings import APIS, HTTP_CLIENTS, LengthRange, LoadSettings, parse_slo
-from pytgi_router import event_loop
+from pytgi_router.server import run_event_loop
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
 
@@ -161,7 +161,7 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_SETUP
     levels: list[int | None] = list(args.sweep_concurrency or [settings.concurrency])
     try:
-        report = event_loop.run(run_benchmark(settings, levels))
+        report = run_event_loop(run_benchmark(settings, levels))
     except (BenchmarkError, FileNotFoundError, ValueError) as exc:
         print(f"pytgi-benchmark: error: {exc}", file=sys.stderr)
         return EXIT_SETUP

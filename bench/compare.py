@@ -227,7 +227,7 @@ def run_rounds(
 def versions() -> dict[str, str | None]:
     import transformers
 
-    from pytgi_router.state import package_version
+    from pytgi_router.http.state import package_version
 
     try:
         import triton

@@ -85,7 +85,7 @@ stage_install() {
     "$PY" -m pytgi_bench.requirements_check --json "$WORK/requirements.json" \
         --trust $(sed -n 's/^# provided: //p' bench/gpu-wheels.txt) || rc=1
     echo "+ import every process's entry module and the test clients"
-    "$PY" -c "import pytgi_launcher.cli, pytgi_router.cli, pytgi_shard.cli, pytgi_router.app, \
+    "$PY" -c "import pytgi_launcher.cli, pytgi_router.cli, pytgi_shard.cli, pytgi_router.http.app, \
 pytgi_shard.server, openai, text_generation, pytest_timeout, grpc_health.v1.health, \
 opentelemetry.exporter.otlp.proto.grpc.trace_exporter; print('imports: ok')" || rc=1
     return $rc

@@ -21,7 +21,7 @@ from pytgi_bench.server_process import PytgiServer, ServerStartError
 from pytgi_bench.settings import LoadSettings
 from pytgi_bench.summary import Summary
 from pytgi_bench.system_result import SystemResult
-from pytgi_router import event_loop
+from pytgi_router.server import run_event_loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class HttpSystem:
             warmup=0,
             progress=False,
         )
-        (run,) = event_loop.run(run_benchmark(settings)).runs
+        (run,) = run_event_loop(run_benchmark(settings)).runs
         return run.summary
 
     def run(self, workload: HttpWorkload) -> SystemResult:

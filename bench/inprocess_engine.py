@@ -26,10 +26,10 @@ import torch
 
 from pytgi_bench.system_result import SystemResult
 from pytgi_proto import generate_pb2
-from pytgi_router import event_loop
+from pytgi_router.server import run_event_loop
 
 if TYPE_CHECKING:
-    from pytgi_router.client import ShardClient
+    from pytgi_router.core.shard_client import ShardClient
 
 Prompts = list[list[int]]
 T = TypeVar("T")
@@ -81,7 +81,7 @@ class InProcessShardClient:
         cached: generate_pb2.CachedBatch | None,
         timeout: float | None = None,
     ) -> generate_pb2.PrefillResponse:
-        from pytgi_router.client import prefill_request
+        from pytgi_router.core.shard_client import prefill_request
 
         return await self._call(self._engine.prefill, prefill_request(batch, cached))
 
@@ -111,8 +111,8 @@ def load_engine(model_dir: Path, dtype: torch.dtype):  # type: ignore[no-untyped
 
 async def _generate_all(infer, prompts: Prompts, new_tokens: int) -> int:  # type: ignore[no-untyped-def]
     """Submits every prompt at once (64 concurrent clients) and drains every stream."""
-    from pytgi_router.events import End
-    from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
+    from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+    from pytgi_router.core.request_stream import End
 
     async def one(ids: list[int]) -> int:
         request = ValidRequest(
@@ -184,7 +184,7 @@ async def _timed_rounds(
     result: SystemResult,
     started: float,
 ) -> SystemResult:
-    from pytgi_router.infer import Infer, InferSettings
+    from pytgi_router.core.infer import Infer, InferSettings
     from pytgi_router.metrics import Metrics
 
     settings = InferSettings(max_concurrent_requests=max(128, len(prompts)))
@@ -235,7 +235,7 @@ async def _run_grpc(
     device: str,
     result: SystemResult,
 ) -> SystemResult:
-    from pytgi_router.client import ShardClient
+    from pytgi_router.core.shard_client import ShardClient
 
     started = time.perf_counter()
     shard = _ShardProcess(model_dir, dtype)
@@ -262,7 +262,7 @@ def pytgi_inprocess(
     result = SystemResult(
         "pytgi-inprocess", "pytgi router Infer + shard Engine in one process (no HTTP, no gRPC)"
     )
-    return event_loop.run(
+    return run_event_loop(
         _run_inprocess(model_dir, prompts, new_tokens, repeats, dtype, device, result)
     )
 
@@ -279,4 +279,4 @@ def pytgi_grpc(
     result = SystemResult(
         "pytgi-grpc", "pytgi router Infer in-process + pytgi-shard process over gRPC (no HTTP)"
     )
-    return event_loop.run(_run_grpc(model_dir, prompts, new_tokens, repeats, dtype, device, result))
+    return run_event_loop(_run_grpc(model_dir, prompts, new_tokens, repeats, dtype, device, result))

@@ -19,7 +19,7 @@ from pytgi_bench.summary import LatencyStats
 from pytgi_proto import generate_pb2
 
 if TYPE_CHECKING:
-    from pytgi_router.client import ShardClient
+    from pytgi_router.core.shard_client import ShardClient
 
 # Ids below this are special tokens in every tokenizer we build or load (BOS, EOS, PAD).
 _FIRST_PLAIN_ID = 3

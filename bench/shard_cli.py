@@ -111,7 +111,7 @@ def print_results(results: list[BatchSizeResult], seq_len: int, out: IO[str]) ->
 async def _run(
     settings: ShardBenchSettings, progress: bool
 ) -> tuple[dict[str, Any], list[BatchSizeResult]]:
-    from pytgi_router.client import ShardClient
+    from pytgi_router.core.shard_client import ShardClient
 
     client = await ShardClient.connect(settings.master, timeout=settings.connect_timeout_s)
     try:
@@ -142,7 +142,7 @@ async def _run(
 
 def shards_command(args: argparse.Namespace) -> int:
     from pytgi_bench.report import machine, save_json
-    from pytgi_router.client import ShardError
+    from pytgi_router.core.shard_client import ShardError
 
     try:
         settings = ShardBenchSettings(

@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytgi_proto.cli_env import env_values, resolve_input_length_alias
-from pytgi_router.logs import configure_logging
 from pytgi_router.settings import DEFAULT_MASTER_SHARD_UDS_PATH, RouterSettings
 
 log = logging.getLogger("pytgi.router")
@@ -102,8 +101,10 @@ def parse_settings(
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
+    # Imported here: parsing flags (and --help) need none of the server's dependencies.
+    from pytgi_router.server import configure_logging, run
+
     configure_logging(settings.json_output)
-    from pytgi_router.server import run
 
     try:
         return run(settings)

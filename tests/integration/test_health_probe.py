@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from pytgi_router.infer import Infer
-from pytgi_router.watchdog import Watchdog
+from pytgi_router.core.infer import Infer
+from pytgi_router.core.watchdog import Watchdog
 from tests.integration.test_router_infer import Log, request, serving, settings, solo
 from tests.shard_process import ShardProcesses, start_shards
 

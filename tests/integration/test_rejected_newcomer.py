@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from pytgi_router.errors import GenerationError, ValidationError
-from pytgi_router.infer import Infer
-from pytgi_router.request import ValidRequest
+from pytgi_router.core.errors import GenerationError, ValidationError
+from pytgi_router.core.infer import Infer
+from pytgi_router.core.request import ValidRequest
 from tests.integration.test_router_infer import Log, request, serving, settings
 from tests.shard_process import ShardProcesses, start_shards
 from tests.tiny_models import VOCAB_SIZE

@@ -17,13 +17,12 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from pytgi_router.client import ShardClient
-from pytgi_router.errors import GenerationError, OverloadedError, UnhealthyError
-from pytgi_router.events import End, Token
-from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.core.errors import GenerationError, OverloadedError, UnhealthyError
+from pytgi_router.core.infer import Infer, InferSettings
+from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request_stream import End, RequestStream, Token
+from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.metrics import Metrics
-from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
-from pytgi_router.request_stream import RequestStream
 from tests.shard_process import ShardProcesses, start_shards
 
 PROMPTS = [
@@ -316,10 +315,10 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from pytgi_router.client import ShardClient
-from pytgi_router.infer import Infer, InferSettings
+from pytgi_router.core.shard_client import ShardClient
+from pytgi_router.core.infer import Infer, InferSettings
 from pytgi_router.metrics import Metrics
-from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
 
 exporter = InMemorySpanExporter()
 provider = TracerProvider()

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from pytgi_router.http_protocol import MAX_HEAD_BYTES
+from pytgi_router.http.http_protocol import MAX_HEAD_BYTES
 from tests.integration.http_helpers import sse_events
 from tests.reliability.router_checks import assert_unharmed, error_body
 from tests.router_process import RouterProcess

@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytgi_proto import generate_pb2
-from pytgi_router.capacity import InferStartError, ShardInfo, derive_info, new_allocator
-from pytgi_router.infer_settings import InferSettings
-from pytgi_router.queue import Queue
-from pytgi_router.scheduler import Budgets, new_batch_limits
+from pytgi_router.core.capacity import InferStartError, ShardInfo, derive_info, new_allocator
+from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.queue import Queue
+from pytgi_router.core.scheduler import Budgets, new_batch_limits
 from tests.unit.router.test_queue import make_entry
 
 

@@ -8,13 +8,11 @@ import math
 import pytest
 
 from pytgi_proto import generate_pb2
-from pytgi_router.batch_state import RunningBatch, build_batch, request_pb, route_generation
-from pytgi_router.block_allocator import BlockAllocator
-from pytgi_router.errors import GenerationError, IncompleteGenerationError
-from pytgi_router.events import End, Event, Prefill, Token
-from pytgi_router.queue import Entry
-from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
-from pytgi_router.request_stream import RequestStream
+from pytgi_router.core.batch_state import RunningBatch, build_batch, request_pb, route_generation
+from pytgi_router.core.block_allocator import BlockAllocator
+from pytgi_router.core.errors import GenerationError, IncompleteGenerationError
+from pytgi_router.core.request import Entry, SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request_stream import End, Event, Prefill, RequestStream, Token
 
 
 def make_entry(entry_id: int, allocator: BlockAllocator, prompt: int = 3, new: int = 5) -> Entry:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytgi_router.block_allocator import BlockAllocator, BlockAllocatorError
+from pytgi_router.core.block_allocator import BlockAllocator, BlockAllocatorError
 
 
 def test_block_zero_is_reserved_and_all_others_usable() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytgi_router.chat_template import ChatTemplate, load_chat_template
-from pytgi_router.errors import TemplateError
-from pytgi_router.model_files import ModelFiles
+from pytgi_router.core.errors import TemplateError
+from pytgi_router.http.chat_template import ChatTemplate, load_chat_template
+from pytgi_router.http.model_files import ModelFiles
 from tests.tiny_models import CHAT_TEMPLATE
 
 MESSAGES = [

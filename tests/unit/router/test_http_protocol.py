@@ -14,7 +14,11 @@ from typing import Any
 import pytest
 import uvicorn
 
-from pytgi_router.http_protocol import MAX_HEAD_BYTES, BoundedHttpToolsProtocol, bounded_protocol
+from pytgi_router.http.http_protocol import (
+    MAX_HEAD_BYTES,
+    BoundedHttpToolsProtocol,
+    bounded_protocol,
+)
 
 HEAD_TIMEOUT_S = 0.5
 BODY_TIMEOUT_S = 0.5

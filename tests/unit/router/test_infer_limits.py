@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytgi_proto import generate_pb2
-from pytgi_router.capacity import InferStartError, derive_info
-from pytgi_router.infer_settings import InferSettings
+from pytgi_router.core.capacity import InferStartError, derive_info
+from pytgi_router.core.infer_settings import InferSettings
 
 INFO = generate_pb2.InfoResponse(
     dtype="float32", device_type="cpu", attention_impl="reference", block_size=16,

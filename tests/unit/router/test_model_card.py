@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytgi_router.model_card import pipeline_tag, snapshot_sha
+from pytgi_router.http.model_files import pipeline_tag, snapshot_sha
 
 SHA = "a" * 40
 

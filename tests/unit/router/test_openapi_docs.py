@@ -7,7 +7,7 @@ import base64
 import re
 from html.parser import HTMLParser
 
-from pytgi_router.openapi import SWAGGER_PAGE
+from pytgi_router.http.openapi import SWAGGER_PAGE
 
 
 class _Assets(HTMLParser):

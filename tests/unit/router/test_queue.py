@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytgi_router.batch_state import request_pb
-from pytgi_router.block_allocator import BlockAllocator
-from pytgi_router.queue import Entry, Queue
-from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
-from pytgi_router.request_stream import RequestStream
+from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.block_allocator import BlockAllocator
+from pytgi_router.core.queue import Queue
+from pytgi_router.core.request import Entry, SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request_stream import RequestStream
 
 
 def make_entry(entry_id: int, prompt: int, new_tokens: int) -> Entry:

@@ -6,9 +6,8 @@ import asyncio
 
 import pytest
 
-from pytgi_router.errors import GenerationError, IncompleteGenerationError
-from pytgi_router.events import End, Token, TokenInfo
-from pytgi_router.request_stream import RequestStream
+from pytgi_router.core.errors import GenerationError, IncompleteGenerationError
+from pytgi_router.core.request_stream import End, RequestStream, Token, TokenInfo
 
 
 def token(i: int) -> Token:

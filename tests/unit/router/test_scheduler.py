@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytgi_router.scheduler import (
+from pytgi_router.core.scheduler import (
     BatchLimits,
     Budgets,
     concat_reason,

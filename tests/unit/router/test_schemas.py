@@ -14,11 +14,11 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from text_generation.types import Response as TGResponse
 from text_generation.types import StreamResponse as TGStreamResponse
 
-from pytgi_router.errors import InferError
-from pytgi_router.events import End, TokenInfo
-from pytgi_router.http_errors import BadRequestError, CompletionRequestError, ToolError
-from pytgi_router.json_fields import decode_body
-from pytgi_router.openai_schemas import (
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request_stream import End, TokenInfo
+from pytgi_router.http.http_errors import BadRequestError, CompletionRequestError, ToolError
+from pytgi_router.http.json_fields import decode_body
+from pytgi_router.http.openai_schemas import (
     Envelope,
     chat_completion,
     chat_logprobs,
@@ -26,8 +26,8 @@ from pytgi_router.openai_schemas import (
     parse_chat,
     parse_completion,
 )
-from pytgi_router.openai_stream import ChatChunks, CompletionChunks, error_chunk
-from pytgi_router.schemas import (
+from pytgi_router.http.openai_stream import ChatChunks, CompletionChunks, error_chunk
+from pytgi_router.http.schemas import (
     Sequence,
     generate_response,
     parse_generate,

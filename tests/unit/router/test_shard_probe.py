@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pytgi_router.shard_probe import ShardProbe
+from pytgi_router.core.shard_probe import ShardProbe
 
 
 class _Shard:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pytgi_router.sse import KEEP_ALIVE, RAW_SEND, EventStreamResponse, RawSend
+from pytgi_router.http.sse import KEEP_ALIVE, RAW_SEND, EventStreamResponse, RawSend
 
 
 class Client:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from pytgi_router.streaming import merge
+from pytgi_router.http.streaming import merge
 
 
 def test_merge_reads_ahead_only_a_bounded_number_of_events() -> None:

@@ -1,4 +1,4 @@
-"""The character bound on tokens (router/token_bound.py) and the Validator's refusal by length:
+"""The character bound on tokens (router/http/token_bound.py) and the Validator's refusal by length:
 certain where given, absent where a pipeline can drop characters or fuse them into one token."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-from pytgi_router.errors import ValidationError
-from pytgi_router.schemas import parse_generate
-from pytgi_router.token_bound import max_chars_per_token
-from pytgi_router.validation import REFUSE_BY_LENGTH_CHARS, ValidationLimits, Validator
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.schemas import parse_generate
+from pytgi_router.http.token_bound import max_chars_per_token
+from pytgi_router.http.validation import REFUSE_BY_LENGTH_CHARS, ValidationLimits, Validator
 from tests.tiny_models import _CORPUS, train_tokenizer
 
 LIMITS = ValidationLimits(

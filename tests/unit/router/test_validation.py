@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from pytgi_router.errors import ValidationError
-from pytgi_router.schemas import GenerateRequest, parse_generate
-from pytgi_router.validation import OFFLOAD_CHARS, ValidationLimits, Validator, ValidGenerate
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.schemas import GenerateRequest, parse_generate
+from pytgi_router.http.validation import OFFLOAD_CHARS, ValidationLimits, Validator, ValidGenerate
 from tests.tiny_models import _CORPUS, train_tokenizer
 
 LIMITS = ValidationLimits(

@@ -11,13 +11,10 @@ import time
 from collections.abc import Callable, Iterable
 
 from pytgi_proto import generate_pb2
-
-from .block_allocator import BlockAllocator
-from .errors import InferError
-from .events import End, Prefill, Token, TokenInfo
-from .queue import Entry
-from .request import ValidRequest
-from .request_stream import RequestStream
+from pytgi_router.core.block_allocator import BlockAllocator
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request import Entry, ValidRequest
+from pytgi_router.core.request_stream import End, Prefill, RequestStream, Token, TokenInfo
 
 FINISH_REASONS = ("length", "eos_token", "stop_sequence")
 NAN = float("nan")

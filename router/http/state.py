@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from pytgi_router.chat_template import ChatTemplate
+from pytgi_router.http.chat_template import ChatTemplate
+from pytgi_router.http.validation import Validator
 from pytgi_router.metrics import Metrics
 from pytgi_router.settings import RouterSettings
 from pytgi_router.tracing import Tracing
-from pytgi_router.validation import Validator
 
 if TYPE_CHECKING:
-    from pytgi_router.infer import Infer, ShardInfo
+    from pytgi_router.core.infer import Infer, ShardInfo
 
 
 def package_version() -> str:
@@ -35,7 +35,7 @@ class AppState:
     metrics: Metrics
     chat_template: ChatTemplate | None
     tracing: Tracing = field(default_factory=Tracing)
-    # From the model's files (model_card.py): the resolved Hub revision, the pipeline tag.
+    # From the model's files (model_files.py): the resolved Hub revision, the pipeline tag.
     model_sha: str | None = None
     model_pipeline_tag: str | None = None
     version: str = field(default_factory=package_version)

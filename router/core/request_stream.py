@@ -1,4 +1,7 @@
-"""One request's stream of events, from the batching task to the HTTP handler.
+"""One request's stream of events, from the batching task to the HTTP handler, and the events.
+
+A request yields at most one `Prefill`, then one `Token` per generated token, the last of which
+is an `End` (a `Token` subclass carrying the finished text). Failures raise an `InferError`.
 
 Hot path: the batching task pushes one event per generated token for every running request, so a
 push is a deque append plus, only when the reader is parked, one future resolution. No asyncio.Queue
@@ -16,12 +19,49 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from .errors import GenerationError, IncompleteGenerationError, InferError
-from .events import End, Event
+from pytgi_router.core.errors import GenerationError, IncompleteGenerationError, InferError
 
 # About 1024 tokens behind (beyond what the socket buffers already hold): ~0.3 MB per request.
 MAX_PENDING_EVENTS = 1024
+
+
+@dataclass(slots=True)
+class TokenInfo:
+    id: int
+    text: str
+    logprob: float
+    special: bool
+
+
+@dataclass(slots=True)
+class Prefill:
+    """Prompt tokens with their logprobs (the first is NaN), when prefill logprobs were asked."""
+
+    tokens: list[TokenInfo]
+
+
+@dataclass(slots=True)
+class Token:
+    token: TokenInfo
+    top_tokens: list[TokenInfo] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class End(Token):
+    generated_text: str = ""
+    # "length" | "eos_token" | "stop_sequence"
+    finish_reason: str = "length"
+    generated_tokens: int = 0
+    seed: int | None = None
+    # Monotonic timestamps (time.monotonic()) for the response headers and metrics.
+    queued_at: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+Event = Prefill | Token | End
 
 
 class RequestStream:

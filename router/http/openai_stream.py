@@ -8,9 +8,9 @@ import json
 from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
 from typing import Any
 
-from pytgi_router.errors import InferError
-from pytgi_router.events import TokenInfo
-from pytgi_router.openai_schemas import FINISH_REASONS, Envelope, chat_logprobs, usage
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request_stream import TokenInfo
+from pytgi_router.http.openai_schemas import FINISH_REASONS, Envelope, chat_logprobs, usage
 
 
 def _head(env: Envelope, kind: str) -> str:

@@ -18,10 +18,15 @@ from itertools import count
 
 from opentelemetry import trace
 
-from .batch_state import request_pb
-from .capacity import ShardInfo, derive_info, new_allocator, pinned_settings, warmup_request
-from .client import ShardClient
-from .errors import (
+from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.capacity import (
+    ShardInfo,
+    derive_info,
+    new_allocator,
+    pinned_settings,
+    warmup_request,
+)
+from pytgi_router.core.errors import (
     GenerationError,
     IncompleteGenerationError,
     InferError,
@@ -29,13 +34,14 @@ from .errors import (
     UnhealthyError,
     ValidationError,
 )
-from .infer_settings import InferSettings
-from .metrics import Metrics
-from .queue import Entry, Queue
-from .request import ValidRequest
-from .request_stream import RequestStream
-from .scheduler import Budgets, Scheduler
-from .shard_probe import ShardProbe
+from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.queue import Queue
+from pytgi_router.core.request import Entry, ValidRequest
+from pytgi_router.core.request_stream import RequestStream
+from pytgi_router.core.scheduler import Budgets, Scheduler
+from pytgi_router.core.shard_client import ShardClient
+from pytgi_router.core.shard_probe import ShardProbe
+from pytgi_router.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 
 from tokenizers import Encoding, Tokenizer
 
-from pytgi_router.errors import ValidationError
-from pytgi_router.request import SamplingParameters, StoppingParameters, ValidRequest
-from pytgi_router.schemas import GenerateParameters, GenerateRequest
-from pytgi_router.token_bound import max_chars_per_token
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.http.schemas import GenerateParameters, GenerateRequest
+from pytgi_router.http.token_bound import max_chars_per_token
 
 T = TypeVar("T")
 

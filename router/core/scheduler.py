@@ -20,12 +20,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from pytgi_proto import generate_pb2
-
-from .batch_state import RunningBatch, build_batch
-from .client import ShardClient, ShardError
-from .errors import GenerationError
-from .metrics import Metrics
-from .queue import Entry, Queue
+from pytgi_router.core.batch_state import RunningBatch, build_batch
+from pytgi_router.core.errors import GenerationError
+from pytgi_router.core.queue import Queue
+from pytgi_router.core.request import Entry
+from pytgi_router.core.shard_client import ShardClient, ShardError
+from pytgi_router.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

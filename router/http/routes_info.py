@@ -10,12 +10,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from tokenizers import Encoding
 
-from pytgi_router.errors import UnhealthyError
-from pytgi_router.http_errors import ShuttingDownError
-from pytgi_router.http_io import error_response, json_response, read_json
-from pytgi_router.openai_schemas import models_list
-from pytgi_router.schemas import parse_generate
-from pytgi_router.state import AppState
+from pytgi_router.core.errors import UnhealthyError
+from pytgi_router.http.http_errors import ShuttingDownError
+from pytgi_router.http.http_io import error_response, json_response, read_json
+from pytgi_router.http.openai_schemas import models_list
+from pytgi_router.http.schemas import parse_generate
+from pytgi_router.http.state import AppState
 
 # Tokens per slice of the /tokenize answer, joined and encoded at once.
 CHUNK_TOKENS = 4096

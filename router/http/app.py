@@ -16,21 +16,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.errors import InferError, ValidationError
-from pytgi_router.generation import Generations
-from pytgi_router.http_errors import (
+from pytgi_router.core.errors import InferError, ValidationError
+from pytgi_router.http.generate_flow import Generations
+from pytgi_router.http.http_errors import (
     MethodNotAllowedError,
     NotFoundError,
     PayloadTooLargeError,
     UnauthorizedError,
 )
-from pytgi_router.http_io import error_response, read_json
-from pytgi_router.openapi import DocsRoutes
-from pytgi_router.routes_chat import ChatRoutes
-from pytgi_router.routes_completions import CompletionRoutes
-from pytgi_router.routes_generate import GenerateRoutes
-from pytgi_router.routes_info import InfoRoutes
-from pytgi_router.state import AppState
+from pytgi_router.http.http_io import error_response, read_json
+from pytgi_router.http.openapi import DocsRoutes
+from pytgi_router.http.routes_chat import ChatRoutes
+from pytgi_router.http.routes_completions import CompletionRoutes
+from pytgi_router.http.routes_generate import GenerateRoutes
+from pytgi_router.http.routes_info import InfoRoutes
+from pytgi_router.http.state import AppState
 
 log = logging.getLogger("pytgi.router")
 

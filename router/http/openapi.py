@@ -8,8 +8,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from pytgi_router.http_io import json_response
-from pytgi_router.state import AppState
+from pytgi_router.http.http_io import json_response
+from pytgi_router.http.state import AppState
 
 
 def _ref(name: str) -> dict[str, str]:

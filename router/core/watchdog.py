@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 
-from .infer import Infer
+from pytgi_router.core.infer import Infer
 
 logger = logging.getLogger(__name__)
 

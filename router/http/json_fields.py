@@ -10,8 +10,8 @@ import json
 import math
 from typing import Any
 
-from pytgi_router.errors import ValidationError
-from pytgi_router.http_errors import BadRequestError
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.http_errors import BadRequestError
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1

@@ -18,8 +18,8 @@ from jinja2 import nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from pytgi_router.errors import TemplateError
-from pytgi_router.model_files import ModelFiles, read_json
+from pytgi_router.core.errors import TemplateError
+from pytgi_router.http.model_files import ModelFiles, read_json
 
 log = logging.getLogger("pytgi.router")
 

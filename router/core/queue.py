@@ -7,43 +7,8 @@ waiting one), like TGI's: a large request at the head waits for room instead of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from opentelemetry.trace import SpanContext
-
-from pytgi_proto import generate_pb2
-
-from .block_allocator import BlockAllocator
-from .request import ValidRequest
-from .request_stream import RequestStream
-
-
-@dataclass(slots=True, eq=False)
-class Entry:
-    """A request from submission to its end: in the queue, then in the running batch."""
-
-    id: int
-    request: ValidRequest
-    stream: RequestStream
-    # The wire form, built at submission; its blocks are filled in at admission.
-    pb: generate_pb2.Request
-    # Set when the entry is admitted into a batch; None again once freed.
-    blocks: list[int] | None = None
-    # time.monotonic() of the prefill that started it.
-    started_at: float = 0.0
-    # Until it finishes, fails or is cancelled, the entry holds one max_concurrent_requests permit.
-    holds_permit: bool = True
-    # The span current at submission (the HTTP request's), linked from the batch's prefill span.
-    trace_context: SpanContext | None = None
-
-    @property
-    def queued_at(self) -> float:
-        return self.stream.queued_at
-
-    @property
-    def total_tokens(self) -> int:
-        """Prompt plus every token it may generate: what its KV blocks must hold."""
-        return len(self.request.input_ids) + self.request.stopping.max_new_tokens
+from pytgi_router.core.block_allocator import BlockAllocator
+from pytgi_router.core.request import Entry
 
 
 class Queue:

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
 from typing import Any
 
-from pytgi_router.events import End, TokenInfo
-from pytgi_router.json_fields import (
+from pytgi_router.core.request_stream import End, TokenInfo
+from pytgi_router.http.json_fields import (
     U64_MAX,
     obj,
     opt_bool,

@@ -6,7 +6,7 @@ them in JSON so that clients have a single error shape to parse.
 
 from __future__ import annotations
 
-from pytgi_router.errors import InferError
+from pytgi_router.core.errors import InferError
 
 
 class BadRequestError(InferError):

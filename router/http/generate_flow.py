@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import INVALID_SPAN
 
-from pytgi_router.errors import IncompleteGenerationError, InferError
-from pytgi_router.events import End, Prefill, TokenInfo
-from pytgi_router.http_errors import IncompleteGenerationStreamError, ShuttingDownError
-from pytgi_router.schemas import GenerateRequest, Sequence
+from pytgi_router.core.errors import IncompleteGenerationError, InferError
+from pytgi_router.core.request_stream import End, Prefill, TokenInfo
+from pytgi_router.http.http_errors import IncompleteGenerationStreamError, ShuttingDownError
+from pytgi_router.http.schemas import GenerateRequest, Sequence
+from pytgi_router.http.validation import ValidGenerate
 from pytgi_router.tracing import RequestTrace
-from pytgi_router.validation import ValidGenerate
 
 if TYPE_CHECKING:
-    from pytgi_router.request_stream import RequestStream
-    from pytgi_router.state import AppState
+    from pytgi_router.core.request_stream import RequestStream
+    from pytgi_router.http.state import AppState
 
 log = logging.getLogger("pytgi.router")
 

@@ -6,12 +6,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.disconnect import watching_disconnect
-from pytgi_router.errors import InferError
-from pytgi_router.events import End, Token
-from pytgi_router.generation import ClientDisconnected, Generations, Job, Run
-from pytgi_router.http_io import json_response, read_json
-from pytgi_router.schemas import (
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request_stream import End, Token
+from pytgi_router.http.generate_flow import ClientDisconnected, Generations, Job, Run
+from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
+from pytgi_router.http.schemas import (
     GenerateRequest,
     error_event,
     generate_response,
@@ -19,9 +18,9 @@ from pytgi_router.schemas import (
     stream_end_event,
     stream_token_event,
 )
-from pytgi_router.sse import EventStreamResponse
-from pytgi_router.state import AppState
-from pytgi_router.streaming import encode_run
+from pytgi_router.http.sse import EventStreamResponse
+from pytgi_router.http.state import AppState
+from pytgi_router.http.streaming import encode_run
 
 # The status nginx uses for "client closed the request": nobody reads it, the logs do.
 CLIENT_CLOSED = 499

@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytgi_router.errors import ValidationError
-from pytgi_router.events import TokenInfo
-from pytgi_router.http_errors import CompletionRequestError, ToolError
-from pytgi_router.json_fields import (
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.core.request_stream import TokenInfo
+from pytgi_router.http.http_errors import CompletionRequestError, ToolError
+from pytgi_router.http.json_fields import (
     U64_MAX,
     obj,
     opt_bool,
@@ -23,7 +23,7 @@ from pytgi_router.json_fields import (
     str_list,
     wrong_type,
 )
-from pytgi_router.schemas import GenerateParameters, logprob_or_none
+from pytgi_router.http.schemas import GenerateParameters, logprob_or_none
 
 # TGI's finish reasons, as OpenAI names them.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}

@@ -8,9 +8,8 @@ import logging
 from dataclasses import dataclass
 
 from pytgi_proto import generate_pb2
-
-from .block_allocator import BlockAllocator
-from .infer_settings import InferSettings
+from pytgi_router.core.block_allocator import BlockAllocator
+from pytgi_router.core.infer_settings import InferSettings
 
 logger = logging.getLogger(__name__)
 

@@ -6,25 +6,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.disconnect import watching_disconnect
-from pytgi_router.errors import InferError, TemplateError
-from pytgi_router.events import End, Token
-from pytgi_router.generation import ClientDisconnected, Generations, Job
-from pytgi_router.http_io import json_response, read_json
-from pytgi_router.openai_schemas import (
+from pytgi_router.core.errors import InferError, TemplateError
+from pytgi_router.core.request_stream import End, Token
+from pytgi_router.http.generate_flow import ClientDisconnected, Generations, Job
+from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
+from pytgi_router.http.openai_schemas import (
     ChatRequest,
     Envelope,
     chat_completion,
     chat_logprobs,
     parse_chat,
 )
-from pytgi_router.openai_stream import ChatChunks, error_chunk
-from pytgi_router.routes_generate import CLIENT_CLOSED
-from pytgi_router.routes_info import tokens_response
-from pytgi_router.schemas import GenerateRequest
-from pytgi_router.sse import DONE, EventStreamResponse
-from pytgi_router.state import AppState
-from pytgi_router.streaming import encode_run
+from pytgi_router.http.openai_stream import ChatChunks, error_chunk
+from pytgi_router.http.routes_generate import CLIENT_CLOSED
+from pytgi_router.http.routes_info import tokens_response
+from pytgi_router.http.schemas import GenerateRequest
+from pytgi_router.http.sse import DONE, EventStreamResponse
+from pytgi_router.http.state import AppState
+from pytgi_router.http.streaming import encode_run
 
 
 class ChatRoutes:

@@ -11,12 +11,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
-from pytgi_router.errors import InferError
-from pytgi_router.events import End, Prefill, Token
-from pytgi_router.generation import Job, Run
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request_stream import End, Prefill, Token
+from pytgi_router.http.generate_flow import Job, Run
 
 if TYPE_CHECKING:
-    from pytgi_router.state import AppState
+    from pytgi_router.http.state import AppState
 
 log = logging.getLogger("pytgi.router")
 
@@ -68,7 +68,7 @@ async def merge(streams: list[AsyncIterator[bytes]], trailer: bytes = b"") -> As
             yield trailer
         return
     # Bounded: a client that does not read must leave the events in the requests' own bounded
-    # streams (request_stream.py), not pile them up here.
+    # streams (core/request_stream.py), not pile them up here.
     queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=len(streams))
 
     async def pump(it: AsyncIterator[bytes]) -> None:

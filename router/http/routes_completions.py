@@ -11,19 +11,24 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.disconnect import watching_disconnect
-from pytgi_router.errors import InferError
-from pytgi_router.events import End, Token
-from pytgi_router.generation import ClientDisconnected, Generations, Job, Result, summed_headers
-from pytgi_router.http_errors import CompletionRequestError
-from pytgi_router.http_io import json_response, read_json
-from pytgi_router.openai_schemas import Envelope, completion, parse_completion
-from pytgi_router.openai_stream import CompletionChunks, error_chunk
-from pytgi_router.routes_generate import CLIENT_CLOSED
-from pytgi_router.schemas import GenerateRequest
-from pytgi_router.sse import DONE, EventStreamResponse
-from pytgi_router.state import AppState
-from pytgi_router.streaming import encode_run, merge
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request_stream import End, Token
+from pytgi_router.http.generate_flow import (
+    ClientDisconnected,
+    Generations,
+    Job,
+    Result,
+    summed_headers,
+)
+from pytgi_router.http.http_errors import CompletionRequestError
+from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
+from pytgi_router.http.openai_schemas import Envelope, completion, parse_completion
+from pytgi_router.http.openai_stream import CompletionChunks, error_chunk
+from pytgi_router.http.routes_generate import CLIENT_CLOSED
+from pytgi_router.http.schemas import GenerateRequest
+from pytgi_router.http.sse import DONE, EventStreamResponse
+from pytgi_router.http.state import AppState
+from pytgi_router.http.streaming import encode_run, merge
 
 
 class CompletionRoutes:
