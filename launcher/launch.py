@@ -6,10 +6,10 @@ import socket
 import sys
 from collections.abc import Mapping
 
-from pytgi_launcher.download import ModelNotFound, WeightsSource, hub_token, resolve_model
 from pytgi_launcher.logs import LogSink, configure_logging
 from pytgi_launcher.settings import LauncherSettings
 from pytgi_launcher.supervisor import Plan, Supervisor
+from pytgi_shard.model_resolution import ModelNotFound, WeightsSource, hub_token, resolve_model
 
 
 def visible_gpus() -> tuple[int, str]:

@@ -16,6 +16,7 @@ import time
 from typing import TextIO
 
 from pytgi_proto.contracts import utc_timestamp
+from pytgi_shard import model_resolution, weights_conversion
 
 LAUNCHER = "launcher"
 
@@ -75,9 +76,18 @@ class SinkHandler(logging.Handler):
         self.sink.record(record.levelname, message, record.created)
 
 
+# The shard's model resolution runs in the launcher's own process, before any child starts: its
+# records ("resolving ...", "converting ... once") belong in the launcher's output too.
+ROUTED_LOGGERS = ("pytgi.launcher", model_resolution.log.name, weights_conversion.log.name)
+
+
 def configure_logging(sink: LogSink, level: str = "INFO") -> logging.Logger:
-    logger = logging.getLogger("pytgi.launcher")
-    logger.handlers[:] = [SinkHandler(sink)]
-    logger.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
-    logger.propagate = False
-    return logger
+    """Sends the launcher's records (and those of ROUTED_LOGGERS) into `sink`; returns the
+    launcher's logger."""
+    handler = SinkHandler(sink)
+    for name in ROUTED_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
+        logger.propagate = False
+    return logging.getLogger("pytgi.launcher")

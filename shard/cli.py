@@ -14,9 +14,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from pytgi_launcher.ctl import add_ctl_command
-from pytgi_launcher.download import add_download_command
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
+from pytgi_shard.ctl import add_ctl_command
+from pytgi_shard.download_weights import add_download_command
 from pytgi_shard.logs import configure_logging
 from pytgi_shard.settings import ShardSettings, parse_cuda_graphs
 

@@ -13,6 +13,8 @@ import tomllib
 import torch
 
 from pytgi_launcher.settings import DEMO_MODEL
+from pytgi_shard.cli import build_parser
+from pytgi_shard.download_weights import source_from_args
 
 ROOT = Path(__file__).resolve().parents[3]
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -35,6 +37,13 @@ def test_folder_is_complete_and_small() -> None:
         assert (DEMO_MODEL / name).is_file(), name
     size = sum(p.stat().st_size for p in DEMO_MODEL.iterdir() if p.is_file())
     assert size < 25 * 2**20
+
+
+def test_download_weights_defaults_to_the_launchers_demo_model() -> None:
+    # The shard finds the folder without importing the launcher; both must name the same one.
+    args = build_parser().parse_args(["download-weights"])
+    assert source_from_args(args, {}).model_id == str(DEMO_MODEL)
+    assert source_from_args(build_parser().parse_args(["download-weights", "x/y"]), {}).model_id == "x/y"
 
 
 def test_files_ship_as_package_data() -> None:

@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-log = logging.getLogger("pytgi.launcher")
+log = logging.getLogger(__name__)
 
 BIN_INDEX = "pytorch_model.bin.index.json"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -3,24 +3,25 @@
 Hub models are fetched with huggingface_hub's `snapshot_download` into its cache (safetensors
 preferred; `.bin` only when a repository has no safetensors, then converted once). Offline
 (HF_HUB_OFFLINE=1, or no network) a cached snapshot is used; with none, the error names the model
-and the cache path. Also `pytgi-shard download-weights [MODEL_ID]`, TGI's pre-fetch command, which
-prints the resolved local folder on stdout (logs go to stderr) for scripts and containers.
+and the cache path. Used by the launcher before it starts anything, and by `pytgi-shard
+download-weights` (shard/download_weights.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
-import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytgi_launcher.convert import ConversionError, bin_weights, convert_directory, has_safetensors
-from pytgi_launcher.settings import DEMO_MODEL
+from pytgi_shard.weights_conversion import (
+    ConversionError,
+    bin_weights,
+    convert_directory,
+    has_safetensors,
+)
 
-log = logging.getLogger("pytgi.launcher")
+log = logging.getLogger(__name__)
 
 # Everything a server needs besides weights: configs, tokenizer files, chat templates.
 METADATA_PATTERNS = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "tokenizer*"]
@@ -136,52 +137,6 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
-# ---- `pytgi-shard download-weights` -------------------------------------------------------------
-
-
-def add_download_command(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "download-weights", help="fetch a Hub model into the cache (and convert .bin once)"
-    )
-    p.add_argument("model_id", nargs="?", default=str(DEMO_MODEL),
-                   help="Hub repo id or local directory (default: the bundled demo model)")
-    p.add_argument("--revision", help="Hub revision (branch, tag or commit)")
-    p.add_argument("--metadata-only", action="store_true",
-                   help="config and tokenizer files only (what a router needs)")
-    p.add_argument("--huggingface-hub-cache", help="cache directory (env HUGGINGFACE_HUB_CACHE)")
-    p.add_argument("--weights-cache-override", help="env WEIGHTS_CACHE_OVERRIDE")
-    # TGI's launcher passes these; pytgi's behaviour is already what they ask for.
-    p.add_argument("--extension", default=".safetensors", help=argparse.SUPPRESS)
-    p.add_argument("--auto-convert", default="true", help=argparse.SUPPRESS)
-    p.add_argument("--logger-level", default="INFO", help=argparse.SUPPRESS)
-    p.add_argument("--json-output", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--merge-lora", action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(run=run_download)
-
-
-def source_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> WeightsSource:
-    return WeightsSource(
-        model_id=args.model_id,
-        revision=args.revision,
-        huggingface_hub_cache=args.huggingface_hub_cache or env.get("HUGGINGFACE_HUB_CACHE"),
-        weights_cache_override=args.weights_cache_override or env.get("WEIGHTS_CACHE_OVERRIDE"),
-        metadata_only=args.metadata_only,
-        token=hub_token(env),
-    )
-
-
 def hub_token(env: Mapping[str, str]) -> str | None:
     """HF_TOKEN, or TGI's older HF_API_TOKEN; None lets huggingface_hub use a saved login."""
     return env.get("HF_TOKEN") or env.get("HF_API_TOKEN") or None
-
-
-def run_download(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.logger_level.upper(), format="%(levelname)s %(message)s")
-    try:
-        path = resolve_model(source_from_args(args, os.environ))
-    except ModelNotFound as e:
-        print(f"pytgi-shard download-weights: error: {e}", file=sys.stderr)
-        return 1
-    print(path)
-    return 0

@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from pytgi_launcher.convert import safetensors_name
-from pytgi_launcher.download import ModelNotFound, WeightsSource, resolve_model
+from pytgi_shard.model_resolution import ModelNotFound, WeightsSource, resolve_model
+from pytgi_shard.weights_conversion import safetensors_name
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
@@ -212,7 +212,7 @@ def test_metadata_only_needs_no_weights(tiny_model: Callable[..., Path], tmp_pat
 
 
 def test_hub_token_accepts_tgis_older_variable() -> None:
-    from pytgi_launcher.download import hub_token
+    from pytgi_shard.model_resolution import hub_token
 
     assert hub_token({"HF_TOKEN": "a", "HF_API_TOKEN": "b"}) == "a"
     assert hub_token({"HF_API_TOKEN": "b"}) == "b"
