@@ -142,7 +142,7 @@ async def _run(
 
 def shards_command(args: argparse.Namespace) -> int:
     from pytgi_bench.report import machine, save_json
-    from pytgi_router.core.shard_client import ShardError
+    from pytgi_router.core.shard_client import ShardCallError
 
     try:
         settings = ShardBenchSettings(
@@ -156,7 +156,7 @@ def shards_command(args: argparse.Namespace) -> int:
             connect_timeout_s=args.connect_timeout,
         )
         meta, results = asyncio.run(_run(settings, progress=True))
-    except (ShardError, ValueError) as exc:
+    except (ShardCallError, ValueError) as exc:
         print(f"pytgi-benchmark shards: error: {exc}", file=sys.stderr)
         return EXIT_SETUP
     print_results(results, settings.sequence_length, sys.stdout)

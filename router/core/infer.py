@@ -88,7 +88,7 @@ class Infer:
         timed out): every request in flight fails, then a fresh client (same addresses) runs
         Info, ClearCache and Warmup, and batching restarts with a new allocator and budgets.
 
-        Raises (ShardError, InferStartError, a timeout) while the shards are not back; the
+        Raises (ShardCallError, InferStartError, a timeout) while the shards are not back; the
         server stays down (503) until a call succeeds.
         """
         if self._stopping:
@@ -261,7 +261,7 @@ class Infer:
         scheduler = self._scheduler
         try:
             await self._health_rpc()
-        except Exception as err:  # ShardError or timeout: either way the shards are not serving
+        except Exception as err:  # ShardCallError or timeout: either way the shards are not serving
             logger.warning("shard health check failed: %s", err)
             return False
         if scheduler is not None and scheduler is self._scheduler:

@@ -24,7 +24,7 @@ from pytgi_router.core.batch_state import RunningBatch, build_batch
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry
-from pytgi_router.core.shard_client import ShardClient, ShardError
+from pytgi_router.core.shard_client import ShardCallError, ShardClient
 from pytgi_router.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ def refused_as_invalid(err: Exception) -> bool:
     """Whether a shard call failed because a shard answered INVALID_ARGUMENT (the request, not
     the shard, is at fault)."""
     cause = err.__cause__
-    return (isinstance(err, ShardError) and isinstance(cause, grpc.aio.AioRpcError)
+    return (isinstance(err, ShardCallError) and isinstance(cause, grpc.aio.AioRpcError)
             and cause.code() == grpc.StatusCode.INVALID_ARGUMENT)
 
 
@@ -247,7 +247,7 @@ class Scheduler:
                 method, links=links, attributes={"batch_size": size}
             ):
                 response = await call()
-        except Exception as err:  # ShardError, or a bug: either way this batch is lost
+        except Exception as err:  # ShardCallError, or a bug: either way this batch is lost
             self.step_started = None
             metrics.failure.inc()
             if newcomers is not None and refused_as_invalid(err):
@@ -302,7 +302,7 @@ class Scheduler:
 
     async def _fail_running(self, err: Exception) -> None:
         """Fails every request of the running batch, frees their blocks, clears the shards."""
-        if isinstance(err, ShardError):
+        if isinstance(err, ShardCallError):
             logger.error("batch failed: %s", err)
             reason = str(err)
         else:

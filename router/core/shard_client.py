@@ -40,7 +40,7 @@ def token_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
     return None if token is None else (("authorization", f"Bearer {token}"),)
 
 
-class ShardError(Exception):
+class ShardCallError(Exception):
     """A shard call failed (any rank): the message is what the client sees after
     "Request failed during generation: "."""
 
@@ -82,7 +82,7 @@ class ShardClient:
         cls, master: str, timeout: float = 10.0, traced: bool = False, token: str | None = None
     ) -> ShardClient:
         """Connects to rank 0 at `master` ("unix:///path" or "host:port"), discovers the other
-        ranks, and connects to them; ShardError if any is unreachable within `timeout` s.
+        ranks, and connects to them; ShardCallError if any is unreachable within `timeout` s.
         `traced`: propagate the current span to the shards; `token`: the shards' --shard-token,
         sent as metadata with every call."""
         channels = [_open_channel(master, traced)]
@@ -100,7 +100,7 @@ class ShardClient:
             await asyncio.gather(*ready)
         except (grpc.aio.AioRpcError, asyncio.TimeoutError) as err:
             await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
-            raise ShardError(f"cannot connect to the shards at {master}: {_describe(err)}") from err
+            raise ShardCallError(f"cannot connect to the shards at {master}: {_describe(err)}") from err
         return cls(channels, urls, token)
 
     @property
@@ -114,7 +114,7 @@ class ShardClient:
         return any(c.get_state(try_to_connect=False) != ready for c in self._channels)
 
     async def _all(self, rpc: str, request: Any, timeout: float | None = None) -> Any:
-        """Calls `rpc` on every rank; rank 0's answer, or ShardError as soon as one fails."""
+        """Calls `rpc` on every rank; rank 0's answer, or ShardCallError as soon as one fails."""
         calls: list[Awaitable[Any]] = [
             getattr(stub, rpc)(request, timeout=timeout, metadata=self._metadata)
             for stub in self._stubs
@@ -124,7 +124,7 @@ class ShardClient:
             try:
                 return await calls[0]
             except Exception as err:  # AioRpcError, or UsageError on a closed channel
-                raise ShardError(f"Server error: {_describe(err)}") from err
+                raise ShardCallError(f"Server error: {_describe(err)}") from err
         tasks = [asyncio.ensure_future(call) for call in calls]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
@@ -138,7 +138,7 @@ class ShardClient:
                     other.cancel()
                 failure = task.exception()
                 assert failure is not None
-                raise ShardError(f"Server error (rank {rank}): {_describe(failure)}") from failure
+                raise ShardCallError(f"Server error (rank {rank}): {_describe(failure)}") from failure
         return tasks[0].result()
 
     async def info(self, timeout: float | None = None) -> generate_pb2.InfoResponse:

@@ -50,7 +50,7 @@ class ShardProbe:
         try:
             await self._check()
             answer = True
-        except Exception as err:  # ShardError or timeout: either way not healthy now
+        except Exception as err:  # ShardCallError or timeout: either way not healthy now
             logger.warning("shard health check failed: %s", err)
             answer = False
         finally:

@@ -71,7 +71,7 @@ class Watchdog:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # ShardError, InferStartError, a timeout, a stop
+            except Exception as err:  # ShardCallError, InferStartError, a timeout, a stop
                 delay = retry_delay(attempt)
                 logger.warning("reconnect attempt %d failed (%s): retrying in %.2fs",
                                attempt + 1, err, delay)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError, ValidationError
-from pytgi_router.http.generate_flow import Generations
+from pytgi_router.http.generate_flow import GenerateFlow
 from pytgi_router.http.http_errors import (
     MethodNotAllowedError,
     NotFoundError,
@@ -180,10 +180,10 @@ class Invocations:
 
 def create_app(state: AppState) -> Starlette:
     settings = state.settings
-    generations = Generations(state)
-    gen = GenerateRoutes(state, generations)
-    chat = ChatRoutes(state, generations)
-    comp = CompletionRoutes(state, generations)
+    flow = GenerateFlow(state)
+    gen = GenerateRoutes(state, flow)
+    chat = ChatRoutes(state, flow)
+    comp = CompletionRoutes(state, flow)
     routes = [
         *InfoRoutes(state).routes(),
         *gen.routes(),

@@ -1,8 +1,12 @@
-"""Running generate requests through the inference core: validation, admission, best_of,
-collecting a stream into a result, and the per-request metrics, timings and span.
+"""A generate request's way from the HTTP body to its answer: validation, admission into the
+inference core (best_of copies), collecting a stream into a result, and the per-request metrics,
+timings and span.
 
-Every route (TGI's and OpenAI's) goes through `Generations.admit`, so request metrics and traces
-are recorded in exactly one place.
+Every route (TGI's and OpenAI's) goes through `GenerateFlow.admit`, so request metrics and traces
+are recorded in exactly one place. Vocabulary: a `GenerateRequest` (the body) validates into a
+`ValidGenerateRequest`; each of its best_of copies is submitted as a `ValidRequest` and followed
+here as a `Generation` (its `RequestStream` plus the bookkeeping); a `StreamGroup` holds the
+streams of one HTTP request so that a client disconnect cancels them all.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from pytgi_router.core.errors import IncompleteGenerationError, InferError
 from pytgi_router.core.request_stream import End, Prefill, TokenInfo
 from pytgi_router.http.http_errors import IncompleteGenerationStreamError, ShuttingDownError
 from pytgi_router.http.schemas import GenerateRequest, Sequence
-from pytgi_router.http.validation import ValidGenerate
+from pytgi_router.http.validation import ValidGenerateRequest
 from pytgi_router.tracing import RequestTrace
 
 if TYPE_CHECKING:
@@ -35,8 +39,9 @@ class ClientDisconnected(Exception):
     """The client went away; nobody is left to answer."""
 
 
-class Job:
-    """The streams of one HTTP request, so that a client disconnect cancels all of them."""
+class StreamGroup:
+    """The RequestStreams of one HTTP request (best_of copies, several prompts), so that a client
+    disconnect cancels all of them."""
 
     __slots__ = ("streams", "cancelled")
 
@@ -112,22 +117,23 @@ def summed_headers(timings: list[Timings], compute_type: str, characters: int) -
 
 
 @dataclass(slots=True)
-class Result:
+class GenerateResult:
     """A finished non-streaming request."""
 
-    valid: ValidGenerate
+    valid: ValidGenerateRequest
     best: Sequence
     others: list[Sequence]
     timings: Timings
 
 
-class Run:
-    """One admitted generation: its stream, span and timings; records its outcome once."""
+class Generation:
+    """One submitted ValidRequest as the HTTP side follows it: its stream, span and timings;
+    records its outcome (metrics, span, log line) once."""
 
     __slots__ = ("state", "route", "valid", "stream", "trace", "start", "queued", "done")
 
     def __init__(
-        self, state: AppState, route: str, valid: ValidGenerate, stream: RequestStream,
+        self, state: AppState, route: str, valid: ValidGenerateRequest, stream: RequestStream,
         trace: RequestTrace, start: float, queued: float,
     ) -> None:
         self.state = state
@@ -187,9 +193,9 @@ class Run:
         self.state.metrics.request_failure.labels(err="dropped").inc()
         self.trace.end()
 
-    def incomplete(self, job: Job | None, *, streaming: bool) -> Exception:
+    def incomplete(self, group: StreamGroup | None, *, streaming: bool) -> Exception:
         """The stream ended without its End: a drop if the client left, else an error."""
-        if job is not None and job.cancelled:
+        if group is not None and group.cancelled:
             self.dropped()
             return ClientDisconnected()
         err: InferError = (
@@ -199,14 +205,16 @@ class Run:
         return err
 
 
-class Generations:
+class GenerateFlow:
+    """Validates, admits and collects generate requests for every route."""
+
     def __init__(self, state: AppState) -> None:
         self.state = state
 
     async def admit(
         self, req: GenerateRequest, *, stream: bool, route: str, headers: Mapping[str, str],
-        job: Job,
-    ) -> list[Run]:
+        group: StreamGroup,
+    ) -> list[Generation]:
         """Validates and submits (best_of copies); raises InferError, counted as a failure."""
         state = self.state
         start = time.monotonic()
@@ -220,7 +228,7 @@ class Generations:
                 valid = await state.validator.validate(req, stream=stream)
             m.request_input_length.observe(valid.request.input_length)
             m.request_max_new_tokens.observe(valid.request.stopping.max_new_tokens)
-            return self._submit(route, valid, trace, start, job)
+            return self._submit(route, valid, trace, start, group)
         except InferError as err:
             m.request_failure.labels(err=err.metric_label).inc()
             trace.end(err)
@@ -228,11 +236,12 @@ class Generations:
             raise
 
     def _submit(
-        self, route: str, valid: ValidGenerate, trace: RequestTrace, start: float, job: Job
-    ) -> list[Run]:
+        self, route: str, valid: ValidGenerateRequest, trace: RequestTrace, start: float,
+        group: StreamGroup,
+    ) -> list[Generation]:
         requests = [valid.request]
         for _ in range(valid.best_of - 1):
-            # best_of runs N independent samples: each gets its own seed.
+            # best_of samples N independent generations: each gets its own seed.
             seed = self.state.validator.random_seed()
             sampling = dataclasses.replace(valid.request.sampling, seed=seed)
             requests.append(dataclasses.replace(valid.request, sampling=sampling))
@@ -247,63 +256,69 @@ class Generations:
                 s.cancel()
             raise
         for s in streams:
-            job.add(s)
-        runs = [Run(self.state, route, valid, streams[0], trace, start, queued)]
+            group.add(s)
+        generations = [Generation(self.state, route, valid, streams[0], trace, start, queued)]
         for s in streams[1:]:
-            # best_of siblings: the first run owns the request's metrics and span.
-            sibling = Run(self.state, route, valid, s, RequestTrace(INVALID_SPAN), start, queued)
+            # best_of siblings: the first generation owns the request's metrics and span.
+            sibling = Generation(
+                self.state, route, valid, s, RequestTrace(INVALID_SPAN), start, queued
+            )
             sibling.done = True
-            runs.append(sibling)
-        return runs
+            generations.append(sibling)
+        return generations
 
-    async def collect(self, run: Run, job: Job | None = None) -> tuple[Sequence, Timings]:
+    async def collect(
+        self, generation: Generation, group: StreamGroup | None = None
+    ) -> tuple[Sequence, Timings]:
         """Reads a whole stream (non-streaming routes)."""
         prefill: list[TokenInfo] = []
         tokens: list[TokenInfo] = []
         top: list[list[TokenInfo]] = []
         try:
-            async for ev in run.stream:
+            async for ev in generation.stream:
                 if type(ev) is Prefill:
                     prefill = ev.tokens
                     continue
                 tokens.append(ev.token)  # type: ignore[union-attr]
                 top.append(ev.top_tokens)  # type: ignore[union-attr]
                 if type(ev) is End:
-                    timings = run.succeed(ev)
+                    timings = generation.succeed(ev)
                     text = ev.generated_text
-                    if run.valid.return_full_text:
-                        text = run.valid.request.inputs + text
-                    seq = Sequence(text, ev, prefill, tokens, top, run.valid.request.input_length)
+                    if generation.valid.return_full_text:
+                        text = generation.valid.request.inputs + text
+                    input_length = generation.valid.request.input_length
+                    seq = Sequence(text, ev, prefill, tokens, top, input_length)
                     return seq, timings
         except InferError as err:
-            run.fail(err)
+            generation.fail(err)
             raise
         except asyncio.CancelledError:
-            run.dropped()
+            generation.dropped()
             raise
-        raise run.incomplete(job, streaming=False)
+        raise generation.incomplete(group, streaming=False)
 
     async def generate(
-        self, req: GenerateRequest, *, route: str, headers: Mapping[str, str], job: Job
-    ) -> Result:
-        """A non-streaming request: the best of its runs, the others, the best one's timings."""
-        runs = await self.admit(req, stream=False, route=route, headers=headers, job=job)
-        valid = runs[0].valid
-        if len(runs) == 1:
-            seq, timings = await self.collect(runs[0], job)
-            return Result(valid, seq, [], timings)
-        tasks = [asyncio.ensure_future(self.collect(r, job)) for r in runs]
+        self, req: GenerateRequest, *, route: str, headers: Mapping[str, str], group: StreamGroup
+    ) -> GenerateResult:
+        """A non-streaming request: the best of its generations, the others, the best one's
+        timings."""
+        generations = await self.admit(req, stream=False, route=route, headers=headers, group=group)
+        valid = generations[0].valid
+        if len(generations) == 1:
+            seq, timings = await self.collect(generations[0], group)
+            return GenerateResult(valid, seq, [], timings)
+        tasks = [asyncio.ensure_future(self.collect(g, group)) for g in generations]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException as err:
             if isinstance(err, InferError):
-                runs[0].fail(err)
-            for r in runs:
-                r.stream.cancel()
+                generations[0].fail(err)
+            for g in generations:
+                g.stream.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
         ranked = sorted(results, key=lambda r: r[0].mean_logprob, reverse=True)
         best, best_timings = ranked[0]
-        return Result(valid, best, [seq for seq, _ in ranked[1:]], best_timings)
+        return GenerateResult(valid, best, [seq for seq, _ in ranked[1:]], best_timings)

@@ -8,7 +8,7 @@ from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError, TemplateError
 from pytgi_router.core.request_stream import End, Token
-from pytgi_router.http.generate_flow import ClientDisconnected, Generations, Job
+from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.openai_schemas import (
     ChatRequest,
@@ -23,13 +23,13 @@ from pytgi_router.http.routes_info import tokens_response
 from pytgi_router.http.schemas import GenerateRequest
 from pytgi_router.http.sse import DONE, EventStreamResponse
 from pytgi_router.http.state import AppState
-from pytgi_router.http.streaming import encode_run
+from pytgi_router.http.streaming import encode_generation
 
 
 class ChatRoutes:
-    def __init__(self, state: AppState, generations: Generations) -> None:
+    def __init__(self, state: AppState, flow: GenerateFlow) -> None:
         self.state = state
-        self.generations = generations
+        self.flow = flow
 
     def routes(self) -> list[Route]:
         return [
@@ -69,12 +69,12 @@ class ChatRoutes:
         )
         if chat.fields.stream:
             return await self._stream(request, chat, req, env)
-        job = Job()
+        group = StreamGroup()
         with self.state.serving():
-            async with watching_disconnect(request.receive, job.cancel):
+            async with watching_disconnect(request.receive, group.cancel):
                 try:
-                    result = await self.generations.generate(
-                        req, route="chat_completions", headers=request.headers, job=job
+                    result = await self.flow.generate(
+                        req, route="chat_completions", headers=request.headers, group=group
                     )
                 except ClientDisconnected:
                     return Response(status_code=CLIENT_CLOSED)
@@ -90,21 +90,21 @@ class ChatRoutes:
     async def _stream(
         self, request: Request, chat: ChatRequest, req: GenerateRequest, env: Envelope
     ) -> Response:
-        job = Job()
-        runs = await self.generations.admit(
-            req, stream=True, route="chat_completions", headers=request.headers, job=job
+        group = StreamGroup()
+        generations = await self.flow.admit(
+            req, stream=True, route="chat_completions", headers=request.headers, group=group
         )
-        run = runs[0]
+        generation = generations[0]
         enc = ChatEncoder(
             ChatChunks(env, chat.logprobs), chat.fields.include_usage,
-            run.valid.request.input_length,
+            generation.valid.request.input_length,
         )
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(len(req.inputs)),
         }
-        events = encode_run(self.state, run, job, enc)
-        return EventStreamResponse(events, headers, on_disconnect=job.cancel)
+        events = encode_generation(self.state, generation, group, enc)
+        return EventStreamResponse(events, headers, on_disconnect=group.cancel)
 
 
 class ChatEncoder:

@@ -15,9 +15,9 @@ from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Token
 from pytgi_router.http.generate_flow import (
     ClientDisconnected,
-    Generations,
-    Job,
-    Result,
+    GenerateFlow,
+    GenerateResult,
+    StreamGroup,
     summed_headers,
 )
 from pytgi_router.http.http_errors import CompletionRequestError
@@ -28,13 +28,13 @@ from pytgi_router.http.routes_generate import CLIENT_CLOSED
 from pytgi_router.http.schemas import GenerateRequest
 from pytgi_router.http.sse import DONE, EventStreamResponse
 from pytgi_router.http.state import AppState
-from pytgi_router.http.streaming import encode_run, merge
+from pytgi_router.http.streaming import encode_generation, merge
 
 
 class CompletionRoutes:
-    def __init__(self, state: AppState, generations: Generations) -> None:
+    def __init__(self, state: AppState, flow: GenerateFlow) -> None:
         self.state = state
-        self.generations = generations
+        self.flow = flow
 
     def routes(self) -> list[Route]:
         return [Route("/v1/completions", self.completions, methods=["POST"])]
@@ -57,11 +57,11 @@ class CompletionRoutes:
         requests = [GenerateRequest(p, comp.parameters()) for p in comp.prompts]
         if comp.fields.stream:
             return await self._stream(request, requests, env, comp.fields.include_usage)
-        job = Job()
+        group = StreamGroup()
         with self.state.serving():
-            async with watching_disconnect(request.receive, job.cancel):
+            async with watching_disconnect(request.receive, group.cancel):
                 try:
-                    results = await self._generate_all(request, requests, job)
+                    results = await self._generate_all(request, requests, group)
                 except ClientDisconnected:
                     return Response(status_code=CLIENT_CLOSED)
         out = completion(
@@ -77,18 +77,18 @@ class CompletionRoutes:
         return json_response(out, headers=headers)
 
     async def _generate_all(
-        self, request: Request, requests: list[GenerateRequest], job: Job
-    ) -> list[Result]:
+        self, request: Request, requests: list[GenerateRequest], group: StreamGroup
+    ) -> list[GenerateResult]:
         tasks = [
-            asyncio.ensure_future(self.generations.generate(
-                req, route="completions", headers=request.headers, job=job
+            asyncio.ensure_future(self.flow.generate(
+                req, route="completions", headers=request.headers, group=group
             ))
             for req in requests
         ]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
-            job.cancel()
+            group.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -102,31 +102,31 @@ class CompletionRoutes:
         `stream_options.include_usage` the stream ends, before `[DONE]`, with OpenAI's
         usage-only chunk over all prompts (clients such as vLLM's benchmark count tokens from
         it); otherwise each prompt's last chunk carries its own usage, as TGI does."""
-        job = Job()
-        runs = []
+        group = StreamGroup()
+        generations = []
         try:
             for req in requests:
-                runs += await self.generations.admit(
-                    req, stream=True, route="completions", headers=request.headers, job=job
+                generations += await self.flow.admit(
+                    req, stream=True, route="completions", headers=request.headers, group=group
                 )
         except InferError:
-            job.cancel()
-            for run in runs:
-                run.dropped()
+            group.cancel()
+            for generation in generations:
+                generation.dropped()
             raise
         chunks = CompletionChunks(env)
         tally = UsageTally() if include_usage else None
         streams: list[AsyncIterator[bytes]] = [
-            encode_run(self.state, run, job, CompletionEncoder(
-                chunks, i, run.valid.request.input_length, tally))
-            for i, run in enumerate(runs)
+            encode_generation(self.state, generation, group, CompletionEncoder(
+                chunks, i, generation.valid.request.input_length, tally))
+            for i, generation in enumerate(generations)
         ]
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(sum(len(r.inputs) for r in requests)),
         }
         events = merge(streams, DONE) if tally is None else usage_last(merge(streams), chunks, tally)
-        return EventStreamResponse(events, headers, on_disconnect=job.cancel)
+        return EventStreamResponse(events, headers, on_disconnect=group.cancel)
 
 
 @dataclass(slots=True)

@@ -8,7 +8,12 @@ from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Token
-from pytgi_router.http.generate_flow import ClientDisconnected, Generations, Job, Run
+from pytgi_router.http.generate_flow import (
+    ClientDisconnected,
+    GenerateFlow,
+    Generation,
+    StreamGroup,
+)
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.schemas import (
     GenerateRequest,
@@ -20,16 +25,16 @@ from pytgi_router.http.schemas import (
 )
 from pytgi_router.http.sse import EventStreamResponse
 from pytgi_router.http.state import AppState
-from pytgi_router.http.streaming import encode_run
+from pytgi_router.http.streaming import encode_generation
 
 # The status nginx uses for "client closed the request": nobody reads it, the logs do.
 CLIENT_CLOSED = 499
 
 
 class GenerateRoutes:
-    def __init__(self, state: AppState, generations: Generations) -> None:
+    def __init__(self, state: AppState, flow: GenerateFlow) -> None:
         self.state = state
-        self.generations = generations
+        self.flow = flow
 
     def routes(self) -> list[Route]:
         return [
@@ -63,12 +68,12 @@ class GenerateRoutes:
     async def respond(
         self, request: Request, req: GenerateRequest, *, route: str, as_list: bool = False
     ) -> Response:
-        job = Job()
+        group = StreamGroup()
         with self.state.serving():
-            async with watching_disconnect(request.receive, job.cancel):
+            async with watching_disconnect(request.receive, group.cancel):
                 try:
-                    result = await self.generations.generate(
-                        req, route=route, headers=request.headers, job=job
+                    result = await self.flow.generate(
+                        req, route=route, headers=request.headers, group=group
                     )
                 except ClientDisconnected:
                     return Response(status_code=CLIENT_CLOSED)
@@ -80,18 +85,18 @@ class GenerateRoutes:
 
     async def stream(self, request: Request, req: GenerateRequest, *, route: str) -> Response:
         """Validation and admission errors are HTTP errors (raised before the stream starts)."""
-        job = Job()
-        runs = await self.generations.admit(
-            req, stream=True, route=route, headers=request.headers, job=job
+        group = StreamGroup()
+        generations = await self.flow.admit(
+            req, stream=True, route=route, headers=request.headers, group=group
         )
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(len(req.inputs)),
         }
-        run = runs[0]
-        enc = GenerateEncoder(run)
-        events = encode_run(self.state, run, job, enc)
-        return EventStreamResponse(events, headers, on_disconnect=job.cancel)
+        generation = generations[0]
+        enc = GenerateEncoder(generation)
+        events = encode_generation(self.state, generation, group, enc)
+        return EventStreamResponse(events, headers, on_disconnect=group.cancel)
 
 
 class GenerateEncoder:
@@ -99,8 +104,8 @@ class GenerateEncoder:
 
     __slots__ = ("details", "prefix", "input_length")
 
-    def __init__(self, run: Run) -> None:
-        valid = run.valid
+    def __init__(self, generation: Generation) -> None:
+        valid = generation.valid
         self.details = valid.details
         self.prefix = valid.request.inputs if valid.return_full_text else ""
         self.input_length = valid.request.input_length

@@ -1,4 +1,5 @@
-"""Turning one admitted run into SSE bytes with a route's encoder, and merging several runs.
+"""Turning one admitted generation into SSE bytes with a route's encoder, and merging several
+generations' bytes.
 
 Hot path: one loop iteration per generated token; the encoders splice pre-rendered strings.
 """
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Prefill, Token
-from pytgi_router.http.generate_flow import Job, Run
+from pytgi_router.http.generate_flow import Generation, StreamGroup
 
 if TYPE_CHECKING:
     from pytgi_router.http.state import AppState
@@ -29,33 +30,34 @@ class Encoder(Protocol):
     def error(self, err: InferError) -> bytes: ...
 
 
-async def encode_run(
-    state: AppState, run: Run, job: Job, enc: Encoder
+async def encode_generation(
+    state: AppState, generation: Generation, group: StreamGroup, enc: Encoder
 ) -> AsyncIterator[bytes]:
-    """Events of `run` as SSE bytes; failures after the start become the encoder's error event."""
+    """Events of `generation` as SSE bytes; failures after the start become the encoder's error
+    event."""
     state.enter()
     index = 0
     try:
-        async for ev in run.stream:
+        async for ev in generation.stream:
             kind = type(ev)
             if kind is Prefill:
                 continue
             index += 1
             if kind is End:
-                run.succeed(ev)  # type: ignore[arg-type]
+                generation.succeed(ev)  # type: ignore[arg-type]
                 yield enc.end(index, ev)  # type: ignore[arg-type]
                 return
             yield enc.token(index, ev)  # type: ignore[arg-type]
-        err = run.incomplete(job, streaming=True)
+        err = generation.incomplete(group, streaming=True)
         if isinstance(err, InferError):
             yield enc.error(err)
     except InferError as err:
-        run.fail(err)
+        generation.fail(err)
         yield enc.error(err)
     finally:
-        if not run.done:
-            run.stream.cancel()
-            run.dropped()
+        if not generation.done:
+            generation.stream.cancel()
+            generation.dropped()
         state.leave()
 
 

@@ -57,8 +57,10 @@ class ValidationLimits:
 
 
 @dataclass(slots=True)
-class ValidGenerate:
-    """A validated request plus what its response needs to know."""
+class ValidGenerateRequest:
+    """A GenerateRequest that passed validation: `request` is what the inference core runs (a
+    ValidRequest: tokens, sampling, stopping); the other fields say how to answer, which the core
+    never sees."""
 
     request: ValidRequest
     best_of: int
@@ -130,7 +132,7 @@ class Validator:
 
     # ---- generate requests -------------------------------------------------------------------
 
-    async def validate(self, req: GenerateRequest, *, stream: bool = False) -> ValidGenerate:
+    async def validate(self, req: GenerateRequest, *, stream: bool = False) -> ValidGenerateRequest:
         p = req.parameters
         lim = self.limits
         best_of = self._best_of(p, stream)
@@ -181,7 +183,7 @@ class Validator:
             prefill_logprobs=p.decoder_input_details,
             add_special_tokens=req.add_special_tokens,
         )
-        return ValidGenerate(
+        return ValidGenerateRequest(
             request=valid,
             best_of=best_of,
             details=p.details or p.decoder_input_details,

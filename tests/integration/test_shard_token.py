@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pytgi_launcher.ctl import call as ctl_call
 from pytgi_proto import generate_pb2 as pb
 from pytgi_proto import generate_pb2_grpc
-from pytgi_router.core.shard_client import ShardClient, ShardError
+from pytgi_router.core.shard_client import ShardCallError, ShardClient
 from tests.shard_process import ShardProcesses, start_shards
 
 TOKEN = "s3cret-shard-token"
@@ -84,9 +84,9 @@ def test_the_routers_client_sends_the_token(shard: ShardProcesses) -> None:
             await client.clear_cache(timeout=10)
         finally:
             await client.close()
-        with pytest.raises(ShardError, match="shard token"):
+        with pytest.raises(ShardCallError, match="shard token"):
             await ShardClient.connect(shard.urls[0], timeout=10)
-        with pytest.raises(ShardError, match="shard token"):
+        with pytest.raises(ShardCallError, match="shard token"):
             await ShardClient.connect(shard.urls[0], timeout=10, token="wrong")
 
     asyncio.run(scenario())

@@ -14,7 +14,12 @@ from tokenizers import Tokenizer
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.http.schemas import GenerateRequest, parse_generate
-from pytgi_router.http.validation import OFFLOAD_CHARS, ValidationLimits, Validator, ValidGenerate
+from pytgi_router.http.validation import (
+    OFFLOAD_CHARS,
+    ValidationLimits,
+    Validator,
+    ValidGenerateRequest,
+)
 from tests.tiny_models import _CORPUS, train_tokenizer
 
 LIMITS = ValidationLimits(
@@ -33,7 +38,7 @@ def validator(tokenizer: Tokenizer) -> Validator:
     return Validator(tokenizer, LIMITS, rng=random.Random(7))
 
 
-def run(v: Validator, body: dict[str, Any], stream: bool = False) -> ValidGenerate:
+def run(v: Validator, body: dict[str, Any], stream: bool = False) -> ValidGenerateRequest:
     return asyncio.run(v.validate(parse_generate(body), stream=stream))
 
 
