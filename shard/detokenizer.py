@@ -16,9 +16,10 @@ table built once, and decodes windows only for the other streams (see `_plain_pi
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders
 
@@ -94,7 +95,9 @@ class Detokenizer:
         )
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path) -> Detokenizer:
+    def from_model_dir(cls, model_dir: Path, model_config: Mapping[str, Any]) -> Detokenizer:
+        """The tokenizer files of `model_dir`; `model_config` is its config.json as start-up
+        read it (its eos_token_id is the last EOS fallback)."""
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(
@@ -103,7 +106,8 @@ class Detokenizer:
         tokenizer = Tokenizer.from_file(str(path))
         config = _read_json(model_dir / "tokenizer_config.json")
         clean_up = bool(config.get("clean_up_tokenization_spaces"))
-        return cls(tokenizer, clean_up, _eos_token_ids(model_dir, tokenizer, config))
+        eos_ids = _eos_token_ids(model_dir, tokenizer, config, model_config)
+        return cls(tokenizer, clean_up, eos_ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         text = self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -185,7 +189,12 @@ def _plain_pieces(tokenizer: Tokenizer, added: frozenset[int]) -> tuple[str | No
     )
 
 
-def _eos_token_ids(model_dir: Path, tokenizer: Tokenizer, tokenizer_config: dict) -> frozenset[int]:
+def _eos_token_ids(
+    model_dir: Path,
+    tokenizer: Tokenizer,
+    tokenizer_config: dict,
+    model_config: Mapping[str, Any],
+) -> frozenset[int]:
     """generation_config.json's eos_token_id (an id or a list), else the tokenizer's EOS token,
     else config.json's eos_token_id."""
     generation = _read_json(model_dir / "generation_config.json").get("eos_token_id")
@@ -196,7 +205,7 @@ def _eos_token_ids(model_dir: Path, tokenizer: Tokenizer, tokenizer_config: dict
         token = token.get("content")
     if isinstance(token, str) and (found := tokenizer.token_to_id(token)) is not None:
         return frozenset({found})
-    return _ids(_read_json(model_dir / "config.json").get("eos_token_id"))
+    return _ids(model_config.get("eos_token_id"))
 
 
 def _ids(value: object) -> frozenset[int]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import socket
 
@@ -15,6 +14,7 @@ from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist, init_distributed
 from pytgi_shard.engine import Engine
 from pytgi_shard.models import get_model
+from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
@@ -30,22 +30,24 @@ def choose_device(rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_dtype(settings: ShardSettings, device: torch.device) -> torch.dtype:
+def resolve_dtype(
+    settings: ShardSettings, config: ModelConfig, device: torch.device
+) -> torch.dtype:
     """--dtype, else the checkpoint's half precision on GPU (bfloat16 for a float32 one), else
     float32 on CPU, where half precision is slow."""
     if settings.dtype is not None:
         return TORCH_DTYPES[settings.dtype]
     if device.type != "cuda":
         return torch.float32
-    config_file = settings.model_path / "config.json"
-    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
-    name = config.get("torch_dtype") or config.get("dtype")
+    name = config.raw.get("torch_dtype") or config.raw.get("dtype")
     if name in ("float16", "bfloat16"):
         return TORCH_DTYPES[name]
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
 def load_engine(settings: ShardSettings) -> Engine:
+    # The one reading of config.json: everything below is handed this object.
+    config = ModelConfig.read(settings.model_path)
     device = choose_device(settings.rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -53,19 +55,19 @@ def load_engine(settings: ShardSettings) -> Engine:
     dist = init_distributed(
         settings.rank, settings.world_size, settings.master_addr, settings.master_port, device
     )
-    dtype = resolve_dtype(settings, device)
+    dtype = resolve_dtype(settings, config, device)
     if settings.attention is None:
         settings = dataclasses.replace(settings, attention=default_backend(device))
     log.info("loading %s on %s as %s, %s attention", settings.model_path, device, dtype,
              settings.attention)
     model = get_model(
-        settings.model_path,
+        config,
         dtype=dtype,
         dist=dist,
         trust_remote_code=settings.trust_remote_code,
         attention=settings.attention or "reference",
     )
-    detokenizer = Detokenizer.from_model_dir(settings.model_path)
+    detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
     return Engine(model, detokenizer, dist, settings)
 
 

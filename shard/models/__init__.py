@@ -7,49 +7,30 @@ and a quantized checkpoint is refused (no quantized kernels yet), naming its met
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pytgi_shard.attention import get_backend
+from pytgi_shard.attention.backend import get_backend
 from pytgi_shard.distributed import Dist
 from pytgi_shard.models.llama import Llama
 from pytgi_shard.models.llama_config import FAMILY_DEFAULTS
 from pytgi_shard.models.model import Model
+from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.quantization import check_not_quantized
 from pytgi_shard.weights import find_weight_files
 
-__all__ = ["Model", "get_model", "read_model_type"]
+__all__ = ["Model", "ModelConfig", "get_model"]
 
 log = logging.getLogger(__name__)
 
 
-def read_config(model_path: Path) -> dict[str, Any]:
-    """config.json as a dict, or a ValueError saying why the directory is not a model."""
-    config_file = model_path / "config.json"
-    if not config_file.is_file():
-        raise ValueError(f"{model_path} is not a model directory: it has no config.json")
-    try:
-        config = json.loads(config_file.read_text())
-    except ValueError as e:
-        raise ValueError(f"{config_file} is not a JSON object: {e}") from e
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_file} is not a JSON object")
-    return config
-
-
-def read_model_type(model_path: Path, config: dict[str, Any] | None = None) -> str:
-    """config.json's model_type, or a ValueError saying why the directory is not a model."""
-    model_type = (read_config(model_path) if config is None else config).get("model_type")
-    if not isinstance(model_type, str) or not model_type:
-        raise ValueError(f"{model_path / 'config.json'} has no model_type")
-    return model_type
-
-
-def check_remote_code(model_path: Path, config: dict[str, Any], trust_remote_code: bool) -> None:
+def check_remote_code(
+    model_path: Path, config: Mapping[str, Any], trust_remote_code: bool
+) -> None:
     """Refuses a model whose loading would import Python files shipped with it, unless asked.
     A model type transformers knows loads with its own classes (auto_map is then ignored)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -67,30 +48,29 @@ def check_remote_code(model_path: Path, config: dict[str, Any], trust_remote_cod
 
 
 def get_model(
-    model_path: Path,
+    config: ModelConfig,
     *,
     dtype: torch.dtype,
     dist: Dist,
     trust_remote_code: bool = False,
     attention: str = "reference",
 ) -> Model:
-    """Loads the model at `model_path` for this rank.
+    """Loads the model of `config` (its directory's config.json, read once) for this rank.
 
     llama, mistral and qwen2 run on our tensor-parallel implementation; anything else runs
     through transformers on a single shard.
     """
-    config = read_config(model_path)
-    model_type = read_model_type(model_path, config)
-    check_not_quantized(model_path, config)
+    model_path, model_type = config.path, config.model_type
+    check_not_quantized(model_path, config.raw)
     find_weight_files(model_path)  # safetensors or a clear refusal, before anything loads
     backend = get_backend(attention)
     if model_type in FAMILY_DEFAULTS:
-        if config.get("auto_map"):
+        if config.raw.get("auto_map"):
             log.warning("%s names custom code (auto_map): not run, %s is served by pytgi's own "
                         "implementation", model_path, model_type)
-        return Llama.load(model_path, dtype, dist, backend)
+        return Llama.load(config, dtype, dist, backend)
     # Imported only when needed: transformers takes seconds to import.
-    check_remote_code(model_path, config, trust_remote_code)
+    check_remote_code(model_path, config.raw, trust_remote_code)
     from pytgi_shard.models.transformers_model import TransformersModel
 
     return TransformersModel.load(model_path, dtype, dist, backend, trust_remote_code)

@@ -12,12 +12,11 @@ the heads and of the MLP; the row-parallel projections all-reduce.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from pytgi_shard.attention import AttentionBackend, AttentionMetadata
+from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
@@ -28,6 +27,7 @@ from pytgi_shard.layers.mlp import GatedMLP
 from pytgi_shard.layers.rotary import RotaryEmbedding, apply_rotary, rotation_tables
 from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.models.model import Model
+from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.weights import Weights
 
 
@@ -163,12 +163,11 @@ class Llama(nn.Module, Model):
 
     @classmethod
     def load(
-        cls, model_path: Path, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
+        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
     ) -> Llama:
-        config = LlamaConfig.load(model_path)
-        weights = Weights(model_path, dtype, dist)
+        weights = Weights(config.path, dtype, dist)
         try:
-            return cls(config, weights, backend)
+            return cls(LlamaConfig.from_dict(config.raw), weights, backend)
         finally:
             weights.close()
 

@@ -1,4 +1,4 @@
-"""The typed configuration of a Llama-family checkpoint, read from its config.json.
+"""The typed configuration of a Llama-family checkpoint, built from its config.json.
 
 Read directly (not through transformers' config classes) so that a shard serving our own
 implementation never imports transformers, which costs seconds at every start. The defaults
@@ -8,10 +8,8 @@ checkpoints were written against; a test holds the two readings equal.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -53,14 +51,6 @@ class LlamaConfig:
     mlp_bias: bool
     # The sliding window of each layer; None where the layer attends to its whole context.
     layer_windows: tuple[int | None, ...]
-
-    @classmethod
-    def load(cls, model_path: Path) -> LlamaConfig:
-        try:
-            raw = json.loads((model_path / "config.json").read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read {model_path / 'config.json'}: {e}") from e
-        return cls.from_dict(raw)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LlamaConfig:

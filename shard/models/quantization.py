@@ -7,6 +7,7 @@ quantization exists, any checkpoint that declares one is refused at start-up, na
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ def quantization_method(quantization: object) -> str:
     return "unknown method"
 
 
-def check_not_quantized(model_path: Path, config: dict[str, Any]) -> None:
+def check_not_quantized(model_path: Path, config: Mapping[str, Any]) -> None:
     """Raises a ValueError naming the method if the checkpoint at `model_path` is quantized."""
     where, method = "", ""
     for key in _CONFIG_KEYS:

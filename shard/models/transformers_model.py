@@ -23,7 +23,8 @@ import torch
 from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from pytgi_shard.attention import AttentionBackend, AttentionMetadata
+from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.models.model import Model

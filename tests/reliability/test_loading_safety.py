@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from pytgi_shard.distributed import single_process
-from pytgi_shard.models import get_model
+from pytgi_shard.models import ModelConfig, get_model
 from tests.shard_process import shard_command
 
 
@@ -35,5 +35,5 @@ def test_pickled_weights_are_refused_until_converted(
                                capture_output=True, text=True, timeout=120)
     assert converted.returncode == 0, converted.stderr
     assert (path / "model.safetensors").is_file()
-    model = get_model(path, dtype=torch.float32, dist=single_process(torch.device("cpu")))
+    model = get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(torch.device("cpu")))
     assert model.model_type == "llama"

@@ -26,7 +26,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def detok(model_dir: Path) -> Detokenizer:
-    return Detokenizer.from_model_dir(model_dir)
+    return Detokenizer.from_model_dir(model_dir, {})
 
 
 def stream_texts(detok: Detokenizer, prompt: list[int], generated: list[int]) -> list[str]:
@@ -78,17 +78,16 @@ def test_eos_ids_come_from_generation_config_then_tokenizer_then_config(
 ) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (tmp_path / name).write_text((model_dir / name).read_text())
-    tok = Detokenizer.from_model_dir(tmp_path).tokenizer
+    tok = Detokenizer.from_model_dir(tmp_path, {}).tokenizer
     eos, pad = tok.token_to_id(EOS), tok.token_to_id(PAD)
-    assert Detokenizer.from_model_dir(tmp_path).eos_ids == {eos}
+    assert Detokenizer.from_model_dir(tmp_path, {}).eos_ids == {eos}
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, pad]}))
-    assert Detokenizer.from_model_dir(tmp_path).eos_ids == {eos, pad}
+    assert Detokenizer.from_model_dir(tmp_path, {}).eos_ids == {eos, pad}
     (tmp_path / "generation_config.json").unlink()
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     del config["eos_token"]
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": pad}))
-    assert Detokenizer.from_model_dir(tmp_path).eos_ids == {pad}
+    assert Detokenizer.from_model_dir(tmp_path, {"eos_token_id": pad}).eos_ids == {pad}
 
 
 def test_clean_up_tokenization_spaces_when_the_tokenizer_asks(
@@ -97,20 +96,20 @@ def test_clean_up_tokenization_spaces_when_the_tokenizer_asks(
     (tmp_path / "tokenizer.json").write_text((model_dir / "tokenizer.json").read_text())
     config = json.loads((model_dir / "tokenizer_config.json").read_text())
     ids = (
-        Detokenizer.from_model_dir(model_dir)
+        Detokenizer.from_model_dir(model_dir, {})
         .tokenizer.encode("fox !", add_special_tokens=False)
         .ids
     )
-    assert Detokenizer.from_model_dir(model_dir).decode(ids) == "fox !"
+    assert Detokenizer.from_model_dir(model_dir, {}).decode(ids) == "fox !"
     (tmp_path / "tokenizer_config.json").write_text(
         json.dumps({**config, "clean_up_tokenization_spaces": True})
     )
-    assert Detokenizer.from_model_dir(tmp_path).decode(ids) == "fox!"
+    assert Detokenizer.from_model_dir(tmp_path, {}).decode(ids) == "fox!"
 
 
 def test_missing_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
-        Detokenizer.from_model_dir(tmp_path)
+        Detokenizer.from_model_dir(tmp_path, {})
 
 
 @pytest.fixture(scope="module")
@@ -194,5 +193,5 @@ def test_other_decoders_and_clean_up_always_decode_windows(model_dir: Path) -> N
     ids = tok.encode("the quick fox").ids
     # The window keeps the space that decoding "quick" alone would strip.
     assert "".join(stream_texts(metaspace, ids[:1], ids[1:])) == " quick fox"
-    byte_level = Detokenizer.from_model_dir(model_dir).tokenizer
+    byte_level = Detokenizer.from_model_dir(model_dir, {}).tokenizer
     assert Detokenizer(byte_level, clean_up_spaces=True).plain_pieces == ()

@@ -25,7 +25,7 @@ EOS = 2
 def detok(tmp_path_factory: pytest.TempPathFactory) -> Detokenizer:
     path = tmp_path_factory.mktemp("tok")
     write_tokenizer(path, train_tokenizer(["Hello world! café 東京 🙂", "the quick fox"]), 256)
-    return Detokenizer.from_model_dir(path)
+    return Detokenizer.from_model_dir(path, {})
 
 
 def context() -> BatchContext:

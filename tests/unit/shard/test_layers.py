@@ -28,6 +28,7 @@ from pytgi_shard.layers.rotary import (
     rotation_tables,
 )
 from pytgi_shard.models.llama_config import LlamaConfig
+from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.weights import Weights
 
 CPU = torch.device("cpu")
@@ -87,7 +88,7 @@ def test_config_defaults_match_transformers(raw: dict[str, Any]) -> None:
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
 def test_config_of_tiny_models(tiny_model: Callable[..., Path], family: str) -> None:
     path = tiny_model(family)
-    ours = LlamaConfig.load(path)
+    ours = LlamaConfig.from_dict(ModelConfig.read(path).raw)
     assert_same_config(ours, AutoConfig.from_pretrained(path))
     assert ours.qkv_bias == (family == "qwen2")
 

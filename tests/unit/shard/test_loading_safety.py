@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from pytgi_shard.distributed import single_process
-from pytgi_shard.models import get_model
+from pytgi_shard.models import ModelConfig, get_model
 
 CPU = torch.device("cpu")
 
@@ -46,7 +46,7 @@ def test_a_pickle_only_checkpoint_is_refused_unopened(
 ) -> None:
     path = pickled_copy(tiny_model(family), tmp_path / family)
     with pytest.raises(ValueError, match="holds only pickled PyTorch weights") as refused:
-        get_model(path, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(CPU))
     assert f"pytgi-shard download-weights {path}" in str(refused.value)
     assert not (path / "PWNED").exists(), "the pickle was opened"
 
@@ -88,10 +88,10 @@ def custom_model(
 def test_custom_code_runs_only_with_trust_remote_code(custom_model: Path) -> None:
     marker = custom_model.parent / "RAN"
     with pytest.raises(ValueError, match="pass --trust-remote-code only if you trust") as refused:
-        get_model(custom_model, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(custom_model), dtype=torch.float32, dist=single_process(CPU))
     assert "custom.CustomModel" in str(refused.value)
     assert not marker.exists(), "the model's code ran without trust_remote_code"
-    model = get_model(custom_model, dtype=torch.float32, dist=single_process(CPU),
+    model = get_model(ModelConfig.read(custom_model), dtype=torch.float32, dist=single_process(CPU),
                       trust_remote_code=True)
     assert marker.exists() and model.model_type == "pytgi_custom"
 
@@ -105,5 +105,5 @@ def test_custom_code_of_a_native_family_is_never_run(
     config["auto_map"] = {"AutoModelForCausalLM": "custom.Anything"}
     (path / "config.json").write_text(json.dumps(config))
     (path / "custom.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w')\n")
-    model = get_model(path, dtype=torch.float32, dist=single_process(CPU), trust_remote_code=True)
+    model = get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(CPU), trust_remote_code=True)
     assert model.model_type == "llama" and not (tmp_path / "RAN").exists()

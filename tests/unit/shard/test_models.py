@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from pytgi_shard.attention import AttentionMetadata
 from pytgi_shard.distributed import Dist, init_distributed, single_process
 from pytgi_shard.kv_cache import KVCache
-from pytgi_shard.models import Model, get_model
+from pytgi_shard.models import Model, ModelConfig, get_model
 
 CPU = torch.device("cpu")
 PROMPT_LENS = [7, 3, 12]
@@ -106,7 +106,7 @@ def test_logits_match_transformers(
     tiny_model: Callable[..., Path], family: str, sharded: bool
 ) -> None:
     path = tiny_model(family, sharded=sharded)
-    model = get_model(path, dtype=torch.float32, dist=single_process(CPU))
+    model = get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(CPU))
     assert model.model_type == family
     seqs = sequences(model.vocab_size)
     assert_matches(paged_logits(model, seqs), hf_logits(path, seqs))
@@ -115,10 +115,10 @@ def test_logits_match_transformers(
 def test_model_shapes_per_rank(tiny_model: Callable[..., Path]) -> None:
     """Loading needs no communication, so rank 3 of 4 can be built alone to check its shapes."""
     rank3 = Dist(rank=3, world_size=4, device=CPU, group=None)
-    mistral = get_model(tiny_model("mistral"), dtype=torch.float32, dist=rank3)
+    mistral = get_model(ModelConfig.read(tiny_model("mistral")), dtype=torch.float32, dist=rank3)
     # One KV head over four ranks: each rank holds a replica of it.
     assert (mistral.num_kv_heads, mistral.head_dim, mistral.vocab_size) == (1, 16, 384)
-    llama = get_model(tiny_model("llama"), dtype=torch.bfloat16, dist=rank3)
+    llama = get_model(ModelConfig.read(tiny_model("llama")), dtype=torch.bfloat16, dist=rank3)
     assert (llama.num_kv_heads, llama.dtype, llama.max_position_embeddings) == (
         1, torch.bfloat16, 256
     )
@@ -153,7 +153,7 @@ def _rank_main(rank: int, port: int, paths: list[Path], out_dir: Path) -> None:
     try:
         results = {}
         for path in paths:
-            model = get_model(path, dtype=torch.float32, dist=dist)
+            model = get_model(ModelConfig.read(path), dtype=torch.float32, dist=dist)
             results[path.name] = paged_logits(model, sequences(model.vocab_size))
         torch.save(results, out_dir / f"rank{rank}.pt")
     finally:
@@ -178,7 +178,7 @@ def test_two_ranks_match_one(tiny_model: Callable[..., Path], tmp_path: Path) ->
     mp.spawn(_rank_main, args=(_free_port(), paths, tmp_path), nprocs=2, join=True)
     for path in paths:
         seqs = sequences(AutoConfig.from_pretrained(path).vocab_size)
-        single = get_model(path, dtype=torch.float32, dist=single_process(CPU))
+        single = get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(CPU))
         expected = paged_logits(single, seqs)
         if path == odd_vocab:
             assert_matches(expected, hf_logits(path, seqs))
@@ -191,13 +191,13 @@ def test_two_ranks_match_one(tiny_model: Callable[..., Path], tmp_path: Path) ->
 def test_sharded_fallback_model_is_refused(tiny_model: Callable[..., Path]) -> None:
     rank0 = Dist(rank=0, world_size=2, device=CPU, group=None)
     with pytest.raises(ValueError, match="Sharded gpt2 is not supported: only llama, mistral"):
-        get_model(tiny_model("gpt2"), dtype=torch.float32, dist=rank0)
+        get_model(ModelConfig.read(tiny_model("gpt2")), dtype=torch.float32, dist=rank0)
 
 
 def test_heads_must_divide_by_world_size(tiny_model: Callable[..., Path]) -> None:
     rank0 = Dist(rank=0, world_size=3, device=CPU, group=None)
     with pytest.raises(ValueError, match="4 attention heads do not split evenly over 3 shards"):
-        get_model(tiny_model("llama"), dtype=torch.float32, dist=rank0)
+        get_model(ModelConfig.read(tiny_model("llama")), dtype=torch.float32, dist=rank0)
 
 
 def test_architecture_without_attention_interface_is_refused(tmp_path: Path) -> None:
@@ -206,24 +206,39 @@ def test_architecture_without_attention_interface_is_refused(tmp_path: Path) -> 
     config = AutoConfig.for_model("bloom", vocab_size=64, hidden_size=32, n_layer=1, n_head=4)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path, safe_serialization=True)
     with pytest.raises(ValueError, match="bloom cannot be served: .* pluggable attention"):
-        get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=single_process(CPU))
 
 
 def test_unloadable_directories_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="has no config.json"):
-        get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=single_process(CPU))
     (tmp_path / "config.json").write_text('{"model_type": "no-such-model"}')
     with pytest.raises(ValueError, match="no safetensors weights"):
-        get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=single_process(CPU))
     save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ValueError, match="cannot load the model config"):
-        get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=single_process(CPU))
     (tmp_path / "config.json").write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a JSON object"):
-        get_model(tmp_path, dtype=torch.float32, dist=single_process(CPU))
+        get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=single_process(CPU))
 
 
 def test_unknown_attention_backend(tiny_model: Callable[..., Path]) -> None:
     with pytest.raises(ValueError, match="unknown attention backend"):
-        get_model(tiny_model("llama"), dtype=torch.float32, dist=single_process(CPU),
+        get_model(ModelConfig.read(tiny_model("llama")), dtype=torch.float32, dist=single_process(CPU),
                   attention="nope")
+
+
+def test_dtype_follows_the_flag_then_the_checkpoint_on_gpu_and_float32_on_cpu(
+    tiny_model: Callable[..., Path],
+) -> None:
+    from pytgi_shard.settings import ShardSettings
+    from pytgi_shard.startup import resolve_dtype
+
+    path = tiny_model("llama")
+    config = ModelConfig(path, {**ModelConfig.read(path).raw, "torch_dtype": "float16"})
+    settings = ShardSettings(model_path=path)
+    assert resolve_dtype(settings, config, CPU) == torch.float32
+    assert resolve_dtype(settings, config, torch.device("cuda", 0)) == torch.float16
+    flagged = ShardSettings(model_path=path, dtype="bfloat16")
+    assert resolve_dtype(flagged, config, torch.device("cuda", 0)) == torch.bfloat16

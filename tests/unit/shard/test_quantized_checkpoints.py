@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pytgi_shard.distributed import single_process
-from pytgi_shard.models import get_model
+from pytgi_shard.models import ModelConfig, get_model
 from pytgi_shard.models.quantization import quantization_method
 from tests.shard_process import shard_command
 
@@ -51,7 +51,7 @@ def test_get_model_refuses_a_quantization_config(
     path = quantized_copy(tiny_model(family), tmp_path / "q", quantization)
     with pytest.raises(ValueError, match=rf"quantized checkpoint \({method}, declared by "
                                          r"config.json `quantization_config`\)"):
-        get_model(path, dtype=torch.float32, dist=single_process(torch.device("cpu")))
+        get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(torch.device("cpu")))
 
 
 def test_an_old_gptq_side_file_is_refused(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_an_old_gptq_side_file_is_refused(tiny_model: Callable[..., Path], tmp_p
     shutil.copytree(tiny_model("llama"), path)
     (path / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
     with pytest.raises(ValueError, match=r"\(gptq, declared by quantize_config.json\)"):
-        get_model(path, dtype=torch.float32, dist=single_process(torch.device("cpu")))
+        get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(torch.device("cpu")))
 
 
 def test_the_shard_refuses_to_start(tiny_model: Callable[..., Path], tmp_path: Path) -> None:

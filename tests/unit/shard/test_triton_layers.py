@@ -28,7 +28,7 @@ from pytgi_shard.layers.triton_activation import (  # noqa: E402
 )
 from pytgi_shard.layers.triton_norm import add_rms_norm  # noqa: E402
 from pytgi_shard.layers.triton_rotary import rotate_qk  # noqa: E402
-from pytgi_shard.models import get_model  # noqa: E402
+from pytgi_shard.models import ModelConfig, get_model  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The interpreter computes through numpy, which has no bfloat16.
@@ -135,7 +135,7 @@ def test_llama_with_fused_kernels_matches_transformers(tiny_model: Callable[...,
     from tests.unit.shard.test_models import assert_matches, hf_logits, paged_logits, sequences
 
     path = tiny_model("llama")
-    model = get_model(path, dtype=torch.float32, dist=single_process(torch.device("cpu")))
+    model = get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(torch.device("cpu")))
     _fuse_everything(model)  # type: ignore[arg-type]
     seqs = sequences(model.vocab_size)
     assert_matches(paged_logits(model, seqs), hf_logits(path, seqs))
