@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -33,7 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--hostname", help="bind address (default 0.0.0.0)")
     add("-p", "--port", type=int, help="HTTP port (default 3000; 0 picks a free one)")
     for flag, kind, default in _LIMITS:
-        add(flag, type=kind, help=f"(default {default})")
+        shown = _default(flag) if default is None else default
+        add(flag, type=kind, help=f"(default {shown})")
     add("--max-input-length", type=int, help="legacy alias of --max-input-tokens")
     add("--api-key", help="require `Authorization: Bearer <key>`")
     add("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
@@ -41,10 +43,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--otlp-service-name", help="service.name of the traces (default pytgi.router)")
     add("--json-output", action="store_true", help="JSON log lines")
     add("--disable-grammar-support", action="store_true", help="reject `grammar`")
-    add("-g", "--graceful-termination-timeout", type=float, help="drain seconds (default 90)")
+    add("-g", "--graceful-termination-timeout", type=float,
+        help=f"drain seconds (default {_default('--graceful-termination-timeout'):g})")
     add("--shard-step-timeout", type=float,
         help="seconds one Prefill/Decode may take before its batch fails with 424 and the router "
-             "reconnects to the shards (default 300)")
+             f"reconnects to the shards (default {_default('--shard-step-timeout'):g})")
     # Accepted for TGI compatibility (launchers pass them); they change nothing here.
     for flag in ("--prometheus-port", "--usage-stats"):
         add(flag, help=argparse.SUPPRESS)
@@ -52,24 +55,32 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-_LIMITS: list[tuple[str, type, Any]] = [
-    ("--max-concurrent-requests", int, 128),
-    ("--max-best-of", int, 2),
-    ("--max-stop-sequences", int, 4),
-    ("--max-top-n-tokens", int, 5),
+# (flag, type, what its help says the default is; None: RouterSettings' own default).
+_LIMITS: list[tuple[str, type, str | None]] = [
+    ("--max-concurrent-requests", int, None),
+    ("--max-best-of", int, None),
+    ("--max-stop-sequences", int, None),
+    ("--max-top-n-tokens", int, None),
     ("--max-input-tokens", int, "from the shard's warmup"),
     ("--max-total-tokens", int, "from the shard's warmup"),
-    ("--waiting-served-ratio", float, 0.3),
-    ("--max-batch-prefill-tokens", int, 4096),
+    ("--waiting-served-ratio", float, None),
+    ("--max-batch-prefill-tokens", int, None),
     ("--max-batch-total-tokens", int, "from the shard's warmup"),
-    ("--max-waiting-tokens", int, 20),
+    ("--max-waiting-tokens", int, None),
     ("--max-batch-size", int, None),
     ("--max-queue-size", int, "none: waiting requests hold permits"),
-    ("--max-client-batch-size", int, 4),
-    ("--payload-limit", int, 2_000_000),
-    ("--max-connections", int, 1024),
-    ("--validation-workers", int, 2),
+    ("--max-client-batch-size", int, None),
+    ("--payload-limit", int, None),
+    ("--max-connections", int, None),
+    ("--validation-workers", int, None),
 ]
+
+
+def _default(flag: str) -> Any:
+    """RouterSettings' default for `flag`: the help text never restates a number."""
+    fields = {f.name: f.default for f in dataclasses.fields(RouterSettings)}
+    return fields[flag.lstrip("-").replace("-", "_")]
+
 
 _IGNORED = ("prometheus_port", "usage_stats", "trust_remote_code")
 

@@ -30,7 +30,6 @@ import uvicorn
 
 from pytgi_proto.contracts import JsonFormatter
 from pytgi_router.core.infer import Infer
-from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.core.watchdog import Watchdog
 from pytgi_router.http.app import create_app
@@ -57,21 +56,6 @@ RECONNECT_TIMEOUT_S = 3.0
 # than clients pool them (httpx: 5 s), so that the client side always closes first: with a
 # server's usual 5 s, a client reusing a connection just as the server drops it gets a reset.
 KEEP_ALIVE_S = 75.0
-
-
-def infer_settings(s: RouterSettings) -> InferSettings:
-    return InferSettings(
-        max_concurrent_requests=s.max_concurrent_requests,
-        max_batch_prefill_tokens=s.max_batch_prefill_tokens,
-        max_batch_total_tokens=s.max_batch_total_tokens,
-        max_batch_size=s.max_batch_size,
-        waiting_served_ratio=s.waiting_served_ratio,
-        max_waiting_tokens=s.max_waiting_tokens,
-        max_input_tokens=s.max_input_tokens,
-        max_total_tokens=s.max_total_tokens,
-        max_queue_size=s.max_queue_size,
-        shard_step_timeout_s=s.shard_step_timeout,
-    )
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -159,7 +143,7 @@ class RouterServer:
         metrics = Metrics(s.max_input_tokens or 1024, s.max_total_tokens or 2048)
         # Reconnection reaches the same addresses: a restarted shard group listens there again.
         infer = self._infer = Infer(
-            client, infer_settings(s), metrics,
+            client, s.infer_settings(), metrics,
             lambda: ShardClient.connect(s.shard_uri, RECONNECT_TIMEOUT_S, traced, s.shard_token),
         )
         info = await infer.start()

@@ -11,6 +11,7 @@ from pytgi_proto.contracts import (
     shard_socket,
     token_limit_problems,
 )
+from pytgi_router.core.infer_settings import SHARD_STEP_TIMEOUT_S, InferSettings
 
 # Rank 0's socket under TGI's base name.
 DEFAULT_MASTER_SHARD_UDS_PATH = shard_socket(DEFAULT_UDS_PATH, 0)
@@ -58,7 +59,7 @@ class RouterSettings:
     json_output: bool = False
     graceful_termination_timeout: float = 90.0
     # The longest one shard call may take before its batch fails (a wedged shard).
-    shard_step_timeout: float = 300.0
+    shard_step_timeout: float = SHARD_STEP_TIMEOUT_S
     # Value of the x-compute-type header (TGI reads COMPUTE_TYPE).
     compute_type: str = "gpu+optimized"
 
@@ -98,6 +99,21 @@ class RouterSettings:
         if not self.shard_step_timeout > 0:
             out.append(f"--shard-step-timeout must be > 0, got {self.shard_step_timeout}")
         return out
+
+    def infer_settings(self) -> InferSettings:
+        """The inference core's share of these settings (the flags it takes, unchanged)."""
+        return InferSettings(
+            max_concurrent_requests=self.max_concurrent_requests,
+            max_batch_prefill_tokens=self.max_batch_prefill_tokens,
+            max_batch_total_tokens=self.max_batch_total_tokens,
+            max_batch_size=self.max_batch_size,
+            waiting_served_ratio=self.waiting_served_ratio,
+            max_waiting_tokens=self.max_waiting_tokens,
+            max_input_tokens=self.max_input_tokens,
+            max_total_tokens=self.max_total_tokens,
+            max_queue_size=self.max_queue_size,
+            shard_step_timeout_s=self.shard_step_timeout,
+        )
 
     @property
     def served_model_id(self) -> str:

@@ -117,13 +117,7 @@ class Infer:
     def _install(self, info: ShardInfo) -> None:
         """A new allocator, budgets and batching task for the shards' (new) capacity."""
         allocator = new_allocator(info)
-        budgets = Budgets(
-            max_batch_prefill_tokens=info.max_batch_prefill_tokens,
-            max_batch_total_tokens=info.max_batch_total_tokens,
-            max_batch_size=self.settings.max_batch_size,
-            waiting_served_ratio=self.settings.waiting_served_ratio,
-            max_waiting_tokens=self.settings.max_waiting_tokens,
-        )
+        budgets = Budgets.of(self.settings, info)
         self._scheduler = Scheduler(self.client, Queue(allocator), budgets, self.metrics,
                                     self._release, self.settings.shard_step_timeout_s)
         self._info = info

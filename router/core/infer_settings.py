@@ -1,18 +1,28 @@
-"""InferSettings: the inference core's knobs (budgets, limits, shard timeouts), from the CLI."""
+"""InferSettings: the inference core's knobs (budgets, limits, shard timeouts).
+
+Settings flow one way: the router's flags (RouterSettings.infer_settings()) → InferSettings → the
+scheduler's Budgets (Budgets.of, once the shards' Warmup fixed the KV budget). The defaults are
+TGI's, from pytgi_proto.contracts, which the launcher's and the router's flags share.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytgi_proto import contracts as c
+
+# The longest one Prefill/Decode (or Warmup) may take by default (--shard-step-timeout).
+SHARD_STEP_TIMEOUT_S = 300.0
+
 
 @dataclass
 class InferSettings:
-    max_concurrent_requests: int = 128
-    max_batch_prefill_tokens: int = 4096
+    max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS
+    max_batch_prefill_tokens: int = c.MAX_BATCH_PREFILL_TOKENS
     max_batch_total_tokens: int | None = None  # None → from the shard's Warmup
     max_batch_size: int | None = None
-    waiting_served_ratio: float = 0.3
-    max_waiting_tokens: int = 20
+    waiting_served_ratio: float = c.WAITING_SERVED_RATIO
+    max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_input_tokens: int | None = None  # None → from Warmup
     max_total_tokens: int | None = None  # None → from Warmup
     # Bound on waiting (not yet running) requests, below max_concurrent_requests: a queued
@@ -28,7 +38,7 @@ class InferSettings:
     # The longest one Prefill/Decode (or Warmup) may take: a wedged shard then fails its batch
     # with a generation error instead of hanging every request forever. Generous, because a
     # large prefill on a slow device is legitimately slow.
-    shard_step_timeout_s: float = 300.0
+    shard_step_timeout_s: float = SHARD_STEP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         problems = [

@@ -19,9 +19,12 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
+from pytgi_proto import contracts as c
 from pytgi_proto import generate_pb2
 from pytgi_router.core.batch_state import RunningBatch, build_batch
+from pytgi_router.core.capacity import ShardInfo
 from pytgi_router.core.errors import GenerationError
+from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry
 from pytgi_router.core.shard_client import ShardCallError, ShardClient
@@ -43,8 +46,20 @@ class Budgets:
     max_batch_prefill_tokens: int
     max_batch_total_tokens: int
     max_batch_size: int | None = None
-    waiting_served_ratio: float = 0.3
-    max_waiting_tokens: int = 20
+    waiting_served_ratio: float = c.WAITING_SERVED_RATIO
+    max_waiting_tokens: int = c.MAX_WAITING_TOKENS
+
+    @classmethod
+    def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
+        """The budgets for the limits served (the KV and prefill budgets as the shards' Warmup
+        fixed them) under the settings' batching knobs."""
+        return cls(
+            max_batch_prefill_tokens=served.max_batch_prefill_tokens,
+            max_batch_total_tokens=served.max_batch_total_tokens,
+            max_batch_size=settings.max_batch_size,
+            waiting_served_ratio=settings.waiting_served_ratio,
+            max_waiting_tokens=settings.max_waiting_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)

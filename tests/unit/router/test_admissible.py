@@ -35,8 +35,7 @@ def admitted_on_idle_server(info: ShardInfo, prompt: int, new_tokens: int) -> bo
     """What the scheduler does first with one request on an idle server."""
     queue = Queue(new_allocator(info))
     queue.append(make_entry(0, prompt, new_tokens))
-    budgets = Budgets(max_batch_prefill_tokens=info.max_batch_prefill_tokens,
-                      max_batch_total_tokens=info.max_batch_total_tokens, max_batch_size=1)
+    budgets = Budgets.of(InferSettings(max_batch_size=1), info)
     limits = new_batch_limits(budgets)
     batch = queue.next_batch(limits.min_size, limits.max_size, limits.prefill_token_budget,
                              limits.token_budget)

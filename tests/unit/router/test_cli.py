@@ -34,6 +34,28 @@ def test_defaults_are_tgi_defaults() -> None:
     assert bounded.max_connections == 8
 
 
+
+def test_the_inference_core_gets_the_flags_it_takes() -> None:
+    """RouterSettings → InferSettings → the scheduler's Budgets: each flag arrives unchanged."""
+    from pytgi_router.core.capacity import ShardInfo
+    from pytgi_router.core.scheduler import Budgets
+
+    s = parse_settings([
+        "--tokenizer-name", "/m", "--max-concurrent-requests", "9", "--max-batch-size", "3",
+        "--waiting-served-ratio", "0.5", "--max-waiting-tokens", "7", "--max-queue-size", "4",
+        "--max-batch-prefill-tokens", "300", "--shard-step-timeout", "2.5",
+    ], environ={})
+    core = s.infer_settings()
+    assert (core.max_concurrent_requests, core.max_batch_size, core.max_queue_size) == (9, 3, 4)
+    assert (core.max_batch_prefill_tokens, core.shard_step_timeout_s) == (300, 2.5)
+    served = ShardInfo("llama", "float32", "cpu", 16, 1, 99, 100, 1024, 200, 65, "paged", None)
+    budgets = Budgets.of(core, served)
+    assert (budgets.max_batch_prefill_tokens, budgets.max_batch_total_tokens) == (200, 1024)
+    assert (budgets.max_batch_size, budgets.waiting_served_ratio, budgets.max_waiting_tokens) == (
+        3, 0.5, 7)
+    defaults = parse_settings(["--tokenizer-name", "/m"], environ={}).infer_settings()
+    assert Budgets.of(defaults, served) == Budgets(200, 1024)
+
 def test_environment_forms_and_command_line_precedence() -> None:
     env = {"TOKENIZER_NAME": "/env", "MAX_BEST_OF": "4", "JSON_OUTPUT": "true", "PORT": "8081",
            "CORS_ALLOW_ORIGIN": "http://x,http://y", "MODEL_ID": "served", "HOSTNAME": "pod-7f9",
