@@ -5,7 +5,7 @@ timings and span.
 Every route (TGI's and OpenAI's) goes through `GenerateFlow.admit`, so request metrics and traces
 are recorded in exactly one place. Vocabulary: a `GenerateRequest` (the body) validates into a
 `ValidGenerateRequest`; each of its best_of copies is submitted as a `ValidRequest` and followed
-here as a `Generation` (its `RequestStream` plus the bookkeeping); a `StreamGroup` holds the
+here as a `Submission` (its `RequestStream` plus the bookkeeping); a `StreamGroup` holds the
 streams of one HTTP request so that a client disconnect cancels them all.
 """
 
@@ -126,7 +126,7 @@ class GenerateResult:
     timings: Timings
 
 
-class Generation:
+class Submission:
     """One submitted ValidRequest as the HTTP side follows it: its stream, span and timings;
     records its outcome (metrics, span, log line) once."""
 
@@ -214,7 +214,7 @@ class GenerateFlow:
     async def admit(
         self, req: GenerateRequest, *, stream: bool, route: str, headers: Mapping[str, str],
         group: StreamGroup,
-    ) -> list[Generation]:
+    ) -> list[Submission]:
         """Validates and submits (best_of copies); raises InferError, counted as a failure."""
         state = self.state
         start = time.monotonic()
@@ -238,10 +238,10 @@ class GenerateFlow:
     def _submit(
         self, route: str, valid: ValidGenerateRequest, trace: RequestTrace, start: float,
         group: StreamGroup,
-    ) -> list[Generation]:
+    ) -> list[Submission]:
         requests = [valid.request]
         for _ in range(valid.best_of - 1):
-            # best_of samples N independent generations: each gets its own seed.
+            # best_of samples N independent submissions: each gets its own seed.
             seed = self.state.validator.random_seed()
             sampling = dataclasses.replace(valid.request.sampling, seed=seed)
             requests.append(dataclasses.replace(valid.request, sampling=sampling))
@@ -257,63 +257,63 @@ class GenerateFlow:
             raise
         for s in streams:
             group.add(s)
-        generations = [Generation(self.state, route, valid, streams[0], trace, start, queued)]
+        submissions = [Submission(self.state, route, valid, streams[0], trace, start, queued)]
         for s in streams[1:]:
-            # best_of siblings: the first generation owns the request's metrics and span.
-            sibling = Generation(
+            # best_of siblings: the first submission owns the request's metrics and span.
+            sibling = Submission(
                 self.state, route, valid, s, RequestTrace(INVALID_SPAN), start, queued
             )
             sibling.done = True
-            generations.append(sibling)
-        return generations
+            submissions.append(sibling)
+        return submissions
 
     async def collect(
-        self, generation: Generation, group: StreamGroup | None = None
+        self, submission: Submission, group: StreamGroup | None = None
     ) -> tuple[Sequence, Timings]:
         """Reads a whole stream (non-streaming routes)."""
         prefill: list[TokenInfo] = []
         tokens: list[TokenInfo] = []
         top: list[list[TokenInfo]] = []
         try:
-            async for ev in generation.stream:
+            async for ev in submission.stream:
                 if type(ev) is Prefill:
                     prefill = ev.tokens
                     continue
                 tokens.append(ev.token)  # type: ignore[union-attr]
                 top.append(ev.top_tokens)  # type: ignore[union-attr]
                 if type(ev) is End:
-                    timings = generation.succeed(ev)
+                    timings = submission.succeed(ev)
                     text = ev.generated_text
-                    if generation.valid.return_full_text:
-                        text = generation.valid.request.inputs + text
-                    input_length = generation.valid.request.input_length
+                    if submission.valid.return_full_text:
+                        text = submission.valid.request.inputs + text
+                    input_length = submission.valid.request.input_length
                     seq = Sequence(text, ev, prefill, tokens, top, input_length)
                     return seq, timings
         except InferError as err:
-            generation.fail(err)
+            submission.fail(err)
             raise
         except asyncio.CancelledError:
-            generation.dropped()
+            submission.dropped()
             raise
-        raise generation.incomplete(group, streaming=False)
+        raise submission.incomplete(group, streaming=False)
 
     async def generate(
         self, req: GenerateRequest, *, route: str, headers: Mapping[str, str], group: StreamGroup
     ) -> GenerateResult:
-        """A non-streaming request: the best of its generations, the others, the best one's
+        """A non-streaming request: the best of its submissions, the others, the best one's
         timings."""
-        generations = await self.admit(req, stream=False, route=route, headers=headers, group=group)
-        valid = generations[0].valid
-        if len(generations) == 1:
-            seq, timings = await self.collect(generations[0], group)
+        submissions = await self.admit(req, stream=False, route=route, headers=headers, group=group)
+        valid = submissions[0].valid
+        if len(submissions) == 1:
+            seq, timings = await self.collect(submissions[0], group)
             return GenerateResult(valid, seq, [], timings)
-        tasks = [asyncio.ensure_future(self.collect(g, group)) for g in generations]
+        tasks = [asyncio.ensure_future(self.collect(g, group)) for g in submissions]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException as err:
             if isinstance(err, InferError):
-                generations[0].fail(err)
-            for g in generations:
+                submissions[0].fail(err)
+            for g in submissions:
                 g.stream.cancel()
             for t in tasks:
                 t.cancel()

@@ -11,8 +11,8 @@ from pytgi_router.core.request_stream import End, Token
 from pytgi_router.http.generate_flow import (
     ClientDisconnected,
     GenerateFlow,
-    Generation,
     StreamGroup,
+    Submission,
 )
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.schemas import (
@@ -86,16 +86,16 @@ class GenerateRoutes:
     async def stream(self, request: Request, req: GenerateRequest, *, route: str) -> Response:
         """Validation and admission errors are HTTP errors (raised before the stream starts)."""
         group = StreamGroup()
-        generations = await self.flow.admit(
+        submissions = await self.flow.admit(
             req, stream=True, route=route, headers=request.headers, group=group
         )
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(len(req.inputs)),
         }
-        generation = generations[0]
-        enc = GenerateEncoder(generation)
-        events = encode_generation(self.state, generation, group, enc)
+        submission = submissions[0]
+        enc = GenerateEncoder(submission)
+        events = encode_generation(self.state, submission, group, enc)
         return EventStreamResponse(events, headers, on_disconnect=group.cancel)
 
 
@@ -104,8 +104,8 @@ class GenerateEncoder:
 
     __slots__ = ("details", "prefix", "input_length")
 
-    def __init__(self, generation: Generation) -> None:
-        valid = generation.valid
+    def __init__(self, submission: Submission) -> None:
+        valid = submission.valid
         self.details = valid.details
         self.prefix = valid.request.inputs if valid.return_full_text else ""
         self.input_length = valid.request.input_length

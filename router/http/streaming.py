@@ -1,5 +1,5 @@
-"""Turning one admitted generation into SSE bytes with a route's encoder, and merging several
-generations' bytes.
+"""Turning one admitted submission into SSE bytes with a route's encoder, and merging several
+submissions' bytes.
 
 Hot path: one loop iteration per generated token; the encoders splice pre-rendered strings.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Prefill, Token
-from pytgi_router.http.generate_flow import Generation, StreamGroup
+from pytgi_router.http.generate_flow import StreamGroup, Submission
 
 if TYPE_CHECKING:
     from pytgi_router.http.state import AppState
@@ -31,33 +31,33 @@ class Encoder(Protocol):
 
 
 async def encode_generation(
-    state: AppState, generation: Generation, group: StreamGroup, enc: Encoder
+    state: AppState, submission: Submission, group: StreamGroup, enc: Encoder
 ) -> AsyncIterator[bytes]:
     """Events of `generation` as SSE bytes; failures after the start become the encoder's error
     event."""
     state.enter()
     index = 0
     try:
-        async for ev in generation.stream:
+        async for ev in submission.stream:
             kind = type(ev)
             if kind is Prefill:
                 continue
             index += 1
             if kind is End:
-                generation.succeed(ev)  # type: ignore[arg-type]
+                submission.succeed(ev)  # type: ignore[arg-type]
                 yield enc.end(index, ev)  # type: ignore[arg-type]
                 return
             yield enc.token(index, ev)  # type: ignore[arg-type]
-        err = generation.incomplete(group, streaming=True)
+        err = submission.incomplete(group, streaming=True)
         if isinstance(err, InferError):
             yield enc.error(err)
     except InferError as err:
-        generation.fail(err)
+        submission.fail(err)
         yield enc.error(err)
     finally:
-        if not generation.done:
-            generation.stream.cancel()
-            generation.dropped()
+        if not submission.done:
+            submission.stream.cancel()
+            submission.dropped()
         state.leave()
 
 
