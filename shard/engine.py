@@ -21,7 +21,7 @@ from pytgi_shard.cache import BatchCache
 from pytgi_shard.decode_graphs import DecodeGraphRunner
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist
-from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
 from pytgi_shard.generation import choose_tokens, emit_generations
 from pytgi_shard.kv_cache import KVCache
@@ -29,7 +29,15 @@ from pytgi_shard.lookahead import Lookahead, Lookaheads
 from pytgi_shard.models.model import Model
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
-from pytgi_shard.warmup import warmup
+from pytgi_shard.warmup import (
+    CacheSize,
+    allocation_failure,
+    capture_graphs,
+    is_out_of_memory,
+    size_kv_cache,
+    warmup_limits,
+    warmup_response,
+)
 
 DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _Response = TypeVar("_Response", generate_pb2.PrefillResponse, generate_pb2.DecodeResponse)
@@ -74,6 +82,14 @@ class Engine:
         return KVCache.allocate(
             m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype, m.device
         )
+
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        """Replaces the KV cache by one of `num_blocks` blocks. The old one goes first (block 0
+        alone meanwhile), so two caches are never held at once; if the new one cannot be
+        allocated, block 0 alone is left, and Health still works."""
+        self.kv_cache = self.allocate_kv_cache(1)
+        if num_blocks > 1:
+            self.kv_cache = self.allocate_kv_cache(num_blocks)
 
     def batch_context(self) -> BatchContext:
         return BatchContext(
@@ -283,12 +299,43 @@ class Engine:
             self.cache.delete(batch_id)
 
     def warmup(self, request: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
+        """Warmup (shard/warmup.py) measures the cache size; the engine then allocates the cache
+        at that size and captures the decode graphs over it."""
         # Warmup replaces the cache the look-aheads wrote into.
         self.lookaheads.clear()
         try:
-            return warmup(self, request)
+            limits = warmup_limits(request, self.model, len(self.cache))
+            self.cache.clear()
+            self._release_graphs()
+            size = size_kv_cache(self, limits)
+            try:
+                self.resize_kv_cache(size.num_blocks)
+            except (RuntimeError, MemoryError) as e:
+                if not is_out_of_memory(e):
+                    raise
+                raise allocation_failure(size.num_blocks) from e
+            response = warmup_response(limits, self.model, size.num_blocks, self.block_size)
+            if size.graph_buckets:
+                self._capture_graphs(size, response.max_total_tokens)
+            return response
         finally:
             self.lookaheads.clear()
+
+    def _release_graphs(self) -> None:
+        """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
+        if self.decode_graphs is not None:
+            self.decode_graphs.release()
+            self.decode_graphs = None
+
+    def _capture_graphs(self, size: CacheSize, max_total_tokens: int) -> None:
+        try:
+            self.decode_graphs = capture_graphs(self, size, max_total_tokens)
+        except OutOfMemory:
+            # The cache took the room the graphs were measured to need: give it back and fail
+            # this Warmup (block 0 stays, for Health).
+            self.resize_kv_cache(1)
+            torch.cuda.empty_cache()
+            raise
 
     def _span(self, name: str) -> AbstractContextManager[trace.Span | None]:
         """A span of the engine's tracer; none while tracing is off (no tracer provider was

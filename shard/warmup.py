@@ -1,5 +1,8 @@
 """Warmup: run the largest prefill the router will send, then size the KV cache.
 
+This module measures and returns sizes (CacheSize); the engine alone allocates its KV cache and
+holds the decode graphs (Engine.warmup, Engine.resize_kv_cache).
+
 The warmup batch exercises every logits processor, top-n tokens and prefill logprobs, so that the
 measured peak is the real worst case. On GPU the cache then takes what is left of the device
 (under --cuda-memory-fraction) after keeping room for that peak and for the decode CUDA graphs;
@@ -125,21 +128,41 @@ def warmup_batch(lengths: list[int], vocab_size: int, block_size: int) -> genera
     return generate_pb2.Batch(id=WARMUP_BATCH_ID, requests=requests, size=len(requests))
 
 
-def warmup(engine: Engine, pb: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
-    if len(engine.cache):
+@dataclass(frozen=True, slots=True)
+class CacheSize:
+    """What Warmup measured; the engine allocates the cache and captures the graphs from it."""
+
+    # KV blocks for this rank (the same on every rank), block 0 included.
+    num_blocks: int
+    # Decode batch sizes to capture as CUDA graphs over the cache; () when graphs are off.
+    graph_buckets: tuple[int, ...]
+    # Device memory kept for those graphs.
+    graph_bytes: int
+
+
+def warmup_limits(
+    pb: generate_pb2.WarmupRequest, model: Model, live_batches: int
+) -> Limits:
+    """The request's limits, or an InvalidRequest before anything is touched."""
+    if live_batches:
         # Resizing the KV cache under live batches corrupts them (their blocks may fall outside
         # the new cache): a stray router, e.g. a second instance's, must not do that.
         raise InvalidRequest(
-            f"Warmup refused: {len(engine.cache)} live batch(es) hold the KV cache; their router "
+            f"Warmup refused: {live_batches} live batch(es) hold the KV cache; their router "
             "must ClearCache first (is another router connected to this shard?)"
         )
     limits = Limits.from_pb(pb)
-    model = engine.model
     check_positions(limits, model)
+    return limits
+
+
+def size_kv_cache(engine: Engine, limits: Limits) -> CacheSize:
+    """Runs the largest prefill the router will send (in a cache of its own size, which the
+    engine allocates and then shrinks back to block 0), measures the decode graphs, and returns
+    the cache size every rank agrees on."""
+    model = engine.model
     lengths = prompt_lengths(limits, model.max_position_embeddings)
     batch = warmup_batch(lengths, model.vocab_size, engine.block_size)
-    engine.cache.clear()
-    _release_graphs(engine)
     blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
     peak = _run_warmup_batch(engine, batch, blocks_used, sum(lengths))
     buckets = _graph_buckets(engine, limits)
@@ -149,34 +172,31 @@ def warmup(engine: Engine, pb: generate_pb2.WarmupRequest) -> generate_pb2.Warmu
     num_blocks = _agree(engine, _size_cache(engine, limits, peak + graph_bytes))
     if num_blocks < 2:
         raise OutOfMemory(f"no memory is left for the KV cache: {_OOM_ADVICE}")
-    try:
-        engine.kv_cache = engine.allocate_kv_cache(num_blocks)
-    except (RuntimeError, MemoryError) as e:
-        if not _is_out_of_memory(e):
-            raise
-        engine.kv_cache = engine.allocate_kv_cache(1)
-        raise OutOfMemory(
-            f"cannot allocate a KV cache of {num_blocks} blocks: {_OOM_ADVICE}"
-        ) from e
-    capacity = (num_blocks - 1) * engine.block_size
+    return CacheSize(num_blocks, buckets, graph_bytes)
+
+
+def allocation_failure(num_blocks: int) -> OutOfMemory:
+    """The error of a cache of `num_blocks` that Warmup sized but the device could not hold."""
+    return OutOfMemory(f"cannot allocate a KV cache of {num_blocks} blocks: {_OOM_ADVICE}")
+
+
+def warmup_response(
+    limits: Limits, model: Model, num_blocks: int, block_size: int
+) -> generate_pb2.WarmupResponse:
+    """The token limits a cache of `num_blocks` supports, as the router reads them."""
+    capacity = (num_blocks - 1) * block_size
     max_total = limits.max_total_tokens or min(model.max_position_embeddings, capacity)
     max_input = limits.max_input_tokens or min(max_total - 1, limits.max_prefill_tokens)
     log.info(
         "KV cache: %d blocks of %d tokens (%d tokens); max_input_tokens %d, max_total_tokens %d",
-        num_blocks, engine.block_size, capacity, max_input, max_total,
+        num_blocks, block_size, capacity, max_input, max_total,
     )  # fmt: skip
-    if buckets:
-        engine.decode_graphs = _capture_graphs(engine, buckets, max_total)
-        log.info(
-            "CUDA graphs: decode batch sizes %s up to %d tokens of context (%.0f MiB kept for them)",
-            list(buckets), max_total, graph_bytes / 2**20,
-        )  # fmt: skip
     return generate_pb2.WarmupResponse(
         max_supported_total_tokens=capacity,
         max_input_tokens=max_input,
         max_total_tokens=max_total,
         num_blocks=num_blocks,
-        block_size=engine.block_size,
+        block_size=block_size,
     )
 
 
@@ -185,10 +205,8 @@ def _run_warmup_batch(
 ) -> int:
     """Runs the batch in a cache of its own size; returns the peak bytes beyond the cache."""
     device = engine.model.device
-    # Free the previous cache first: a second Warmup must not hold two caches at once.
-    engine.kv_cache = engine.allocate_kv_cache(1)
     try:
-        engine.kv_cache = engine.allocate_kv_cache(num_blocks)
+        engine.resize_kv_cache(num_blocks)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -198,22 +216,15 @@ def _run_warmup_batch(
             engine.decode(generate_pb2.DecodeRequest(batches=[response.batch]))
         peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
     except (RuntimeError, MemoryError) as e:
-        if not _is_out_of_memory(e):
+        if not is_out_of_memory(e):
             raise
         raise OutOfMemory(
             f"not enough memory to handle {prefill_tokens} prefill tokens: {_OOM_ADVICE}"
         ) from e
     finally:
         engine.cache.clear()
-        engine.kv_cache = engine.allocate_kv_cache(1)
+        engine.resize_kv_cache(1)
     return peak
-
-
-def _release_graphs(engine: Engine) -> None:
-    """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
-    if engine.decode_graphs is not None:
-        engine.decode_graphs.release()
-        engine.decode_graphs = None
 
 
 def _graph_buckets(engine: Engine, limits: Limits) -> tuple[int, ...]:
@@ -247,7 +258,7 @@ def _graph_bytes(engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
         used = free_before - torch.cuda.mem_get_info(device)[0]
         runner.release()
     except (RuntimeError, MemoryError) as e:
-        if not _is_out_of_memory(e):
+        if not is_out_of_memory(e):
             raise
         raise OutOfMemory(
             f"not enough memory to capture CUDA graphs for batch sizes {list(buckets)}: "
@@ -258,23 +269,24 @@ def _graph_bytes(engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
     return max(used, 0)
 
 
-def _capture_graphs(
-    engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
-) -> DecodeGraphRunner:
-    """The graphs over the final cache, in the room _graph_bytes kept for them."""
+def capture_graphs(engine: Engine, size: CacheSize, max_total_tokens: int) -> DecodeGraphRunner:
+    """The graphs over the engine's final cache, in the room _graph_bytes kept for them; an
+    OutOfMemory when that room does not suffice."""
     try:
-        runner = _graph_runner(engine, buckets, max_total_tokens)
+        runner = _graph_runner(engine, size.graph_buckets, max_total_tokens)
         runner.capture(engine.kv_cache)
     except (RuntimeError, MemoryError) as e:
-        if not _is_out_of_memory(e):
+        if not is_out_of_memory(e):
             raise
-        engine.kv_cache = engine.allocate_kv_cache(1)
-        torch.cuda.empty_cache()
         raise OutOfMemory(f"not enough memory left to capture CUDA graphs: {_GRAPH_ADVICE}") from e
+    log.info(
+        "CUDA graphs: decode batch sizes %s up to %d tokens of context (%.0f MiB kept for them)",
+        list(size.graph_buckets), max_total_tokens, size.graph_bytes / 2**20,
+    )  # fmt: skip
     return runner
 
 
-def _is_out_of_memory(e: BaseException) -> bool:
+def is_out_of_memory(e: BaseException) -> bool:
     """CUDA raises torch.OutOfMemoryError; the CPU allocator a RuntimeError or MemoryError."""
     return isinstance(e, torch.OutOfMemoryError | MemoryError) or "memory" in str(e).lower()
 
