@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi_shard.attention import AttentionBackend, AttentionMetadata, get_backend
+from pytgi_shard.attention.plans import AttentionPlans
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 
@@ -124,13 +125,13 @@ def decode_rows(batch: int, context: int, sweep: bool) -> list[Row]:
         variants += [(f"triton/{s}", {"num_splits": s}) for s in (1, 2, 4, 8, 16)]
     rows = []
     for label, options in variants:
-        inputs.meta.plans.clear()
+        inputs.meta.plans = AttentionPlans()
         forward = layer_forward(label.split("/")[0], inputs, **options)
         try:
             ms = time_ms(forward, graph=True)
         except RuntimeError:  # not capturable: time it as it would run, eagerly
             torch.cuda.synchronize()
-            inputs.meta.plans.clear()
+            inputs.meta.plans = AttentionPlans()
             ms = time_ms(forward)
             label += "(eager)"
         rows.append(Row("decode", batch, 1, context, label, ms, kv_bytes / ms / 1e6))
@@ -149,7 +150,7 @@ def prefill_rows(batch: int, new: int, cached: int) -> list[Row]:
     flops = causal_flops(batch, new, cached + new)
     rows = []
     for label in ("reference", "triton"):
-        inputs.meta.plans.clear()
+        inputs.meta.plans = AttentionPlans()
         ms = time_ms(layer_forward(label, inputs))
         rows.append(Row("prefill", batch, new, cached + new, label, ms, flops / ms / 1e9))
     if cached == 0:

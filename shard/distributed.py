@@ -37,10 +37,6 @@ class Dist:
         tdist.all_gather(parts, t, group=self.group)
         return torch.cat(parts, dim=dim)
 
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            tdist.barrier(group=self.group)
-
     def close(self) -> None:
         """Tears the process group down (at shutdown), so peers see a clean exit, not a hang."""
         if self.group is not None and tdist.is_initialized():

@@ -73,14 +73,6 @@ def unpack(packed: torch.Tensor) -> tuple[list[int], list[float], list[int]]:
     return ints[0], packed[1].tolist(), ints[1]
 
 
-def next_tokens(
-    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detokenizer: Detokenizer
-) -> tuple[generate_pb2.DecodeResponse, list[int]]:
-    """Advances every request of `batch` by one token; returns a DecodeResponse holding the
-    step's Generations (a Decode answers with it as it is) and the ids of the finished requests."""
-    return emit_generations(batch, choose_tokens(batch, logits, inputs, detokenizer), detokenizer)
-
-
 def choose_tokens(
     batch: Batch, logits: torch.Tensor, inputs: ForwardInputs | None, detokenizer: Detokenizer
 ) -> Choice:

@@ -19,7 +19,6 @@ class KVCache:
     # Per layer: [num_blocks, block_size, num_kv_heads, head_dim].
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
-    block_size: int
 
     @classmethod
     def allocate(
@@ -35,7 +34,7 @@ class KVCache:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        return cls(keys=keys, values=values, block_size=block_size)
+        return cls(keys=keys, values=values)
 
     @property
     def num_blocks(self) -> int:

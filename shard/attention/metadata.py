@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
+
+from pytgi_shard.attention.plans import AttentionPlans
 
 
 @dataclass
@@ -32,9 +33,9 @@ class AttentionMetadata:
     max_seqlen_k: int
     block_size: int
     # Tensors a backend derives from the fields above (indices, masks) once per forward and every
-    # layer then reuses; keyed by the backend. Empty when the metadata is built, so build a new
-    # metadata for every forward rather than mutating one in place.
-    plans: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # layer then reuses (shard/attention/plans.py). Empty when the metadata is built, so build a
+    # new metadata for every forward rather than mutating one in place.
+    plans: AttentionPlans = field(default_factory=AttentionPlans, repr=False, compare=False)
 
     @property
     def batch_size(self) -> int:

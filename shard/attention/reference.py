@@ -15,10 +15,11 @@ import torch.nn.functional as F
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.attention.plans import MaskKind
 
 
-@dataclass
-class _Layout:
+@dataclass(frozen=True, slots=True)
+class ReferenceLayout:
     """Where each flat token sits in the padded batch, and which blocks to gather."""
 
     # [T] int64: the request of each flat token and its index among that request's new tokens.
@@ -30,7 +31,7 @@ class _Layout:
     query_pos: torch.Tensor
 
 
-def _layout(meta: AttentionMetadata, num_tokens: int) -> _Layout:
+def _layout(meta: AttentionMetadata, num_tokens: int) -> ReferenceLayout:
     cu = meta.cu_seqlens_q.long()
     q_lens = cu[1:] - cu[:-1]
     batch = q_lens.shape[0]
@@ -43,10 +44,10 @@ def _layout(meta: AttentionMetadata, num_tokens: int) -> _Layout:
     blocks = meta.block_tables[:, :num_blocks].long()
     first = (meta.seqlens_k.long() - q_lens).unsqueeze(1)
     query_pos = first + torch.arange(meta.max_seqlen_q, device=device).unsqueeze(0)
-    return _Layout(token_request, token_offset, blocks, query_pos)
+    return ReferenceLayout(token_request, token_offset, blocks, query_pos)
 
 
-def _mask(meta: AttentionMetadata, layout: _Layout, sliding_window: int | None) -> torch.Tensor:
+def _mask(meta: AttentionMetadata, layout: ReferenceLayout, sliding_window: int | None) -> torch.Tensor:
     """[B, max_q, context] bool: query (b, i) may attend to context position j."""
     context = layout.blocks.shape[1] * meta.block_size
     j = torch.arange(context, device=layout.blocks.device).view(1, 1, -1)
@@ -69,23 +70,23 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
 class ReferenceAttention(AttentionBackend):
     name = "reference"
 
-    def _plan(self, meta: AttentionMetadata, num_tokens: int) -> _Layout:
-        layout = meta.plans.get(self.name)
+    def _plan(self, meta: AttentionMetadata, num_tokens: int) -> ReferenceLayout:
+        layout = meta.plans.reference_layout
         if layout is None:
-            layout = meta.plans[self.name] = _layout(meta, num_tokens)
+            layout = meta.plans.reference_layout = _layout(meta, num_tokens)
         return layout
 
     def _plan_mask(
-        self, meta: AttentionMetadata, layout: _Layout, sliding_window: int | None, group: int
+        self, meta: AttentionMetadata, layout: ReferenceLayout, sliding_window: int | None, group: int
     ) -> torch.Tensor:
         """The mask in the grouped layout [B, 1, max_q * group, context], once per forward."""
-        key = f"{self.name}:mask:{sliding_window}:{group}"
-        mask = meta.plans.get(key)
+        kind = MaskKind(sliding_window, group)
+        mask = meta.plans.reference_masks.get(kind)
         if mask is None:
             base = _mask(meta, layout, sliding_window)
             b, q, c = base.shape
             mask = base.view(b, 1, q, 1, c).expand(b, 1, q, group, c).reshape(b, 1, q * group, c)
-            meta.plans[key] = mask
+            meta.plans.reference_masks[kind] = mask
         return mask
 
     def forward(

@@ -14,6 +14,7 @@ import torch
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.attention.plans import DecodeShape
 from pytgi_shard.attention.triton_cache import write_kv_cache
 from pytgi_shard.attention.triton_decode import (
     DecodePlan,
@@ -50,13 +51,14 @@ class TritonAttention(AttentionBackend):
         self, meta: AttentionMetadata, q: torch.Tensor, num_kv_heads: int
     ) -> DecodePlan:
         batch, num_heads, head_dim = q.shape
-        key = f"{self.name}:decode:{num_heads}:{num_kv_heads}:{head_dim}"
-        plan = meta.plans.get(key)
+        shape = DecodeShape(num_heads, num_kv_heads, head_dim)
+        plan = meta.plans.triton_decode.get(shape)
         if plan is None:
             splits = self.num_splits or decode_splits(
                 batch, num_kv_heads, self._num_sms(q.device)
             )
-            plan = meta.plans[key] = plan_decode(batch, num_heads, head_dim, splits, q.device)
+            plan = plan_decode(batch, num_heads, head_dim, splits, q.device)
+            meta.plans.triton_decode[shape] = plan
         return plan
 
     def forward(

@@ -157,7 +157,7 @@ def _decode_reduce_kernel(
     tl.store(dst, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class DecodePlan:
     """Per-forward state every layer reuses: the split count and the partial-result buffers."""
 

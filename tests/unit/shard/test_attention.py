@@ -103,11 +103,12 @@ def test_plan_is_shared_across_layers() -> None:
     caches = torch.zeros(5, 4, 1, 4), torch.zeros(5, 4, 1, 4)
     q, kv = torch.randn(5, 2, 4), torch.randn(5, 1, 4)
     first = backend.forward(q, kv, kv, *caches, meta, 0.5)
-    plans = dict(meta.plans)
+    layout, masks = meta.plans.reference_layout, dict(meta.plans.reference_masks)
     second = backend.forward(q, kv, kv, *caches, meta, 0.5)
     assert torch.equal(first, second)
-    assert meta.plans.keys() == plans.keys()
-    assert all(meta.plans[key] is plans[key] for key in plans)
+    assert layout is not None and meta.plans.reference_layout is layout
+    assert len(masks) == 1 and meta.plans.reference_masks.keys() == masks.keys()
+    assert all(meta.plans.reference_masks[kind] is masks[kind] for kind in masks)
 
 
 def test_unknown_backend_is_a_clear_error() -> None:

@@ -1,5 +1,6 @@
-"""next_tokens (batched stops, one transfer, Generations built in place) against a plain
-per-request reference: the same messages, byte for byte, step after step."""
+"""A step's token choice and Generations (choose_tokens, then emit_generations: batched stops, one
+transfer, Generations built in place) against a plain per-request reference: the same messages,
+byte for byte, step after step."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.batch import Batch, BatchContext
+from pytgi_shard.batch import Batch, BatchContext, ForwardInputs
 from pytgi_shard.detokenizer import Detokenizer
-from pytgi_shard.generation import HostTransfer, next_tokens, pack, unpack
+from pytgi_shard.generation import HostTransfer, choose_tokens, emit_generations, pack, unpack
 from pytgi_shard.sampling import Watermark
 from tests.tiny_models import train_tokenizer, write_tokenizer
 from tests.unit.shard.test_batch import batch_of, request
@@ -26,6 +27,13 @@ def detok(tmp_path_factory: pytest.TempPathFactory) -> Detokenizer:
     path = tmp_path_factory.mktemp("tok")
     write_tokenizer(path, train_tokenizer(["Hello world! café 東京 🙂", "the quick fox"]), 256)
     return Detokenizer.from_model_dir(path, {})
+
+
+def step(
+    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detok: Detokenizer
+) -> tuple[pb.DecodeResponse, list[int]]:
+    """One step's host side as the engine runs it: choose, then emit."""
+    return emit_generations(batch, choose_tokens(batch, logits, inputs, detok), detok)
 
 
 def context() -> BatchContext:
@@ -96,7 +104,7 @@ def test_decode_steps_give_the_reference_messages(detok: Detokenizer) -> None:
         logits = torch.randn(len(fast), VOCAB, generator=gen) * 4
         logits[:, EOS] += 7
         inputs = fast.decode_inputs()
-        response, done = next_tokens(fast, logits.clone(), inputs, detok)
+        response, done = step(fast, logits.clone(), inputs, detok)
         expected, expected_done = reference_step(slow, logits.clone(), detok, plain)
         assert done == expected_done
         assert [g.SerializeToString() for g in response.generations] == [
@@ -141,7 +149,7 @@ def test_prefill_step_keeps_prefill_and_top_tokens(detok: Detokenizer, tmp_path:
     rows = inputs.lm_head_indices
     assert rows is not None
     logits = torch.randn(len(rows), VOCAB, generator=torch.Generator().manual_seed(1))
-    response, done = next_tokens(batch, logits, inputs, detok)
+    response, done = step(batch, logits, inputs, detok)
     first, second = response.generations
     assert list(first.prefill_tokens.ids) == [5, 6, 7] and math.isnan(
         first.prefill_tokens.logprobs[0]
