@@ -88,7 +88,6 @@ def mixed_batch() -> pb.Batch:
 def test_decode_steps_give_the_reference_messages(detok: Detokenizer) -> None:
     plain = Detokenizer(detok.tokenizer, piece_table=False)
     fast, slow = (Batch.from_pb(mixed_batch(), context()) for _ in range(2))
-    fast.prefilled = slow.prefilled = True
     gen = torch.Generator().manual_seed(0)
     finished_any = set()
     for _ in range(12):

@@ -18,7 +18,7 @@ from pytgi_launcher.cli import parse_settings
 from pytgi_launcher.commands import shard_argv
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.backend import BACKENDS
-from pytgi_shard.batch import ForwardInputs
+from pytgi_shard.step_inputs import ForwardInputs
 from pytgi_shard.decode_graphs import (
     DecodeGraphRunner,
     bucket_for,
