@@ -148,8 +148,9 @@ class Batch:
         )
         block_tables = _block_table([r.blocks for r in requests], ctx.device)
         chooser = NextTokenChooser.create(params, ctx.device, ctx.watermark)
-        # A resumed seeded request's generator continues where its sampled tokens left it.
-        chooser.skip_draws([r.resumed for r in requests], ctx.vocab_size)
+        # A resumed seeded request's generator continues where its sampled tokens left it (only
+        # once it samples: a partial prefill's batch is dropped after its forward).
+        chooser.skip_draws([r.resumed if r.complete else 0 for r in requests], ctx.vocab_size)
         return cls(
             batch_id=pb.id,
             requests=requests,

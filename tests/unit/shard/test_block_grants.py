@@ -60,9 +60,10 @@ def grow_on_demand(router: Router, reqs: list[pb.Request]) -> None:
     router.finish()
 
 
+# Triton (interpreted on CPU, slow) in the case that exercises the most: overlap, late grants.
 CASES = [
     (False, "reference", False), (True, "reference", False), (True, "reference", True),
-    (False, "triton", False), (True, "triton", True),
+    (True, "triton", True),
 ]  # fmt: skip
 
 

@@ -81,6 +81,8 @@ def test_partial_prefills_leave_no_state_and_sample_nothing(engines: Engines) ->
     response = engine.prefill(pb.PrefillRequest(batch=pb.Batch(id=1, requests=[r])))
     assert not response.HasField("batch") and not response.generations
     assert len(engine.cache) == 0
+    info = engine.info()
+    assert info.support_chunking and info.use_prefix_caching
     # The same batch id again (the router's next chunk) is no clash.
     r.cache_len, r.chunk_len = 6, 0
     response = engine.prefill(pb.PrefillRequest(batch=pb.Batch(id=1, requests=[r])))
