@@ -9,7 +9,7 @@ per-request state (stopping, detokenizer offsets) is only touched when building 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain
 
@@ -21,8 +21,9 @@ from pytgi_shard.detokenizer import TextStream
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.generation_wire import request_field
 from pytgi_shard.kv_cache import SCRATCH_SLOT
-from pytgi_shard.request_validation import validate_request
+from pytgi_shard.request_validation import chunk_end, validate_request
 from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
+from pytgi_shard.step_inputs import ForwardInputs, chunk_inputs
 from pytgi_shard.stopping import BatchStops, StoppingCriteria
 
 
@@ -41,6 +42,7 @@ class BatchContext:
 @dataclass(slots=True)
 class RequestState:
     id: int
+    # len(input_ids): the sequence is the prompt, then generated_ids, then what this shard adds.
     prompt_length: int
     blocks: list[int]
     top_n_tokens: int
@@ -49,25 +51,22 @@ class RequestState:
     text: TextStream
     # Reported in GeneratedText only when the request samples.
     seed: int | None
+    # This step computes tokens [cache_len, chunk_end) of the sequence's sequence_length.
+    cache_len: int
+    chunk_end: int
+    sequence_length: int
+    # How many generated_ids the router sent (a request resumed after preemption).
+    resumed: int
 
     @property
     def length(self) -> int:
         """Tokens known so far: the prompt and every generated token."""
         return self.prompt_length + self.text.generated
 
-
-@dataclass(slots=True)
-class ForwardInputs:
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    # The flat tokens that need logits; None: all of them (a decode step).
-    lm_head_indices: torch.Tensor | None
-    # Row of the logits holding each request's last token.
-    last_rows: torch.Tensor
-    # For prefill logprobs: logits rows and the prompt token each row predicts.
-    prompt_rows: torch.Tensor | None = None
-    prompt_targets: torch.Tensor | None = None
+    @property
+    def complete(self) -> bool:
+        """Whether this step's chunk ends the sequence (the request samples its next token)."""
+        return self.chunk_end == self.sequence_length
 
 
 class Batch:
@@ -83,7 +82,7 @@ class Batch:
         chooser: NextTokenChooser,
         stops: BatchStops,
         block_size: int,
-        prefilled: bool,
+        slack: list[int],
     ) -> None:
         self.batch_id = batch_id
         self.requests = requests
@@ -100,7 +99,10 @@ class Batch:
         self.chooser = chooser
         self.stops = stops
         self.block_size = block_size
-        self.prefilled = prefilled
+        # Per row, slots held minus tokens known, as of `_steps` appends ago: every append uses
+        # one more slot of every row, so `headroom` needs no per-row update per step.
+        self._slack = slack
+        self._steps = 0
         # Host copy of max(lengths), so that a decode step needs no device-to-host sync.
         self.max_length = max((r.length for r in requests), default=0)
         # Per row, how many top tokens to report; None when no request asked (the usual case).
@@ -118,6 +120,7 @@ class Batch:
         self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]
         self._pb: generate_pb2.CachedBatch | None = None
         self._capacity: torch.Tensor | None = None
+        self._row_of: dict[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.requests)
@@ -130,35 +133,39 @@ class Batch:
         ids = [r.id for r in pb.requests]
         if len(set(ids)) != len(ids):
             raise InvalidRequest(f"batch {pb.id} has duplicate request ids")
-        prompts = [list(r.input_ids) for r in pb.requests]
+        sequences = [[*r.input_ids, *r.generated_ids] for r in pb.requests]
         params = [SamplingParams.from_pb(r.parameters) for r in pb.requests]
         requests = [
-            _request_state(r, prompt, p, ctx)
-            for r, prompt, p in zip(pb.requests, prompts, params, strict=True)
+            _request_state(r, sequence, p, ctx)
+            for r, sequence, p in zip(pb.requests, sequences, params, strict=True)
         ]
-        width = max(
-            len(p) + r.stopping_parameters.max_new_tokens
-            for p, r in zip(prompts, pb.requests, strict=True)
-        )
-        all_ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            all_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.long)
+        width = max(len(r.input_ids) + r.stopping_parameters.max_new_tokens for r in pb.requests)
+        all_ids = torch.zeros(len(sequences), width, dtype=torch.long)
+        for row, sequence in enumerate(sequences):
+            all_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
         stops = BatchStops.build(
-            [len(p) for p in prompts], [r.stopping for r in requests], ctx.device
+            [r.prompt_length for r in requests], [r.stopping for r in requests], ctx.device
         )
         block_tables = _block_table([r.blocks for r in requests], ctx.device)
+        chooser = NextTokenChooser.create(params, ctx.device, ctx.watermark)
+        # A resumed seeded request's generator continues where its sampled tokens left it (only
+        # once it samples: a partial prefill's batch is dropped after its forward).
+        chooser.skip_draws([r.resumed if r.complete else 0 for r in requests], ctx.vocab_size)
         return cls(
             batch_id=pb.id,
             requests=requests,
             all_ids=all_ids.to(ctx.device),
-            lengths=torch.tensor([len(p) for p in prompts], dtype=torch.long, device=ctx.device),
-            last_ids=torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=ctx.device),
+            lengths=torch.tensor([len(s) for s in sequences], dtype=torch.long, device=ctx.device),
+            last_ids=torch.tensor([s[-1] for s in sequences], dtype=torch.long, device=ctx.device),
             block_tables=block_tables,
             slot_table=_slot_table(block_tables, ctx.block_size),
-            chooser=NextTokenChooser.create(params, ctx.device, ctx.watermark),
+            chooser=chooser,
             stops=stops,
             block_size=ctx.block_size,
-            prefilled=False,
+            slack=[
+                len(r.blocks) * ctx.block_size - len(s)
+                for r, s in zip(requests, sequences, strict=True)
+            ],
         )
 
     def to_pb(self) -> generate_pb2.CachedBatch:
@@ -177,66 +184,8 @@ class Batch:
         return out
 
     def prefill_inputs(self) -> ForwardInputs:
-        """Every prompt token of every request, flat; logits for last tokens (and prompt rows of
-        requests that asked for prefill logprobs)."""
-        device = self.lengths.device
-        prompt_lengths = [r.prompt_length for r in self.requests]
-        seqlens = torch.tensor(prompt_lengths, dtype=torch.long, device=device)
-        starts = torch.cumsum(seqlens, 0) - seqlens
-        total = sum(prompt_lengths)
-        request_of_token = torch.repeat_interleave(torch.arange(len(self), device=device), seqlens)
-        positions = torch.arange(total, device=device) - starts[request_of_token]
-        input_ids = self.all_ids[request_of_token, positions]
-        slots = self._slots(request_of_token, positions)
-        meta = AttentionMetadata(
-            is_prefill=True,
-            cu_seqlens_q=torch.nn.functional.pad(torch.cumsum(seqlens, 0), (1, 0)).to(torch.int32),
-            seqlens_k=seqlens.to(torch.int32),
-            slot_mapping=slots,
-            block_tables=self.block_tables,
-            max_seqlen_q=max(prompt_lengths),
-            max_seqlen_k=max(prompt_lengths),
-            block_size=self.block_size,
-        )
-        if not any(r.prefill_logprobs for r in self.requests):
-            last = starts + seqlens - 1
-            rows = torch.arange(len(self), device=device)
-            return ForwardInputs(input_ids, positions, meta, last, rows)
-        return self._with_prompt_rows(input_ids, positions, meta, prompt_lengths)
-
-    def _with_prompt_rows(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        prompt_lengths: list[int],
-    ) -> ForwardInputs:
-        """lm_head_indices with every prompt token of the requests that want prefill logprobs."""
-        indices: list[int] = []
-        last_rows: list[int] = []
-        prompt_rows: list[int] = []
-        targets: list[torch.Tensor] = []
-        start = 0
-        for row, (r, length) in enumerate(zip(self.requests, prompt_lengths, strict=True)):
-            if r.prefill_logprobs:
-                # The logits at prompt position i predict prompt token i + 1.
-                prompt_rows.extend(range(len(indices), len(indices) + length - 1))
-                targets.append(self.all_ids[row, 1:length])
-                indices.extend(range(start, start + length))
-            else:
-                indices.append(start + length - 1)
-            last_rows.append(len(indices) - 1)
-            start += length
-        device = self.lengths.device
-        return ForwardInputs(
-            input_ids,
-            positions,
-            meta,
-            torch.tensor(indices, dtype=torch.long, device=device),
-            torch.tensor(last_rows, dtype=torch.long, device=device),
-            torch.tensor(prompt_rows, dtype=torch.long, device=device),
-            torch.cat(targets),
-        )
+        """Every request's chunk of its sequence, flat (shard/step_inputs.py)."""
+        return chunk_inputs(self)
 
     def decode_inputs(self) -> ForwardInputs:
         """One token per request: the last known one, at position length - 1."""
@@ -276,13 +225,69 @@ class Batch:
     def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.slot_table[rows, positions]
 
+    def headroom(self) -> int:
+        """min over rows of (slots held - tokens known): a forward feeding every row's last
+        token needs >= 0; a look-ahead launched after this step's append needed >= 0 then."""
+        return min(self._slack) - self._steps
+
+    def slack_after(self, grants: Mapping[int, Sequence[int]]) -> list[int]:
+        """Per row, slots held minus tokens known once `grants` (request id -> blocks appended)
+        are applied; ids of other batches are ignored."""
+        slack = [s - self._steps for s in self._slack]
+        row_of = self.row_of()
+        for rid, blocks in grants.items():
+            row = row_of.get(rid)
+            if row is not None:
+                slack[row] += len(blocks) * self.block_size
+        return slack
+
+    def row_of(self) -> dict[int, int]:
+        """Request id -> row."""
+        if self._row_of is None:
+            self._row_of = {rid: row for row, rid in enumerate(self.request_ids)}
+        return self._row_of
+
+    def grow(self, grants: Mapping[int, Sequence[int]]) -> None:
+        """Appends blocks to the listed requests' tables (validated by the caller), widening
+        the tables when a request outgrows them. What was derived from the tables is dropped."""
+        row_of = self.row_of()
+        grants = {rid: blocks for rid, blocks in grants.items() if blocks and rid in row_of}
+        if not grants:
+            return
+        rows: list[int] = []
+        columns: list[int] = []
+        values: list[int] = []
+        for rid, blocks in grants.items():
+            row = row_of[rid]
+            held = self.requests[row].blocks
+            rows.extend([row] * len(blocks))
+            columns.extend(range(len(held), len(held) + len(blocks)))
+            values.extend(blocks)
+            held.extend(blocks)
+            self._slack[row] += len(blocks) * self.block_size
+        width = max(columns) + 1
+        if width > self.block_tables.shape[1]:
+            self.block_tables = _pad_columns(self.block_tables, width)
+            self.slot_table = _pad_columns(self.slot_table, width * self.block_size)
+        device = self.block_tables.device
+        row_t = torch.tensor(rows, dtype=torch.long, device=device)
+        col_t = torch.tensor(columns, dtype=torch.long, device=device)
+        block_t = torch.tensor(values, dtype=torch.long, device=device)
+        self.block_tables[row_t, col_t] = block_t.to(torch.int32)
+        offsets = torch.arange(self.block_size, device=device)
+        positions = (col_t * self.block_size).unsqueeze(1) + offsets
+        slots = (block_t * self.block_size).unsqueeze(1) + offsets
+        self.slot_table[row_t.unsqueeze(1).expand_as(positions), positions] = slots
+        self._capacity = None
+        self._pb = None
+
     def append(self, next_ids: torch.Tensor) -> None:
         """Records one new token per request (device side; host state is the caller's)."""
         self.all_ids.scatter_(1, self.lengths.unsqueeze(1), next_ids.unsqueeze(1))
         self.lengths += 1
         self.last_ids = next_ids
         self.max_length += 1
-        self.prefilled = True
+        self._steps += 1
 
     def filter(self, request_ids: Sequence[int]) -> Batch:
         """The batch of the listed requests only, in their current order."""
@@ -308,7 +313,7 @@ class Batch:
             chooser=self.chooser.filter(indices),
             stops=self.stops.index(index),
             block_size=self.block_size,
-            prefilled=self.prefilled,
+            slack=[self._slack[i] - self._steps for i in indices],
         )
 
     @classmethod
@@ -316,8 +321,6 @@ class Batch:
         """One batch of all requests, in order, under the first batch's id."""
         if len(batches) == 1:
             return batches[0]
-        if not all(b.prefilled for b in batches):
-            raise InvalidRequest("only prefilled batches can be concatenated")
         width = max(b.all_ids.shape[1] for b in batches)
         max_blocks = max(b.block_tables.shape[1] for b in batches)
         return cls(
@@ -333,7 +336,7 @@ class Batch:
             chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
             stops=BatchStops.concatenate([b.stops for b in batches]),
             block_size=batches[0].block_size,
-            prefilled=True,
+            slack=[s - b._steps for b in batches for s in b._slack],
         )
 
 
@@ -357,18 +360,24 @@ def _block_table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
 
 
 def _request_state(
-    pb: generate_pb2.Request, prompt: list[int], params: SamplingParams, ctx: BatchContext
+    pb: generate_pb2.Request, sequence: list[int], params: SamplingParams, ctx: BatchContext
 ) -> RequestState:
     stop = pb.stopping_parameters
-    validate_request(pb, prompt, ctx.vocab_size, ctx.block_size, ctx.num_blocks)
+    validate_request(pb, sequence, ctx.vocab_size, ctx.block_size, ctx.num_blocks)
     eos = () if stop.ignore_eos_token else ctx.eos_ids
+    stopping = StoppingCriteria(stop.max_new_tokens, eos, list(stop.stop_sequences))
+    stopping.generated = len(pb.generated_ids)
     return RequestState(
         id=pb.id,
-        prompt_length=len(prompt),
+        prompt_length=len(pb.input_ids),
         blocks=list(pb.blocks),
         top_n_tokens=min(pb.top_n_tokens, ctx.vocab_size),
         prefill_logprobs=pb.prefill_logprobs,
-        stopping=StoppingCriteria(stop.max_new_tokens, eos, list(stop.stop_sequences)),
-        text=TextStream.start(prompt),
+        stopping=stopping,
+        text=TextStream.start(pb.input_ids, pb.generated_ids),
         seed=params.seed if params.samples else None,
+        cache_len=pb.cache_len,
+        chunk_end=chunk_end(pb, len(sequence)),
+        sequence_length=len(sequence),
+        resumed=len(pb.generated_ids),
     )

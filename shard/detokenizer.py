@@ -40,10 +40,15 @@ class TextStream:
     plain_window: bool = False
 
     @classmethod
-    def start(cls, prompt_ids: Sequence[int]) -> TextStream:
+    def start(cls, prompt_ids: Sequence[int], generated_ids: Sequence[int] = ()) -> TextStream:
+        """The stream of a new request; `generated_ids` (a request resumed after preemption)
+        count as generated but are not read yet: Detokenizer.catch_up reads them."""
         context = list(prompt_ids[-PROMPT_CONTEXT:])
         return cls(
-            ids=context, prompt_context=len(context), prefix_offset=0, read_offset=len(context)
+            ids=[*context, *generated_ids],
+            prompt_context=len(context),
+            prefix_offset=0,
+            read_offset=len(context),
         )
 
     @property
@@ -165,6 +170,16 @@ class Detokenizer:
                 stream.plain_window = stream.read_offset - stream.prefix_offset == 1 and (
                     self.piece(stream.ids[stream.prefix_offset]) is not None
                 )
+
+    def catch_up(self, stream: TextStream) -> str:
+        """Reads the tokens appended to `stream` but not read yet (a resumed request's
+        generated_ids) one at a time, as the steps that generated them did: the offsets end
+        where those steps left them, so the next token's text continues after theirs (a
+        character they left incomplete included) and nothing is emitted twice. Returns their
+        text (what the stop sequences have seen)."""
+        pending = stream.ids[stream.read_offset :]
+        del stream.ids[stream.read_offset :]
+        return "".join(self.advance([stream], [token])[0] for token in pending)
 
     def piece(self, token: int) -> str | None:
         """The token's own text when it can be appended as is (see `_plain_pieces`), else None."""

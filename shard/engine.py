@@ -16,19 +16,21 @@ from opentelemetry import trace
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.batch import Batch, BatchContext, ForwardInputs
+from pytgi_shard.batch import Batch, BatchContext
+from pytgi_shard.block_grants import Grants, apply_grants, checked_grants
 from pytgi_shard.cache import BatchCache
 from pytgi_shard.decode_graphs import DecodeGraphRunner
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
-from pytgi_shard.generation import choose_tokens, emit_generations
+from pytgi_shard.generation import choose_tokens, emit_generations, prefill_tokens
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.lookahead import Lookahead, Lookaheads
 from pytgi_shard.models.model import Model
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
+from pytgi_shard.step_inputs import ForwardInputs, chunk_inputs
 from pytgi_shard.warmup import (
     CacheSize,
     allocation_failure,
@@ -108,8 +110,10 @@ class Engine:
             dtype=DTYPE_NAMES.get(m.dtype, str(m.dtype)),
             device_type=m.device.type,
             speculate=0,
-            support_chunking=False,
-            use_prefix_caching=False,
+            # A Prefill mixes the cached batch's decode rows with the newcomers' chunks, and
+            # new tokens attend over KV already in their blocks (cache_len).
+            support_chunking=True,
+            use_prefix_caching=True,
             attention_impl=self.settings.attention or "reference",
             block_size=self.block_size,
             model_type=m.model_type,
@@ -143,21 +147,20 @@ class Engine:
             raise RuntimeError("health check forward produced non-finite logits")
 
     def prefill(self, request: generate_pb2.PrefillRequest) -> generate_pb2.PrefillResponse:
+        """The newcomers' chunks and, with a cached batch, its next decode step, in one step."""
         start = time.perf_counter_ns()
-        batch = Batch.from_pb(request.batch, self.batch_context())
+        new = Batch.from_pb(request.batch, self.batch_context())
         cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
-        self._check_new_batch(batch, cached_id)
+        self._check_new_batch(new, cached_id)
+        if cached_id is None and request.grants:
+            raise InvalidRequest("BlockGrants in a Prefill without a cached batch")
+        grants: Grants = {}
+        if cached_id is not None:
+            batches = [self.cache.get(cached_id)]
+            grants = checked_grants(request.grants, batches, self.kv_cache.num_blocks)
         try:
-            step = self._step(batch, batch.prefill_inputs())
-            concat_ns = None
-            if cached_id is not None:
-                concat_start = time.perf_counter_ns()
-                with self._span("concatenate"):
-                    cached = self.cache.pop(cached_id)
-                    if step.live is not None:
-                        cached = Batch.concatenate([cached, step.live])
-                    step = step._replace(live=cached)
-                concat_ns = time.perf_counter_ns() - concat_start
+            cached = self.cache.pop(cached_id) if cached_id is not None else None
+            step, concat_ns = self._prefill_step(new, cached, grants)
         except BaseException:
             # A failed step leaves the batches it touched in an unknown state: drop them.
             if cached_id is not None:
@@ -165,6 +168,50 @@ class Engine:
             self.lookaheads.clear()
             raise
         return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
+
+    @torch.inference_mode()
+    def _prefill_step(
+        self, new: Batch, cached: Batch | None, grants: Grants
+    ) -> tuple[_Step, int | None]:
+        """One forward over the cached batch's decode rows (unless its logits were computed
+        ahead) and every newcomer's chunk; then the cached requests and the newcomers whose
+        chunk completed their sequence sample, in that order. Partial chunks only write KV
+        (and report prefill logprobs when asked)."""
+        start = time.perf_counter_ns()
+        ahead = None
+        decode = None
+        if cached is not None:
+            if apply_grants(cached, grants):
+                self.lookaheads.clear()
+            ahead = self.lookaheads.take(cached.request_ids)
+            decode = cached.decode_inputs() if ahead is None else None
+        inputs = chunk_inputs(new, decode)
+        with self._span("forward"):
+            logits, timer, _ = self._forward(inputs)
+        prefill = prefill_tokens(new, logits, inputs, self.detokenizer)
+        last = logits.index_select(0, inputs.last_rows)
+        if ahead is not None:
+            last = torch.cat([ahead[0], last])
+        complete = [r.id for r in new.requests if r.complete]
+        parts = [b for b in (cached, new.filter(complete) if complete else None) if b is not None]
+        concat_ns = None
+        if len(parts) > 1:
+            concat_start = time.perf_counter_ns()
+            with self._span("concatenate"):
+                batch = Batch.concatenate(parts)
+            concat_ns = time.perf_counter_ns() - concat_start
+        if complete:
+            resume_texts(new, self.detokenizer)
+        if parts:
+            step = self._sample(batch if len(parts) > 1 else parts[0], last, prefill, timer, start)
+        else:
+            step = _Step(generate_pb2.DecodeResponse(), None, timer.elapsed_ns(), 0)
+        for r in new.requests:
+            if not r.complete and r.id in prefill:
+                step.generations.generations.add(request_id=r.id).prefill_tokens.CopyFrom(
+                    prefill[r.id]
+                )
+        return step, concat_ns
 
     def _check_new_batch(self, batch: Batch, cached_id: int | None) -> None:
         if batch.batch_id in self.cache and batch.batch_id != cached_id:
@@ -183,6 +230,9 @@ class Engine:
             raise InvalidRequest("Decode needs at least one batch")
         if len(set(ids)) != len(ids):
             raise InvalidRequest(f"Decode lists a batch twice: {ids}")
+        grants = checked_grants(
+            request.grants, [self.cache.get(i) for i in ids], self.kv_cache.num_blocks
+        )
         batches = self.cache.pop_all(ids)
         concat_ns = None
         if len(batches) > 1:
@@ -192,7 +242,7 @@ class Engine:
         else:
             batch = batches[0]
         try:
-            step = self._step(batch, None)
+            step = self._decode_step(batch, grants)
         except BaseException:
             self.lookaheads.clear()
             raise
@@ -221,21 +271,32 @@ class Engine:
         return out
 
     @torch.inference_mode()
-    def _step(self, batch: Batch, inputs: ForwardInputs | None) -> _Step:
-        """Forward (None inputs: a decode step, whose logits may have been computed ahead), then
-        next tokens; with overlap, the next decode forward is queued before the host reads this
-        step's tokens back."""
+    def _decode_step(self, batch: Batch, grants: Grants) -> _Step:
+        """One token per request, from the logits computed ahead when there are (overlap)."""
         start = time.perf_counter_ns()
-        ahead = self.lookaheads.take(batch.request_ids) if inputs is None else None
+        if apply_grants(batch, grants):
+            self.lookaheads.clear()
+        ahead = self.lookaheads.take(batch.request_ids)
         if ahead is not None:
-            logits, timer = ahead
+            last, timer = ahead
         else:
-            if inputs is None:
-                inputs = batch.decode_inputs()
             with self._span("forward"):
-                logits, timer, _ = self._forward(inputs)
+                last, timer, _ = self._forward(batch.decode_inputs())
+        return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
+
+    def _sample(
+        self,
+        batch: Batch,
+        last: torch.Tensor,
+        prefill: dict[int, generate_pb2.Tokens],
+        timer: ForwardTimer,
+        start: int,
+        computed_ahead: bool = False,
+    ) -> _Step:
+        """Next tokens from `last` (a logits row per request of `batch`); with overlap, the next
+        decode forward is queued before the host reads this step's tokens back."""
         with self._span("sample"):
-            choice = choose_tokens(batch, logits, inputs, self.detokenizer)
+            choice = choose_tokens(batch, last, prefill)
             if self.overlap:
                 self._look_ahead(batch)
             generations, finished = emit_generations(batch, choice, self.detokenizer)
@@ -250,7 +311,7 @@ class Engine:
         # rest; a forward computed ahead overlapped the previous call, so all of this one's
         # time is the rest.
         step_ns, forward_ns = time.perf_counter_ns() - start, timer.elapsed_ns()
-        decode_ns = step_ns if ahead is not None else max(step_ns - forward_ns, 0)
+        decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
         return _Step(generations, live, forward_ns, decode_ns)
 
     def _forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
@@ -343,3 +404,12 @@ class Engine:
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             return nullcontext()
         return self.tracer.start_as_current_span(name)
+
+
+def resume_texts(batch: Batch, detokenizer: Detokenizer) -> None:
+    """Requests resumed after preemption whose sequence is complete read their generated_ids
+    as text (the stop sequences have seen it), before their next token is emitted."""
+    for r in batch.requests:
+        if r.resumed and r.complete:
+            r.stopping.prime(detokenizer.catch_up(r.text))
+            r.resumed = 0

@@ -16,10 +16,11 @@ import torch
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from pytgi_proto import generate_pb2
-from pytgi_shard.batch import Batch, ForwardInputs, RequestState
+from pytgi_shard.batch import Batch, RequestState
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.generation_wire import one_token_generations
 from pytgi_shard.sampling import top_tokens
+from pytgi_shard.step_inputs import ForwardInputs, predicted_count
 from pytgi_shard.stopping import RUNNING, STOP_SEQUENCE
 
 NAN = float("nan")
@@ -74,24 +75,17 @@ def unpack(packed: torch.Tensor) -> tuple[list[int], list[float], list[int]]:
 
 
 def choose_tokens(
-    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs | None, detokenizer: Detokenizer
+    batch: Batch, last: torch.Tensor, prefill: dict[int, generate_pb2.Tokens] | None = None
 ) -> Choice:
-    """The device half of a step: next tokens chosen and appended to the batch, stops decided,
-    the results on their way to the host. Prefill logprobs and top tokens read the host here.
-
-    `inputs` None: the logits of a decode step computed ahead (one row per request, in order),
-    whose inputs the choice does not need."""
-    if inputs is None:
-        prefill, last = {}, logits
-    else:
-        prefill = _prefill_tokens(batch, logits, inputs, detokenizer) if not batch.prefilled else {}
-        last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
+    """The device half of a step: next tokens chosen from `last` (one logits row per request,
+    in order) and appended to the batch, stops decided, the results on their way to the host.
+    Top tokens read the host here; `prefill` (prefill_tokens) rides along to the Generations."""
     next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths)
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
     tops = top_tokens(logprobs, batch.top_n) if batch.top_n is not None else None
     batch.append(next_ids)
     reasons = batch.stops.reasons(next_ids, batch.lengths)
-    return Choice(HostTransfer(next_ids, chosen, reasons), prefill, tops)
+    return Choice(HostTransfer(next_ids, chosen, reasons), prefill or {}, tops)
 
 
 def emit_generations(
@@ -158,10 +152,13 @@ def _add_top_tokens(
             _fill_tokens(g.top_tokens.add(), ids, lps, top_texts, special)
 
 
-def _prefill_tokens(
+def prefill_tokens(
     batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detokenizer: Detokenizer
 ) -> dict[int, generate_pb2.Tokens]:
-    """Prompt tokens with their logprobs (from the raw logits; the first has none: NaN)."""
+    """Per request that asked for prefill logprobs, the sequence tokens its chunk's rows predict
+    with their logprobs (from the raw logits), in order; the chunk at the sequence's start also
+    reports its first token, which nothing predicts (NaN). Over all of a prompt's chunks every
+    token is reported once."""
     if inputs.prompt_rows is None or inputs.prompt_targets is None:
         return {}
     rows = logits.index_select(0, inputs.prompt_rows)
@@ -173,11 +170,15 @@ def _prefill_tokens(
     for row, r in enumerate(batch.requests):
         if not r.prefill_logprobs:
             continue
-        prompt = batch.all_ids[row, : r.prompt_length].tolist()
-        lps = [NAN, *flat[offset : offset + r.prompt_length - 1]]
-        offset += r.prompt_length - 1
+        count = predicted_count(r.cache_len, r.chunk_end, r.sequence_length)
+        first = r.cache_len if r.cache_len == 0 else r.cache_len + 1
+        ids = batch.all_ids[row, first : r.cache_len + 1 + count].tolist()
+        lps = flat[offset : offset + count]
+        offset += count
+        if r.cache_len == 0:
+            lps = [NAN, *lps]
         tokens = generate_pb2.Tokens()
-        _fill_tokens(tokens, prompt, lps, detokenizer.token_texts(prompt), special)
+        _fill_tokens(tokens, ids, lps, detokenizer.token_texts(ids), special)
         out[r.id] = tokens
     return out
 

@@ -13,6 +13,12 @@ other requests and writes only their blocks, both queued after the look-ahead on
 stream). Requests the router removes in between are dropped from the logits; a request that
 finished (its stop only known once the host reads the step) got a row anyway, which writes to
 the reserved block 0 when it has no slot left (Batch.lookahead_inputs) and is discarded.
+
+A mixed Prefill takes the cached batch's look-ahead for its decode rows (the forward then covers
+the newcomers' chunks only): the same logits a mixed forward would give those rows. A row whose
+look-ahead ran with no slot because its block came late (a BlockGrant with the next step) is
+seen at that step (Batch.headroom < 0 before the grant): the look-aheads are dropped and the
+step computes its forward (shard/block_grants.py).
 """
 
 from __future__ import annotations

@@ -139,6 +139,18 @@ class NextTokenChooser:
         ]
         return cls(params, generators, device, watermark)
 
+    def skip_draws(self, counts: Sequence[int], vocab_size: int) -> None:
+        """Advances each sampling row's generator past `counts[row]` steps' draws, as if it had
+        sampled that many tokens (a request resumed after preemption): `_sample` draws one
+        [vocab] row of Exponential(1) noise per step from it, so the same draws, discarded,
+        leave it in the same state (on the same device, with the same vocabulary width)."""
+        for row in self.sample_rows:
+            generator = self.generators[row]
+            if counts[row] and generator is not None:
+                noise = torch.empty(vocab_size, device=self.device)
+                for _ in range(counts[row]):
+                    noise.exponential_(generator=generator)
+
     def _optional(self, values: list[float], neutral: float) -> torch.Tensor | None:
         if all(v == neutral for v in values):
             return None

@@ -55,6 +55,12 @@ class StoppingCriteria:
             return STOP_SEQUENCE
         return None
 
+    def prime(self, text: str) -> None:
+        """Takes `text` as already seen (a resumed request's earlier output): a stop sequence
+        may begin in it and end in the next token's text."""
+        window = self._tail + text
+        self._tail = window[len(window) - self._keep :] if self._keep else ""
+
     def matches(self, text: str) -> bool:
         """Whether a stop sequence ends inside `text` (the new text, appended to what came
         before); asked once per token that neither the length nor EOS stopped."""

@@ -246,10 +246,11 @@ def test_bad_calls_get_grpc_errors_and_the_server_keeps_serving(llama: Shards) -
 
     expect_error(llama, grpc.StatusCode.NOT_FOUND, "batch 404 not found", "Decode",
                  pb.DecodeRequest(batches=[pb.CachedBatch(id=404)]))  # fmt: skip
+    # Blocks must hold the tokens computed now and the next one (more arrive as BlockGrants).
     for keep in (0, 1):
-        short = make_request(1, ids, 40)
+        short = make_request(1, ids * 8, 40)
         del short.blocks[keep:]
-        expect_error(llama, invalid, "need", "Prefill", prefill(short))
+        expect_error(llama, invalid, "needs", "Prefill", prefill(short))
     expect_error(llama, invalid, "max_new_tokens", "Prefill", prefill(make_request(1, ids, 0)))
     expect_error(llama, invalid, "input_ids is empty", "Prefill", prefill(make_request(1, [], 3)))
     expect_error(llama, invalid, "vocabulary", "Prefill", prefill(make_request(1, [1, 384], 3)))
@@ -281,12 +282,14 @@ def test_prefill_onto_a_cached_batch_then_filter_over_grpc(llama: Shards) -> Non
         "Prefill", pb.PrefillRequest(batch=pb.Batch(id=2, requests=[b]), cached_batch=first.batch)
     )
     assert list(second.batch.request_ids) == [1, 2] and second.HasField("concat_ns")
-    assert len(second.generations[0].prefill_tokens.ids) == len(b.input_ids)
+    # The mixed step: the cached request's next token, then the newcomer's first.
+    assert [g.request_id for g in second.generations] == [1, 2]
+    assert len(second.generations[1].prefill_tokens.ids) == len(b.input_ids)
     step = llama.call("Decode", pb.DecodeRequest(batches=[second.batch]))
     assert len(step.generations[0].top_tokens[0].ids) >= 2
     kept = llama.call("FilterBatch", pb.FilterBatchRequest(batch_id=1, request_ids=[2])).batch
     assert list(kept.request_ids) == [2] and kept.size == 1
-    tokens = [second.generations[0].tokens.ids[0], step.generations[1].tokens.ids[0]]
+    tokens = [second.generations[1].tokens.ids[0], step.generations[1].tokens.ids[0]]
     while kept.size:
         step = llama.call("Decode", pb.DecodeRequest(batches=[kept]))
         tokens.append(step.generations[0].tokens.ids[0])

@@ -58,7 +58,7 @@ def batch_of(*requests: pb.Request, batch_id: int = 1) -> pb.Batch:
         (request(1, []), "input_ids is empty"),
         (request(1, [5], max_new=0), "max_new_tokens must be > 0"),
         (request(1, [5, 100]), "token id 100"),
-        (request(1, [5] * 6, max_new=4, blocks=[1, 2]), "need 9"),
+        (request(1, [5] * 6, max_new=4, blocks=[1]), "needs 7"),
         (request(1, [5], blocks=[64, 1]), "block 64 is outside the KV cache"),
         (
             request(1, [5, 6], max_new=2, blocks=[3], slots=[12, 14]),

@@ -13,7 +13,14 @@ import torch
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.batch import Batch, BatchContext, ForwardInputs
 from pytgi_shard.detokenizer import Detokenizer
-from pytgi_shard.generation import HostTransfer, choose_tokens, emit_generations, pack, unpack
+from pytgi_shard.generation import (
+    HostTransfer,
+    choose_tokens,
+    emit_generations,
+    pack,
+    prefill_tokens,
+    unpack,
+)
 from pytgi_shard.sampling import Watermark
 from tests.tiny_models import train_tokenizer, write_tokenizer
 from tests.unit.shard.test_batch import batch_of, request
@@ -32,8 +39,10 @@ def detok(tmp_path_factory: pytest.TempPathFactory) -> Detokenizer:
 def step(
     batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detok: Detokenizer
 ) -> tuple[pb.DecodeResponse, list[int]]:
-    """One step's host side as the engine runs it: choose, then emit."""
-    return emit_generations(batch, choose_tokens(batch, logits, inputs, detok), detok)
+    """One step's host side as the engine runs it: prompt logprobs, choose, then emit."""
+    prefill = prefill_tokens(batch, logits, inputs, detok)
+    last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
+    return emit_generations(batch, choose_tokens(batch, last, prefill), detok)
 
 
 def context() -> BatchContext:
@@ -96,7 +105,6 @@ def mixed_batch() -> pb.Batch:
 def test_decode_steps_give_the_reference_messages(detok: Detokenizer) -> None:
     plain = Detokenizer(detok.tokenizer, piece_table=False)
     fast, slow = (Batch.from_pb(mixed_batch(), context()) for _ in range(2))
-    fast.prefilled = slow.prefilled = True
     gen = torch.Generator().manual_seed(0)
     finished_any = set()
     for _ in range(12):

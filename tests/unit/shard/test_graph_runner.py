@@ -18,7 +18,6 @@ from pytgi_launcher.cli import parse_settings
 from pytgi_launcher.commands import shard_argv
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.backend import BACKENDS
-from pytgi_shard.batch import ForwardInputs
 from pytgi_shard.decode_graphs import (
     DecodeGraphRunner,
     bucket_for,
@@ -29,6 +28,7 @@ from pytgi_shard.engine import Engine
 from pytgi_shard.kv_cache import SCRATCH_SLOT
 from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS, ShardSettings, parse_cuda_graphs
 from pytgi_shard.startup import load_engine
+from pytgi_shard.step_inputs import ForwardInputs
 from tests.unit.shard.test_batch import batch_of, request
 from tests.unit.shard.test_cli import parse
 from tests.unit.shard.test_engine import MIXED, Run
