@@ -1,0 +1,316 @@
+"""The router's KV block manager: which block each sequence holds, which blocks hold a reusable
+prompt prefix, and growing a sequence's blocks as it generates.
+
+The shards own the KV memory, the router owns the bookkeeping (TGI v3 / vLLM style, but in the
+router). Block 0 is reserved by the shard (health checks, padding rows), so blocks 1..total are
+handed out. A sequence is admitted with blocks for its prompt plus a reserve and grows on demand
+at block boundaries; when it cannot grow the scheduler preempts it (release, later re-admit with
+every token it has, which then mostly hits its own cached blocks).
+
+Prefix cache: a full block's KV depends on every token before it, so a cached block is keyed
+exactly (no hashing, no collisions) by (its parent's block id or None, its own token ids). The
+parent link makes the keys a radix tree over block-sized chunks. Blocks enter the index only once
+their KV is written (`commit`), never at admission. Unreferenced cached blocks stay cached until
+the free list runs short; then the least recently used leaf is evicted first (a child's key names
+its parent's id, which must not be reused while the child is cached).
+
+A sequence that computed a block some other sequence already cached (two identical prompts
+admitted together) keeps its own copy in its table (the shard has that table) and "pins" the
+cached one: its later blocks are registered under the cached chain, which must then outlive it.
+Invariant: every ancestor of a held (referenced or pinned) cached block is held too, so the
+unheld cached blocks are whole evictable subtrees, kept in LRU order with parents after children;
+the oldest one is therefore always a leaf and eviction is O(1).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# (parent block id or None for a first block, the block's token ids)
+BlockKey = tuple[int | None, tuple[int, ...]]
+
+
+class PrefixCacheError(RuntimeError):
+    """A bookkeeping bug (unknown or duplicate sequence, KV beyond a table): never a client's."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted sequence's block table and how many of its first tokens are already cached
+    (the `cache_len` the shard skips computing: always whole blocks, never the last token)."""
+
+    blocks: tuple[int, ...]
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class PrefixCacheSnapshot:
+    """A copy of the whole state, for tests and debugging (O(total) to build)."""
+
+    free: frozenset[int]
+    refs: dict[int, int]  # held blocks: sequences whose table holds them
+    pins: dict[int, int]  # cached blocks: sequences relying on them without holding them
+    index: dict[int, BlockKey]  # cached block -> its key
+    evictable: tuple[int, ...]  # unheld cached blocks, least recently used first
+    tables: dict[int, tuple[int, ...]]
+
+
+@dataclass(slots=True)
+class _Sequence:
+    table: list[int]
+    # The cached block standing for each committed full block of the sequence: its own table
+    # block, or the identical block cached first by someone else (then pinned).
+    chain: list[int]
+
+
+class PrefixCache:
+    """KV blocks of the running sequences plus the prefix cache over them."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_blocks: int | None = None,
+        prefix_caching: bool = True,
+    ) -> None:
+        """`num_blocks` counts block 0; `max_blocks` optionally caps how many of the others the
+        router may use (a KV token budget smaller than the shard's cache)."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if num_blocks < 2:
+            raise ValueError(f"the KV cache needs at least 2 blocks (block 0 is reserved), "
+                             f"got {num_blocks}")
+        usable = num_blocks - 1 if max_blocks is None else min(num_blocks - 1, max_blocks)
+        if usable < 1:
+            raise ValueError(f"no usable KV blocks (num_blocks={num_blocks}, "
+                             f"max_blocks={max_blocks})")
+        self.block_size = block_size
+        self.total = usable
+        self.prefix_caching = prefix_caching
+        self._reset()
+
+    def _reset(self) -> None:
+        usable = self.total
+        # A stack: the lowest ids are handed out first, which keeps tables readable in logs.
+        self._free: list[int] = list(range(usable, 0, -1))
+        self._refs = [0] * (usable + 1)
+        self._pins = [0] * (usable + 1)
+        self._children = [0] * (usable + 1)
+        self._index: dict[BlockKey, int] = {}
+        self._keys: dict[int, BlockKey] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._seqs: dict[int, _Sequence] = {}
+
+    # Introspection
+
+    @property
+    def free_count(self) -> int:
+        """Blocks a new admission or growth can get: free plus evictable cached ones."""
+        return len(self._free) + len(self._lru)
+
+    @property
+    def used_count(self) -> int:
+        """Blocks held by live sequences (directly or as a pinned prefix)."""
+        return self.total - self.free_count
+
+    @property
+    def cached_count(self) -> int:
+        """Blocks in the prefix index, held or not."""
+        return len(self._index)
+
+    @property
+    def evictable_count(self) -> int:
+        return len(self._lru)
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self._seqs
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks needed to hold `tokens` tokens of KV."""
+        return -(-tokens // self.block_size)
+
+    def table(self, seq_id: int, start: int = 0) -> tuple[int, ...]:
+        """The sequence's block table from position `start` (O(blocks returned), so a caller
+        can fetch just what `grow` appended)."""
+        return tuple(self._sequence(seq_id).table[start:])
+
+    def cached_prefix(self, tokens: Sequence[int]) -> int:
+        """The `cached_tokens` an admission of `tokens` would get now (changes nothing)."""
+        return len(self._match(tokens)) * self.block_size
+
+    def blocks_needed(self, tokens: Sequence[int], reserve_tokens: int = 0) -> int:
+        """How much `admit(tokens, reserve_tokens)` would take out of `free_count` now: fresh
+        blocks plus the cache hits that are evictable today. It succeeds iff this is at most
+        `free_count`."""
+        matched = self._match(tokens)
+        lru = self._lru
+        fresh = self.blocks_for(len(tokens) + reserve_tokens) - len(matched)
+        return fresh + sum(1 for block in matched if block in lru)
+
+    def snapshot(self) -> PrefixCacheSnapshot:
+        refs, pins = self._refs, self._pins
+        return PrefixCacheSnapshot(
+            free=frozenset(self._free),
+            refs={b: n for b, n in enumerate(refs) if n},
+            pins={b: n for b, n in enumerate(pins) if n},
+            index=dict(self._keys),
+            evictable=tuple(self._lru),
+            tables={s: tuple(seq.table) for s, seq in self._seqs.items()},
+        )
+
+    # Life of a sequence
+
+    def admit(
+        self, seq_id: int, tokens: Sequence[int], reserve_tokens: int = 0
+    ) -> Admission | None:
+        """Blocks for `tokens` plus `reserve_tokens` more, reusing the longest cached prefix of
+        `tokens` except the block of its last token (its logits must be computed, and a shared
+        block is never written). None, taking nothing, when too few blocks are free even after
+        evicting."""
+        if seq_id in self._seqs:
+            raise PrefixCacheError(f"sequence {seq_id} is already admitted")
+        if not tokens:
+            raise ValueError("cannot admit a sequence without tokens")
+        if reserve_tokens < 0:
+            raise ValueError(f"reserve_tokens must be >= 0, got {reserve_tokens}")
+        matched = self._match(tokens)
+        fresh = self.blocks_for(len(tokens) + reserve_tokens) - len(matched)
+        lru = self._lru
+        evictable_hits = sum(1 for block in matched if block in lru)
+        if fresh + evictable_hits > len(self._free) + len(lru):
+            return None
+        refs = self._refs
+        for block in matched:
+            # Held before `_take` evicts, so a hit can never be evicted under itself.
+            refs[block] += 1
+            lru.pop(block, None)
+        table = matched + self._take(fresh)
+        self._seqs[seq_id] = _Sequence(table, list(matched))
+        return Admission(tuple(table), len(matched) * self.block_size)
+
+    def grow(self, seq_id: int, tokens: int) -> bool:
+        """Makes the sequence's table hold `tokens` tokens; False, taking nothing, when too few
+        blocks are free even after evicting. O(new blocks)."""
+        seq = self._sequence(seq_id)
+        count = self.blocks_for(tokens) - len(seq.table)
+        if count <= 0:
+            return True
+        if count > len(self._free) + len(self._lru):
+            return False
+        seq.table.extend(self._take(count))
+        return True
+
+    def commit(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """After a step: `tokens` are all of the sequence's token ids whose KV is now written in
+        its blocks (prompt and generated). Every newly completed full block becomes hittable; one
+        identical to a block cached already is not registered twice (the cached one is pinned
+        instead, and the sequence's next blocks are registered under it). O(new full blocks)."""
+        seq = self._sequence(seq_id)
+        size = self.block_size
+        if len(tokens) > len(seq.table) * size:
+            raise PrefixCacheError(f"sequence {seq_id}: KV of {len(tokens)} tokens committed into "
+                                   f"{len(seq.table)} blocks of {size}")
+        chain = seq.chain
+        full = len(tokens) // size
+        if not self.prefix_caching or full <= len(chain):
+            return
+        index = self._index
+        parent = chain[-1] if chain else None
+        for position in range(len(chain), full):
+            key = (parent, tuple(tokens[position * size:(position + 1) * size]))
+            own = seq.table[position]
+            block = index.get(key)
+            if block is None:
+                index[key] = own
+                self._keys[own] = key
+                if parent is not None:
+                    self._children[parent] += 1
+                block = own
+            elif block != own:
+                self._pins[block] += 1
+                self._lru.pop(block, None)
+            chain.append(block)
+            parent = block
+
+    def release(self, seq_id: int) -> None:
+        """Finish, cancel or preempt: drops the sequence's blocks. Cached ones stay cached (most
+        recently used, parents after children); the others are free at once."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise PrefixCacheError(f"sequence {seq_id} is not admitted")
+        table, chain = seq.table, seq.chain
+        refs, pins = self._refs, self._pins
+        # Deepest first, so each parent lands in the LRU order after its children.
+        for position in range(len(table) - 1, -1, -1):
+            if position < len(chain) and chain[position] != table[position]:
+                pinned = chain[position]
+                pins[pinned] -= 1
+                if not pins[pinned] and not refs[pinned]:
+                    self._lru[pinned] = None
+            block = table[position]
+            refs[block] -= 1
+            if not refs[block] and not pins[block]:
+                if block in self._keys:
+                    self._lru[block] = None
+                else:
+                    self._free.append(block)
+
+    def clear(self) -> None:
+        """The shards restarted: their KV is gone, so is every sequence and cached block."""
+        self._reset()
+
+    # Internals
+
+    def _sequence(self, seq_id: int) -> _Sequence:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise PrefixCacheError(f"sequence {seq_id} is not admitted")
+        return seq
+
+    def _match(self, tokens: Sequence[int]) -> list[int]:
+        """The cached chain of `tokens`' full blocks, never including its last token's block."""
+        if not self.prefix_caching:
+            return []
+        size = self.block_size
+        index = self._index
+        matched: list[int] = []
+        parent: int | None = None
+        for position in range((len(tokens) - 1) // size):
+            block = index.get((parent, tuple(tokens[position * size:(position + 1) * size])))
+            if block is None:
+                break
+            matched.append(block)
+            parent = block
+        return matched
+
+    def _take(self, count: int) -> list[int]:
+        """`count` blocks for one sequence (the caller checked they exist), each referenced once."""
+        free = self._free
+        while len(free) < count:
+            free.append(self._evict())
+        if not count:
+            return []
+        blocks = free[-count:]
+        del free[-count:]
+        blocks.reverse()
+        refs = self._refs
+        for block in blocks:
+            refs[block] = 1
+        return blocks
+
+    def _evict(self) -> int:
+        """Drops the least recently used unheld cached block from the index and returns it."""
+        block, _ = self._lru.popitem(last=False)
+        if self._children[block]:
+            raise PrefixCacheError(f"block {block} was evicted before its cached children")
+        key = self._keys.pop(block)
+        del self._index[key]
+        parent = key[0]
+        if parent is not None:
+            self._children[parent] -= 1
+        return block

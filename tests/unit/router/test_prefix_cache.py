@@ -1,0 +1,263 @@
+"""PrefixCache: KV block tables, the exact prefix index, on-demand growth and LRU eviction.
+
+Each behaviour on a hand-built case; test_prefix_cache_machine.py drives random sequences of
+them against a model of the shard's KV memory.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytgi_router.core.prefix_cache import Admission, PrefixCache, PrefixCacheError
+
+
+def admit(cache: PrefixCache, seq_id: int, tokens: list[int], reserve: int = 0) -> Admission:
+    admission = cache.admit(seq_id, tokens, reserve)
+    assert admission is not None
+    return admission
+
+
+def admit_and_commit(cache: PrefixCache, seq_id: int, tokens: list[int]) -> Admission:
+    admission = admit(cache, seq_id, tokens)
+    cache.commit(seq_id, tokens)
+    return admission
+
+
+def test_block_zero_is_reserved_and_max_blocks_caps_the_pool() -> None:
+    cache = PrefixCache(num_blocks=5, block_size=4)
+    assert cache.total == 4 and cache.free_count == 4
+    assert sorted(admit(cache, 1, list(range(16))).blocks) == [1, 2, 3, 4]
+    assert cache.free_count == 0 and cache.used_count == 4
+    assert PrefixCache(num_blocks=100, block_size=8, max_blocks=10).total == 10
+    with pytest.raises(ValueError):
+        PrefixCache(num_blocks=1, block_size=4)
+    with pytest.raises(ValueError):
+        PrefixCache(num_blocks=4, block_size=0)
+    with pytest.raises(ValueError):
+        PrefixCache(num_blocks=4, block_size=1, max_blocks=0)
+
+
+def test_admission_holds_prompt_plus_reserve() -> None:
+    cache = PrefixCache(num_blocks=100, block_size=4)
+    admission = admit(cache, 1, list(range(5)), reserve=7)
+    assert len(admission.blocks) == 3 and admission.cached_tokens == 0
+    assert cache.table(1) == admission.blocks
+    assert cache.table(1, start=2) == admission.blocks[2:]
+
+
+def test_a_shared_prefix_hits_the_committed_blocks() -> None:
+    cache = PrefixCache(num_blocks=100, block_size=4)
+    first = admit_and_commit(cache, 1, list(range(10)))
+    second = admit(cache, 2, list(range(8)) + [50, 51, 52])
+    assert second.cached_tokens == 8
+    assert second.blocks[:2] == first.blocks[:2]
+    assert not set(second.blocks[2:]) & set(first.blocks)
+    refs = cache.snapshot().refs
+    assert refs[first.blocks[0]] == refs[first.blocks[1]] == 2
+    assert refs[first.blocks[2]] == 1
+    # A different first block: the parent link keeps the second block from matching alone.
+    third = admit(cache, 3, [99, 1, 2, 3, 4, 5, 6, 7, 8])
+    assert third.cached_tokens == 0
+
+
+def test_the_last_tokens_block_is_never_a_hit() -> None:
+    cache = PrefixCache(num_blocks=100, block_size=4)
+    first = admit_and_commit(cache, 1, list(range(8)))
+    assert cache.cached_count == 2
+    again = admit(cache, 2, list(range(8)))
+    assert again.cached_tokens == 4
+    assert again.blocks[0] == first.blocks[0] and again.blocks[1] != first.blocks[1]
+    assert cache.cached_prefix(list(range(9))) == 8
+    assert cache.cached_prefix(list(range(4))) == 0
+    assert cache.cached_prefix(list(range(5))) == 4
+
+
+def test_blocks_are_hittable_only_once_committed() -> None:
+    cache = PrefixCache(num_blocks=100, block_size=2)
+    tokens = list(range(9))
+    admit(cache, 1, tokens)
+    assert admit(cache, 2, tokens).cached_tokens == 0
+    cache.commit(1, tokens[:5])  # KV of 5 tokens written: 2 full blocks
+    assert cache.cached_prefix(tokens) == 4
+    cache.commit(1, tokens[:3])  # committing less changes nothing
+    assert cache.cached_count == 2
+    cache.commit(1, tokens)
+    assert cache.cached_prefix(tokens) == 8
+
+
+def test_an_identical_block_committed_twice_is_cached_once_and_pinned() -> None:
+    # Two prompts sharing a prefix, both admitted before either committed.
+    cache = PrefixCache(num_blocks=100, block_size=2)
+    tokens = [1, 2, 3, 4, 5]
+    first = admit(cache, 1, tokens)
+    second = admit(cache, 2, tokens + [6, 7])
+    cache.commit(1, tokens)
+    cache.commit(2, tokens + [6])  # 3 full blocks: two duplicates of the first's, one new
+    snap = cache.snapshot()
+    assert cache.cached_count == 3
+    assert set(snap.index) == {first.blocks[0], first.blocks[1], second.blocks[2]}
+    assert snap.index[second.blocks[2]] == (first.blocks[1], (5, 6))
+    assert snap.pins == {first.blocks[0]: 1, first.blocks[1]: 1}
+    cache.release(1)
+    # The first sequence's cached blocks are pinned by the second: not evictable.
+    assert cache.evictable_count == 0
+    assert cache.cached_prefix(tokens + [6, 7]) == 6
+    cache.release(2)
+    assert cache.free_count == cache.total
+    assert cache.snapshot().evictable == (second.blocks[2], first.blocks[1], first.blocks[0])
+
+
+def test_release_frees_uncached_blocks_at_once_and_keeps_cached_ones() -> None:
+    cache = PrefixCache(num_blocks=10, block_size=2)
+    admission = admit(cache, 1, [1, 2, 3], reserve=2)
+    cache.commit(1, [1, 2, 3])  # one full block cached; the partial and reserved ones are not
+    cache.release(1)
+    snap = cache.snapshot()
+    assert set(snap.index) == {admission.blocks[0]}
+    assert snap.evictable == (admission.blocks[0],)
+    assert snap.free == frozenset(range(1, 10)) - {admission.blocks[0]}
+    assert cache.free_count == cache.total and cache.used_count == 0
+    # An uncommitted sequence leaves nothing behind.
+    admit(cache, 2, [7, 8, 9])
+    cache.release(2)
+    assert cache.cached_count == 1
+
+
+def test_eviction_is_least_recently_used_and_leaves_first() -> None:
+    cache = PrefixCache(num_blocks=11, block_size=1)  # 10 blocks
+    chain_a = [1, 2, 3, 4]
+    chain_b = [5, 6, 7, 8]
+    a = admit_and_commit(cache, 1, chain_a)
+    b = admit_and_commit(cache, 2, chain_b)
+    cache.release(1)
+    cache.release(2)
+    # Released children first: each parent is more recent than its children.
+    assert cache.snapshot().evictable == a.blocks[::-1] + b.blocks[::-1]
+    # A hit on a's first two blocks makes them more recent than b's.
+    assert admit(cache, 3, chain_a[:3]).cached_tokens == 2
+    cache.release(3)
+    assert cache.snapshot().evictable == (a.blocks[3], a.blocks[2]) + b.blocks[::-1] + (
+        a.blocks[1], a.blocks[0])
+    # Pressure for 4 blocks: the 2 free ones, then a's leaf, then its parent.
+    admit(cache, 4, [90, 91, 92, 93])
+    assert cache.cached_prefix(chain_a + [0]) == 2
+    assert cache.cached_prefix(chain_b + [0]) == 4
+    # Next: b's leaf, older than a's remaining blocks (now a leaf too, but recently used).
+    admit(cache, 5, [94])
+    assert cache.cached_prefix(chain_a + [0]) == 2
+    assert cache.cached_prefix(chain_b + [0]) == 3
+
+
+def test_a_cached_parent_outlives_its_children_even_when_older() -> None:
+    # The first sequence caches [p, q] and leaves; the second, admitted at the same time with a
+    # longer prompt, pins them and caches its own child r under q.
+    cache = PrefixCache(num_blocks=8, block_size=1)  # 7 blocks
+    first = admit(cache, 1, [1, 2, 3])
+    second = admit(cache, 2, [1, 2, 4])
+    cache.commit(1, [1, 2])
+    cache.release(1)
+    cache.commit(2, [1, 2, 4])
+    assert cache.evictable_count == 0  # p and q are pinned by the second sequence
+    cache.release(2)
+    p, q = first.blocks[:2]
+    r = second.blocks[2]
+    assert cache.snapshot().evictable == (r, q, p)
+    assert cache.free_count == 7 and cache.evictable_count == 3
+    admit(cache, 3, [7, 7, 7, 7])  # the free blocks
+    admit(cache, 4, [8])  # evicts r
+    assert cache.cached_prefix([1, 2, 4, 0]) == 2
+    admit(cache, 5, [9])  # evicts q
+    assert cache.cached_prefix([1, 2, 4, 0]) == 1
+    assert cache.snapshot().evictable == (p,)
+
+
+def test_grow_appends_blocks_only_when_needed() -> None:
+    cache = PrefixCache(num_blocks=5, block_size=4)
+    admit(cache, 1, [1, 2, 3])
+    assert cache.grow(1, 4) and len(cache.table(1)) == 1
+    assert cache.grow(1, 5) and len(cache.table(1)) == 2
+    assert cache.grow(1, 16) and len(cache.table(1)) == 4
+    before = cache.snapshot()
+    assert not cache.grow(1, 17)
+    assert cache.snapshot() == before
+    assert cache.grow(1, 3)  # never shrinks
+    assert len(cache.table(1)) == 4
+
+
+def test_grow_evicts_cached_blocks_when_the_free_list_runs_short() -> None:
+    cache = PrefixCache(num_blocks=4, block_size=2)  # 3 blocks
+    admit_and_commit(cache, 1, [1, 2, 3, 4])
+    cache.release(1)
+    admit(cache, 2, [9])
+    assert cache.free_count == 2
+    assert cache.grow(2, 6)
+    assert cache.cached_count == 0 and cache.free_count == 0
+
+
+def test_a_failed_admission_takes_nothing() -> None:
+    cache = PrefixCache(num_blocks=5, block_size=2)  # 4 blocks
+    admit_and_commit(cache, 1, [1, 2, 3, 4, 5])
+    cache.release(1)
+    admit(cache, 2, [7, 7])
+    before = cache.snapshot()
+    # 3 blocks are obtainable; a hit on [1, 2] and [3, 4] still needs 3 fresh ones.
+    assert cache.blocks_needed([1, 2, 3, 4, 5], reserve_tokens=5) == 5
+    assert cache.admit(3, [1, 2, 3, 4, 5], reserve_tokens=5) is None
+    assert cache.snapshot() == before
+    assert cache.blocks_needed([1, 2, 3, 4, 5], reserve_tokens=1) == 3
+    assert admit(cache, 3, [1, 2, 3, 4, 5], reserve=1).cached_tokens == 4
+    assert cache.free_count == 0
+
+
+def test_blocks_needed_counts_fresh_blocks_and_evictable_hits() -> None:
+    cache = PrefixCache(num_blocks=20, block_size=2)
+    admit_and_commit(cache, 1, [1, 2, 3, 4, 5])
+    assert cache.blocks_needed([1, 2, 3, 4, 5, 6]) == 1  # hits are held, not evictable
+    cache.release(1)
+    assert cache.blocks_needed([1, 2, 3, 4, 5, 6]) == 3
+    free = cache.free_count
+    admit(cache, 2, [1, 2, 3, 4, 5, 6])
+    assert cache.free_count == free - 3
+
+
+def test_clear_drops_every_sequence_and_cached_block() -> None:
+    cache = PrefixCache(num_blocks=10, block_size=2)
+    admit_and_commit(cache, 1, [1, 2, 3, 4, 5])
+    admit_and_commit(cache, 2, [1, 2, 3])
+    cache.release(2)
+    cache.clear()
+    assert len(cache) == 0 and 1 not in cache
+    assert cache.cached_count == 0 and cache.free_count == cache.total
+    assert cache.snapshot().free == frozenset(range(1, 10))
+    assert admit(cache, 1, [1, 2, 3, 4, 5]).cached_tokens == 0
+
+
+def test_caching_off_never_caches_nor_hits() -> None:
+    cache = PrefixCache(num_blocks=10, block_size=2, prefix_caching=False)
+    admit_and_commit(cache, 1, [1, 2, 3, 4, 5])
+    assert cache.cached_count == 0
+    assert admit(cache, 2, [1, 2, 3, 4, 5]).cached_tokens == 0
+    cache.release(1)
+    cache.release(2)
+    assert cache.snapshot().free == frozenset(range(1, 10))
+
+
+def test_bookkeeping_errors_are_raised() -> None:
+    cache = PrefixCache(num_blocks=10, block_size=2)
+    admit(cache, 1, [1, 2, 3])
+    with pytest.raises(PrefixCacheError):
+        cache.admit(1, [1], 0)
+    with pytest.raises(PrefixCacheError):
+        cache.commit(1, [1, 2, 3, 4, 5])  # beyond its 2 blocks
+    for call in (lambda: cache.grow(2, 4), lambda: cache.commit(2, [1]),
+                 lambda: cache.release(2), lambda: cache.table(2)):
+        with pytest.raises(PrefixCacheError):
+            call()
+    cache.release(1)
+    with pytest.raises(PrefixCacheError):
+        cache.release(1)
+    with pytest.raises(ValueError):
+        cache.admit(3, [], 1)
+    with pytest.raises(ValueError):
+        cache.admit(3, [1], -1)
+    assert cache.free_count == cache.total
