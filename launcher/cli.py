@@ -29,10 +29,12 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--max-input-tokens", int, "max prompt tokens (default: from warmup)"),
     ("--max-input-length", int, "legacy alias of --max-input-tokens"),
     ("--max-total-tokens", int, "max prompt + new tokens per request (default: from warmup)"),
-    ("--waiting-served-ratio", float, "min new-batch size relative to running (default 0.3)"),
+    ("--waiting-served-ratio", float, "min new-batch size relative to running, only for shards "
+     "that do not chunk prompts (default 0.3)"),
     ("--max-batch-prefill-tokens", int, "token budget of one prefill (default: router's)"),
     ("--max-batch-total-tokens", int, "KV token budget (default: from warmup)"),
-    ("--max-waiting-tokens", int, "decode steps before waiting requests join (default 20)"),
+    ("--max-waiting-tokens", int, "decode steps before waiting requests join, only for shards "
+     "that do not chunk prompts (default 20)"),
     ("--max-batch-size", int, "hard cap on requests per batch"),
     ("--max-queue-size", int, "waiting requests before 429, < --max-concurrent-requests "
      "(default: none, the permits bound queued + running)"),
@@ -88,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(*names, type=kind, help=text, choices=choices)
     p.add_argument("--sharded", type=parse_bool, metavar="{true,false}",
                    help="true: shard across all visible GPUs; false: one shard")
+    p.add_argument("--prefix-caching", type=parse_bool, metavar="{true,false}",
+                   help="the router reuses the KV of prompt prefixes already computed "
+                        "(default true)")
     p.add_argument("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
     for flag, text in _SWITCHES:
         p.add_argument(flag, action="store_true", help=text)

@@ -45,6 +45,8 @@ class LauncherSettings:
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
+    # The router reuses the KV of prompt prefixes already computed (TGI's PREFIX_CACHING).
+    prefix_caching: bool = True
     max_client_batch_size: int = c.MAX_CLIENT_BATCH_SIZE
     payload_limit: int = c.PAYLOAD_LIMIT
     max_connections: int = 1024

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytgi_proto.cli_env import env_values, resolve_input_length_alias
+from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_router.settings import DEFAULT_MASTER_SHARD_UDS_PATH, RouterSettings
 
 log = logging.getLogger("pytgi.router")
@@ -37,6 +37,17 @@ def _parser() -> argparse.ArgumentParser:
         shown = _default(flag) if default is None else default
         add(flag, type=kind, help=f"(default {shown})")
     add("--max-input-length", type=int, help="legacy alias of --max-input-tokens")
+    only = ("only for shards that do not support chunking (a prefill then pauses the running "
+            "batch; shards that chunk mix newcomers into every step): ")
+    add("--waiting-served-ratio", type=float,
+        help=f"(default {_default('--waiting-served-ratio')}) {only}waiting requests join a running "
+             "batch when they are at least this many per running request")
+    add("--max-waiting-tokens", type=int,
+        help=f"(default {_default('--max-waiting-tokens')}) {only}or once they waited this many "
+             "decode steps")
+    add("--prefix-caching", type=parse_bool, metavar="{true,false}",
+        help="reuse the KV of prompt prefixes already computed (default true; env "
+             "PREFIX_CACHING)")
     add("--api-key", help="require `Authorization: Bearer <key>`")
     add("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
     add("--otlp-endpoint", help="OTLP gRPC collector, e.g. http://localhost:4317")
@@ -63,10 +74,8 @@ _LIMITS: list[tuple[str, type, str | None]] = [
     ("--max-top-n-tokens", int, None),
     ("--max-input-tokens", int, "from the shard's warmup"),
     ("--max-total-tokens", int, "from the shard's warmup"),
-    ("--waiting-served-ratio", float, None),
     ("--max-batch-prefill-tokens", int, None),
     ("--max-batch-total-tokens", int, "from the shard's warmup"),
-    ("--max-waiting-tokens", int, None),
     ("--max-batch-size", int, None),
     ("--max-queue-size", int, "none: waiting requests hold permits"),
     ("--max-client-batch-size", int, None),

@@ -62,7 +62,9 @@ class Metrics:
         self.queue_size = Gauge("tgi_queue_size", "Requests waiting", registry=r)
         self.batch_current_size = Gauge("tgi_batch_current_size", "Running batch size", registry=r)
         self.batch_current_max_tokens = Gauge(
-            "tgi_batch_current_max_tokens", "KV tokens reserved by the running batch", registry=r
+            "tgi_batch_current_max_tokens",
+            "KV tokens held by the live requests (whole blocks, shared cached prefixes once)",
+            registry=r
         )
         self.batch_max_total_tokens = Gauge(
             "tgi_batch_max_total_tokens", "KV capacity in tokens (from Warmup)", registry=r
@@ -105,10 +107,30 @@ class Metrics:
             buckets=d, registry=r,
         )
         # pytgi additions.
-        self.kv_blocks_free = Gauge("pytgi_kv_blocks_free", "Free KV-cache blocks", registry=r)
+        self.kv_blocks_free = Gauge(
+            "pytgi_kv_blocks_free",
+            "KV-cache blocks no live request holds (free, or cached prefixes evicted on demand)",
+            registry=r,
+        )
         self.kv_blocks_total = Gauge("pytgi_kv_blocks_total", "KV-cache blocks", registry=r)
         self.shard_reconnects = Counter(
             "pytgi_shard_reconnects", "Times the router re-connected to and re-warmed the shards",
+            registry=r,
+        )
+        # Prefix caching and KV on demand.
+        self.request_cached_tokens = Histogram(
+            "pytgi_request_cached_tokens",
+            "Prompt tokens found in the prefix cache, per request at its first admission",
+            buckets=_linear(max_input_tokens), registry=r,
+        )
+        self.prefix_cache_hit_ratio = Gauge(
+            "pytgi_prefix_cache_hit_ratio",
+            "Prompt tokens served from the prefix cache / prompt tokens admitted, since start",
+            registry=r,
+        )
+        self.preemptions = Counter(
+            "pytgi_preemptions_total",
+            "Requests preempted (KV blocks released, re-queued to resume) for want of KV blocks",
             registry=r,
         )
         self.shard_health_checks = Counter(

@@ -49,6 +49,8 @@ class RouterSettings:
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
+    # Reuse the KV of prompt prefixes already computed (TGI's PREFIX_CACHING).
+    prefix_caching: bool = True
     validation_workers: int = 2
     disable_grammar_support: bool = False
     # HTTP and operations.
@@ -113,6 +115,7 @@ class RouterSettings:
             max_total_tokens=self.max_total_tokens,
             max_queue_size=self.max_queue_size,
             shard_step_timeout_s=self.shard_step_timeout,
+            prefix_caching=self.prefix_caching,
         )
 
     @property

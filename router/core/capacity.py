@@ -8,8 +8,8 @@ import logging
 from dataclasses import dataclass
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.block_allocator import BlockAllocator
 from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +32,10 @@ class ShardInfo:
     window_size: int | None
     # Token ids must be below it (the model's embedding rows); 0 when a shard did not say.
     vocab_size: int = 0
+    # The shards compute prompts in chunks mixed with the running batch's decode rows (then a
+    # prompt may be longer than the prefill budget), and over a cached prefix.
+    support_chunking: bool = False
+    use_prefix_caching: bool = False
 
 
 class InferStartError(RuntimeError):
@@ -87,6 +91,7 @@ def derive_info(
     max_total = settings.max_total_tokens or warmup.max_total_tokens
     max_input = settings.max_input_tokens or warmup.max_input_tokens
     prefill = settings.max_batch_prefill_tokens
+    chunking = info.support_chunking
     if prefill > max_batch_total:
         # Harmless but meaningless: no prefill can hold more than the KV cache.
         logger.warning("--max-batch-prefill-tokens=%d exceeds the KV budget: using %d",
@@ -96,8 +101,10 @@ def derive_info(
     if settings.max_total_tokens is None:
         max_total = min(max_total, max_batch_total)
     if settings.max_input_tokens is None:
-        max_input = min(max_input, prefill, max_total - 1)
-    check_limits(max_input, max_total, prefill, max_batch_total, block_size)
+        # Shards that chunk take a prompt longer than the prefill budget over several steps.
+        max_input = min(max_input, max_total - 1) if chunking else min(
+            max_input, prefill, max_total - 1)
+    check_limits(max_input, max_total, prefill, max_batch_total, block_size, chunking)
     return ShardInfo(
         model_type=info.model_type,
         dtype=info.dtype,
@@ -112,6 +119,8 @@ def derive_info(
         attention_impl=info.attention_impl,
         window_size=info.window_size if info.HasField("window_size") else None,
         vocab_size=info.vocab_size,
+        support_chunking=chunking,
+        use_prefix_caching=info.use_prefix_caching,
     )
 
 
@@ -128,19 +137,26 @@ def whole_blocks(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size) * block_size
 
 
-def new_allocator(info: ShardInfo) -> BlockAllocator:
-    """The router's allocator for `info`: only the blocks of the KV budget (whole blocks)."""
-    return BlockAllocator(
-        info.num_blocks, info.block_size, info.max_batch_total_tokens // info.block_size
+def new_cache(info: ShardInfo, prefix_caching: bool = True) -> PrefixCache:
+    """The router's KV blocks for `info`: only the blocks of the KV budget (whole blocks), with
+    prefix caching when the flag asks for it and the shards can attend over a cached prefix."""
+    return PrefixCache(
+        info.num_blocks, info.block_size, info.max_batch_total_tokens // info.block_size,
+        prefix_caching=prefix_caching and info.use_prefix_caching,
     )
 
 
 def check_limits(
-    max_input: int, max_total: int, prefill: int, max_batch_total: int, block_size: int = 1
+    max_input: int,
+    max_total: int,
+    prefill: int,
+    max_batch_total: int,
+    block_size: int = 1,
+    chunking: bool = False,
 ) -> None:
     """Refuses settings under which a request that passes validation could never be admitted on
-    an idle server: its prompt must fit the prefill budget, and its KV, in whole blocks, the
-    KV budget."""
+    an idle server: its KV, in whole blocks, must fit the KV budget, and (unless the shards
+    compute prompts in chunks) its prompt the prefill budget."""
     if prefill < 1:
         raise InferStartError(f"`max_batch_prefill_tokens` must be >= 1, got {prefill}")
     if max_input < 1 or max_input >= max_total:
@@ -151,6 +167,6 @@ def check_limits(
                               f"({whole_blocks(max_total, block_size)} tokens in whole KV blocks "
                               f"of {block_size}): the KV cache holds {max_batch_total} tokens "
                               f"(`max_batch_total_tokens`)")
-    if max_input > prefill:
+    if max_input > prefill and not chunking:
         raise InferStartError(f"`max_batch_prefill_tokens` ({prefill}) must be >= "
                               f"`max_input_tokens` ({max_input})")

@@ -1,7 +1,7 @@
 """Admission and lifecycle of the inference loop: what the HTTP layer calls.
 
 `Infer.start()` learns the shards' capacity (Info, ClearCache, Warmup), sizes the budgets and the
-block allocator, and starts the batching task. `submit()` admits a validated request at once or
+KV blocks (with their prefix cache), and starts the batching task. `submit()` admits a validated request at once or
 refuses it (TGI: a request that cannot take a permit immediately gets 429). `reconnect()` starts
 over on a fresh connection after the shards were lost (the watchdog calls it), with the same
 request limits, so the HTTP side never notices more than a spell of 503s.
@@ -22,7 +22,7 @@ from pytgi_router.core.batch_state import request_pb
 from pytgi_router.core.capacity import (
     ShardInfo,
     derive_info,
-    new_allocator,
+    new_cache,
     pinned_settings,
     warmup_request,
 )
@@ -38,9 +38,10 @@ from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
-from pytgi_router.core.scheduler import Budgets, Scheduler
+from pytgi_router.core.scheduler import Scheduler
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.core.shard_probe import ShardProbe
+from pytgi_router.core.step_plan import Budgets
 from pytgi_router.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ class Infer:
         self._probe = ShardProbe(self._health_rpc, settings.health_cache_s)
 
     async def start(self) -> ShardInfo:
-        """Info, ClearCache, Warmup; sizes budgets and allocator; starts the batching task."""
+        """Info, ClearCache, Warmup; sizes budgets and KV blocks; starts the batching task."""
         info = await self._handshake(self.settings)
         self._install(info)
         logger.info("inference ready: %s", info)
@@ -86,7 +87,8 @@ class Infer:
     async def reconnect(self) -> ShardInfo:
         """Serves again after the shards were lost (a rank died, the group restarted, a call
         timed out): every request in flight fails, then a fresh client (same addresses) runs
-        Info, ClearCache and Warmup, and batching restarts with a new allocator and budgets.
+        Info, ClearCache and Warmup, and batching restarts with new budgets and KV blocks: the
+        prefix cache starts empty, since the shards' KV memory is new.
 
         Raises (ShardCallError, InferStartError, a timeout) while the shards are not back; the
         server stays down (503) until a call succeeds.
@@ -115,15 +117,16 @@ class Infer:
         return derive_info(settings, shard_info, warmup, self.client.world_size)
 
     def _install(self, info: ShardInfo) -> None:
-        """A new allocator, budgets and batching task for the shards' (new) capacity."""
-        allocator = new_allocator(info)
+        """New KV blocks (an empty prefix cache), budgets and batching task for the shards'
+        (new) capacity."""
+        cache = new_cache(info, self.settings.prefix_caching)
         budgets = Budgets.of(self.settings, info)
-        self._scheduler = Scheduler(self.client, Queue(allocator), budgets, self.metrics,
+        self._scheduler = Scheduler(self.client, Queue(), cache, budgets, self.metrics,
                                     self._release, self.settings.shard_step_timeout_s)
         self._info = info
         self.metrics.batch_max_total_tokens.set(info.max_batch_total_tokens)
-        self.metrics.kv_blocks_total.set(allocator.total)
-        self.metrics.kv_blocks_free.set(allocator.free_count)
+        self.metrics.kv_blocks_total.set(cache.total)
+        self.metrics.kv_blocks_free.set(cache.free_count)
         self._task = asyncio.get_running_loop().create_task(
             self._scheduler.run(), name="pytgi-batching"
         )
@@ -153,7 +156,7 @@ class Infer:
             self.metrics.queue_size.set(0)
             self.metrics.batch_current_size.set(0)
             self.metrics.batch_current_max_tokens.set(0)
-            self.metrics.kv_blocks_free.set(scheduler.allocator.free_count)
+            self.metrics.kv_blocks_free.set(scheduler.cache.free_count)
 
     def submit(self, request: ValidRequest) -> RequestStream:
         """Admits `request` or raises: OverloadedError (429) when every permit is taken or the
@@ -196,7 +199,7 @@ class Infer:
             raise ValidationError("`inputs` cannot be empty")
         if request.stopping.max_new_tokens < 1:
             raise ValidationError("`max_new_tokens` must be strictly positive")
-        if prompt > info.max_batch_prefill_tokens:
+        if prompt > info.max_batch_prefill_tokens and not info.support_chunking:
             raise ValidationError(f"`inputs` must have less than "
                                   f"{info.max_batch_prefill_tokens} tokens. Given: {prompt}")
         total = prompt + request.stopping.max_new_tokens
@@ -300,9 +303,10 @@ class Infer:
 
     @property
     def kv_blocks_free(self) -> int:
-        """Free KV blocks (block 0 excluded); equals kv_blocks_total when nothing runs."""
-        return self._scheduler.allocator.free_count if self._scheduler is not None else 0
+        """KV blocks no live request holds (block 0 excluded): free ones and cached prefixes
+        nobody uses (evicted on demand). Equals kv_blocks_total when nothing runs."""
+        return self._scheduler.cache.free_count if self._scheduler is not None else 0
 
     @property
     def kv_blocks_total(self) -> int:
-        return self._scheduler.allocator.total if self._scheduler is not None else 0
+        return self._scheduler.cache.total if self._scheduler is not None else 0

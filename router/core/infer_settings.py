@@ -39,6 +39,8 @@ class InferSettings:
     # with a generation error instead of hanging every request forever. Generous, because a
     # large prefill on a slow device is legitimately slow.
     shard_step_timeout_s: float = SHARD_STEP_TIMEOUT_S
+    # Reuse the KV of prompt prefixes already computed (the shards must support it too).
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         problems = [

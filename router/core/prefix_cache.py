@@ -139,15 +139,17 @@ class PrefixCache:
         can fetch just what `grow` appended)."""
         return tuple(self._sequence(seq_id).table[start:])
 
-    def cached_prefix(self, tokens: Sequence[int]) -> int:
+    def cached_prefix(self, tokens: Sequence[int], reuse: bool = True) -> int:
         """The `cached_tokens` an admission of `tokens` would get now (changes nothing)."""
-        return len(self._match(tokens)) * self.block_size
+        return len(self._match(tokens, reuse)) * self.block_size
 
-    def blocks_needed(self, tokens: Sequence[int], reserve_tokens: int = 0) -> int:
-        """How much `admit(tokens, reserve_tokens)` would take out of `free_count` now: fresh
-        blocks plus the cache hits that are evictable today. It succeeds iff this is at most
-        `free_count`."""
-        matched = self._match(tokens)
+    def blocks_needed(
+        self, tokens: Sequence[int], reserve_tokens: int = 0, reuse: bool = True
+    ) -> int:
+        """How much `admit(tokens, reserve_tokens, reuse)` would take out of `free_count` now:
+        fresh blocks plus the cache hits that are evictable today. It succeeds iff this is at
+        most `free_count`."""
+        matched = self._match(tokens, reuse)
         lru = self._lru
         fresh = self.blocks_for(len(tokens) + reserve_tokens) - len(matched)
         return fresh + sum(1 for block in matched if block in lru)
@@ -166,19 +168,20 @@ class PrefixCache:
     # Life of a sequence
 
     def admit(
-        self, seq_id: int, tokens: Sequence[int], reserve_tokens: int = 0
+        self, seq_id: int, tokens: Sequence[int], reserve_tokens: int = 0, reuse: bool = True
     ) -> Admission | None:
         """Blocks for `tokens` plus `reserve_tokens` more, reusing the longest cached prefix of
         `tokens` except the block of its last token (its logits must be computed, and a shared
-        block is never written). None, taking nothing, when too few blocks are free even after
-        evicting."""
+        block is never written). `reuse=False` takes no cached block (a request that wants
+        every prompt token's logprob computes them all). None, taking nothing, when too few
+        blocks are free even after evicting."""
         if seq_id in self._seqs:
             raise PrefixCacheError(f"sequence {seq_id} is already admitted")
         if not tokens:
             raise ValueError("cannot admit a sequence without tokens")
         if reserve_tokens < 0:
             raise ValueError(f"reserve_tokens must be >= 0, got {reserve_tokens}")
-        matched = self._match(tokens)
+        matched = self._match(tokens, reuse)
         fresh = self.blocks_for(len(tokens) + reserve_tokens) - len(matched)
         lru = self._lru
         evictable_hits = sum(1 for block in matched if block in lru)
@@ -272,9 +275,9 @@ class PrefixCache:
             raise PrefixCacheError(f"sequence {seq_id} is not admitted")
         return seq
 
-    def _match(self, tokens: Sequence[int]) -> list[int]:
+    def _match(self, tokens: Sequence[int], reuse: bool = True) -> list[int]:
         """The cached chain of `tokens`' full blocks, never including its last token's block."""
-        if not self.prefix_caching:
+        if not (self.prefix_caching and reuse):
             return []
         size = self.block_size
         index = self._index

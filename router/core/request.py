@@ -4,11 +4,12 @@ hands over once validated) and where it is (`Entry`, from submission to its end)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from opentelemetry.trace import SpanContext
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.request_stream import RequestStream
+from pytgi_router.core.request_stream import RequestStream, TokenInfo
 
 
 @dataclass(slots=True)
@@ -52,23 +53,52 @@ class ValidRequest:
         return len(self.input_ids)
 
 
+class EntryState(Enum):
+    """Where an entry is: in the queue, admitted with its prompt partly computed (not in the
+    shards' batch: each step sends its next chunk), or in the shards' batch, generating."""
+
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+
+
 @dataclass(slots=True, eq=False)
 class Entry:
-    """A request from submission to its end: in the queue, then in the running batch."""
+    """A request from submission to its end: queued, prefilling, running (and queued again if
+    it is preempted, until it runs again)."""
 
     id: int
     request: ValidRequest
     stream: RequestStream
-    # The wire form, built at submission; its blocks are filled in at admission.
+    # The wire form, built at submission; each admission fills in its blocks, cache_len and
+    # chunk_len, a preemption its generated_ids.
     pb: generate_pb2.Request
-    # Set when the entry is admitted into a batch; None again once freed.
-    blocks: list[int] | None = None
-    # time.monotonic() of the prefill that started it.
+    # The sequence: the prompt's ids, then each generated id as its step streams it. What the
+    # prefix cache keys its blocks by, and what a preempted request resumes with.
+    tokens: list[int] = field(default_factory=list)
+    # Leading tokens of `tokens` whose KV its blocks hold (the next chunk's cache_len).
+    computed: int = 0
+    state: EntryState = EntryState.WAITING
+    # Rank of its first admission (None before): preemption takes the newest first, and a
+    # preempted request keeps its rank, so it is not the first victim again when it resumes.
+    order: int | None = None
+    # Blocks in its table (router side), and how many of them the shards' batch knows (the rest
+    # go out as BlockGrants with the next step).
+    blocks_held: int = 0
+    blocks_sent: int = 0
+    # Prompt logprobs of its chunks so far, streamed as one Prefill event when the prompt is done.
+    prefill_infos: list[TokenInfo] = field(default_factory=list)
+    prefill_sent: bool = False
+    # time.monotonic() of its first admission.
     started_at: float = 0.0
     # Until it finishes, fails or is cancelled, the entry holds one max_concurrent_requests permit.
     holds_permit: bool = True
     # The span current at submission (the HTTP request's), linked from the batch's prefill span.
     trace_context: SpanContext | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.request.input_ids)
 
     @property
     def queued_at(self) -> float:
@@ -76,5 +106,9 @@ class Entry:
 
     @property
     def total_tokens(self) -> int:
-        """Prompt plus every token it may generate: what its KV blocks must hold."""
+        """Prompt plus every token it may generate: the most KV it can ever need (plus one)."""
         return len(self.request.input_ids) + self.request.stopping.max_new_tokens
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[len(self.request.input_ids):]

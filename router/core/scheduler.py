@@ -1,10 +1,12 @@
-"""The batching task: continuous batching under token budgets, as TGI's `batching_task`.
+"""The batching task: continuous batching with chunked prefill, prefix caching and KV allocated
+on demand (TGI v3's scheduler, with the block bookkeeping in the router).
 
-One asyncio task owns the queue's admission, the running batch and every Prefill/Decode call.
-It waits for work, prefills a new batch, then decodes it step after step; between steps it may
-admit waiting requests, prefilled onto the running batch (the shards concatenate), when enough are
-waiting (`waiting_served_ratio`) or they have waited long enough (`max_waiting_tokens` steps).
-The decisions are pure functions below, unit-tested without any shard.
+One asyncio task owns the queue, the live entries and every shard call. Each step it plans
+(`step_plan.plan_step`: grow the running sequences' blocks, preempting the newest when the pool
+is short; continue prompts mid-prefill; admit newcomers), filters preempted requests out of the
+shards' batch, then makes ONE call: a Prefill when any chunk is to be computed (the running
+batch's decode rows ride in the same forward), a Decode otherwise. The decisions are pure
+functions of `step_plan`, unit-tested without any shard.
 """
 
 from __future__ import annotations
@@ -13,21 +15,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
-from pytgi_proto import contracts as c
 from pytgi_proto import generate_pb2
 from pytgi_router.core.batch_state import RunningBatch, build_batch
-from pytgi_router.core.capacity import ShardInfo
 from pytgi_router.core.errors import GenerationError
-from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry
 from pytgi_router.core.shard_client import ShardCallError, ShardClient
+from pytgi_router.core.step_plan import (
+    Budgets,
+    StepPlan,
+    admission_open,
+    concat_reason,
+    plan_step,
+)
 from pytgi_router.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -37,66 +43,6 @@ CLEAR_CACHE_TIMEOUT_S = 5.0
 UNEXPECTED_ERROR_PAUSE_S = 0.1
 
 StepResponse = generate_pb2.PrefillResponse | generate_pb2.DecodeResponse
-
-
-@dataclass(frozen=True, slots=True)
-class Budgets:
-    """The scheduler's limits, fixed at startup from the settings and the shards' Warmup."""
-
-    max_batch_prefill_tokens: int
-    max_batch_total_tokens: int
-    max_batch_size: int | None = None
-    waiting_served_ratio: float = c.WAITING_SERVED_RATIO
-    max_waiting_tokens: int = c.MAX_WAITING_TOKENS
-
-    @classmethod
-    def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
-        """The budgets for the limits served (the KV and prefill budgets as the shards' Warmup
-        fixed them) under the settings' batching knobs."""
-        return cls(
-            max_batch_prefill_tokens=served.max_batch_prefill_tokens,
-            max_batch_total_tokens=served.max_batch_total_tokens,
-            max_batch_size=settings.max_batch_size,
-            waiting_served_ratio=settings.waiting_served_ratio,
-            max_waiting_tokens=settings.max_waiting_tokens,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class BatchLimits:
-    """Arguments of `Queue.next_batch` for one admission attempt."""
-
-    min_size: int | None
-    max_size: int | None
-    prefill_token_budget: int
-    token_budget: int
-
-
-def new_batch_limits(budgets: Budgets) -> BatchLimits:
-    """Nothing is running: take as much as the budgets allow."""
-    return BatchLimits(
-        None, budgets.max_batch_size, budgets.max_batch_prefill_tokens,
-        budgets.max_batch_total_tokens,
-    )
-
-
-def extension_limits(
-    budgets: Budgets, running_size: int, running_tokens: int, waiting_steps: int
-) -> BatchLimits:
-    """Limits for requests joining a running batch of `running_size` requests holding
-    `running_tokens` KV tokens, `waiting_steps` decode steps after the last admission.
-
-    Pausing the running requests for a prefill is worth it only for enough newcomers
-    (running_size x waiting_served_ratio) unless they have waited max_waiting_tokens steps.
-    """
-    min_size: int | None = None
-    if waiting_steps < budgets.max_waiting_tokens:
-        min_size = int(running_size * budgets.waiting_served_ratio)
-    max_size = None
-    if budgets.max_batch_size is not None:
-        max_size = max(0, budgets.max_batch_size - running_size)
-    token_budget = budgets.max_batch_total_tokens - running_tokens
-    return BatchLimits(min_size, max_size, budgets.max_batch_prefill_tokens, token_budget)
 
 
 class _MethodMetrics:
@@ -123,16 +69,12 @@ def refused_as_invalid(err: Exception) -> bool:
             and cause.code() == grpc.StatusCode.INVALID_ARGUMENT)
 
 
-def concat_reason(limits: BatchLimits) -> str:
-    """The `reason` label of tgi_batch_concat for a batch admitted under `limits`."""
-    return "backpressure" if limits.min_size is not None else "wait_exceeded"
-
-
 class Scheduler:
     def __init__(
         self,
         client: ShardClient,
         queue: Queue,
+        cache: PrefixCache,
         budgets: Budgets,
         metrics: Metrics,
         release: Callable[[Entry], None],
@@ -142,10 +84,10 @@ class Scheduler:
         # Deadline of every shard call: a wedged shard fails its batch instead of hanging it.
         self.step_timeout_s = step_timeout_s
         self.queue = queue
+        self.cache = cache
         self.budgets = budgets
         self.metrics = metrics
-        self.running = RunningBatch(queue.allocator, release)
-        self.allocator = queue.allocator
+        self.running = RunningBatch(cache, release)
         # False after a failed batch, True again after a successful one (or a passing Health).
         self.healthy = True
         # A failed batch whose ClearCache failed too: the shards may still hold its state, so
@@ -158,6 +100,12 @@ class Scheduler:
         self.step_started: float | None = None
         self._work = asyncio.Event()
         self._next_batch_id = 0
+        self._next_order = 0
+        # Steps since newcomers last joined (the admission rule of shards without chunking).
+        self._steps_since_admission = 0
+        # Prompt tokens admitted and how many of them came from the prefix cache, since start.
+        self._prompt_tokens = 0
+        self._cached_tokens = 0
         self._tracer = trace.get_tracer(__name__)
         self._method_metrics = {m: _MethodMetrics(metrics, m) for m in ("prefill", "decode")}
 
@@ -166,8 +114,8 @@ class Scheduler:
         self._work.set()
 
     def cancel(self, entry_id: int) -> None:
-        """A client cancelled: out of the queue now, or out of the running batch after this
-        step (its blocks are still in the shards' batch until then)."""
+        """A client cancelled: out of the queue now, or out of the live set after this step
+        (its blocks may still be written by the step in flight until then)."""
         if self.queue.remove(entry_id) is not None:
             self.metrics.queue_size.set(len(self.queue))
         else:
@@ -189,70 +137,112 @@ class Scheduler:
         while True:
             await self._work.wait()
             self._work.clear()
-            while (entries := self._admit(new_batch_limits(self.budgets))) is not None:
-                await self._prefill(entries)
-                waiting_steps = 1
-                while self.running.cached is not None:
-                    limits = extension_limits(
-                        self.budgets, len(self.running), self.running.reserved_tokens,
-                        waiting_steps,
-                    )
-                    if (entries := self._admit(limits)) is not None:
-                        self.metrics.batch_concat.labels(reason=concat_reason(limits)).inc()
-                        await self._prefill(entries)
-                        waiting_steps = 1
-                    if self.running.cached is not None:
-                        await self._decode()
-                        waiting_steps += 1
-                self._publish_batch_gauges()
+            while await self._step():
+                pass
+            self._publish_batch_gauges()
 
-    def _admit(self, limits: BatchLimits) -> list[Entry] | None:
-        entries = self.queue.next_batch(
-            limits.min_size, limits.max_size, limits.prefill_token_budget, limits.token_budget
+    async def _step(self) -> bool:
+        """Plans and runs one step; False when there was nothing to do (nothing live, nothing
+        admissible)."""
+        running = self.running
+        running.drop_cancelled_prefills()
+        admit = admission_open(
+            self.budgets, len(running), len(self.queue), self._steps_since_admission
         )
-        if entries is not None:
-            self.metrics.batch_next_size.observe(len(entries))
-            self.metrics.queue_size.set(len(self.queue))
-        return entries
+        plan = plan_step(
+            self.cache, self.budgets, running.entries.values(), running.prefilling.values(),
+            self.queue, admit,
+        )
+        if plan.preempted:
+            await self._preempt(plan)
+        self._take_newcomers(plan)
+        grants = [generate_pb2.BlockGrant(request_id=e.id, blocks=blocks)
+                  for e, blocks in plan.grants]
+        cached = running.cached
+        timeout = self.step_timeout_s
+        if plan.chunks:
+            running.start(plan.chunks)
+            batch = build_batch(self._next_batch_id, plan.chunks, self.cache)
+            self._next_batch_id += 1
+            # TGI's shape: a batch span links to the request spans it serves (follows-from).
+            links = [Link(e.trace_context) for e in plan.newcomers if e.trace_context is not None]
+            done = await self._call(
+                "prefill", lambda: self.client.prefill(batch, cached, timeout, grants),
+                len(running), links, [chunk.entry for chunk in plan.chunks],
+            )
+            if done:
+                running.chunks_written(plan.chunks)
+        elif cached is not None:
+            done = await self._call(
+                "decode", lambda: self.client.decode([cached], timeout, grants), len(running)
+            )
+        else:
+            return bool(plan.preempted)
+        if done:
+            for entry, blocks in plan.grants:
+                entry.blocks_sent += len(blocks)
+            for chunk in plan.chunks:
+                if chunk.completes:
+                    chunk.entry.blocks_sent = chunk.entry.blocks_held
+        return True
 
-    async def _prefill(self, entries: list[Entry]) -> None:
-        """Prefills `entries` as a new batch, concatenated onto the running one if any."""
-        # From here on a failure fails the newcomers with the running requests, and frees
-        # their blocks.
-        self.running.add(entries)
-        batch_id = self._next_batch_id
-        self._next_batch_id += 1
-        batch = build_batch(batch_id, entries, self.allocator.block_size)
+    def _take_newcomers(self, plan: StepPlan) -> None:
+        """Moves the plan's newcomers out of the queue (cancelled ones it met leave too)."""
+        queue = self.queue
+        for entry in plan.cancelled:
+            queue.remove(entry.id)
+        if not plan.newcomers:
+            if self.running.cached is not None:
+                self._steps_since_admission += 1
+            return
+        metrics = self.metrics
+        if self.running.cached is not None:
+            reason = concat_reason(self.budgets, self._steps_since_admission)
+            metrics.batch_concat.labels(reason=reason).inc()
+        self._steps_since_admission = 0
+        metrics.batch_next_size.observe(len(plan.newcomers))
         now = time.monotonic()
-        for entry in entries:
-            entry.started_at = now
-        cached = self.running.cached
-        # TGI's shape: a batch span links to the request spans it serves (follows-from).
-        links = [Link(e.trace_context) for e in entries if e.trace_context is not None]
-        timeout = self.step_timeout_s
-        await self._step(
-            "prefill", lambda: self.client.prefill(batch, cached, timeout), len(entries), links,
-            entries,
-        )
+        first = {chunk.entry.id: chunk.cache_len for chunk in plan.chunks}
+        for entry in plan.newcomers:
+            queue.remove(entry.id)
+            if entry.order is None:
+                # First admission: its prompt counts for the prefix cache's hit ratio.
+                entry.order = self._next_order
+                self._next_order += 1
+                entry.started_at = now
+                cached_tokens = first[entry.id]
+                metrics.request_cached_tokens.observe(cached_tokens)
+                self._cached_tokens += cached_tokens
+                self._prompt_tokens += len(entry.request.input_ids)
+        if self._prompt_tokens:
+            metrics.prefix_cache_hit_ratio.set(self._cached_tokens / self._prompt_tokens)
+        metrics.queue_size.set(len(queue))
 
-    async def _decode(self) -> None:
-        cached = self.running.cached
-        assert cached is not None
-        timeout = self.step_timeout_s
-        await self._step(
-            "decode", lambda: self.client.decode([cached], timeout), len(self.running)
-        )
+    async def _preempt(self, plan: StepPlan) -> None:
+        """The planner released the victims' blocks: take them out of the live set and the
+        shards' batch, and queue them again at the head, oldest first. A cancelled victim just
+        leaves."""
+        running = self.running
+        in_batch = [e for e in plan.preempted if e.id in running.entries]
+        self.metrics.preemptions.inc(len(plan.preempted))
+        logger.info("KV blocks short: preempting %d request(s) %s", len(plan.preempted),
+                    [e.id for e in plan.preempted])
+        for entry in plan.preempted:  # newest first: each goes in front of the previous
+            if running.preempt(entry):
+                self.queue.push_front(entry)
+        if in_batch and running.cached is not None:
+            await self._filter(list(running.entries))
 
-    async def _step(
+    async def _call(
         self,
         method: str,
         call: Callable[[], Awaitable[StepResponse]],
         size: int,
         links: list[Link] | None = None,
-        newcomers: list[Entry] | None = None,
-    ) -> None:
-        """One shard call, then routing its generations and filtering the batch. A prefill of
-        `newcomers` that the shards refuse as invalid fails only them."""
+        chunks: list[Entry] | None = None,
+    ) -> bool:
+        """One shard call, then routing its generations and filtering the batch; True when it
+        succeeded. A prefill the shards refuse as invalid fails only the chunks' requests."""
         metrics = self._method_metrics[method]
         metrics.count.inc()
         start = time.perf_counter()
@@ -262,14 +252,14 @@ class Scheduler:
                 method, links=links, attributes={"batch_size": size}
             ):
                 response = await call()
-        except Exception as err:  # ShardCallError, or a bug: either way this batch is lost
+        except Exception as err:  # ShardCallError, or a bug: either way this step is lost
             self.step_started = None
             metrics.failure.inc()
-            if newcomers is not None and refused_as_invalid(err):
-                self._refuse(newcomers, err)
-                return
+            if chunks is not None and refused_as_invalid(err):
+                self._refuse(chunks, err)
+                return False
             await self._fail_running(err)
-            return
+            return False
         # (A cancelled task leaves it set: Infer then discards this scheduler.)
         self.step_started = None
         end = time.perf_counter()
@@ -288,9 +278,10 @@ class Scheduler:
                 await self._filter(kept)
         except Exception as err:
             await self._fail_running(err)
-            return
+            return False
         metrics.filter.observe(time.perf_counter() - end)
         self._publish_batch_gauges()
+        return True
 
     async def _filter(self, kept: list[int]) -> None:
         cached = self.running.cached
@@ -305,18 +296,18 @@ class Scheduler:
             await self.client.clear_cache(cached.id, self.step_timeout_s)
             self.running.cached = None
 
-    def _refuse(self, newcomers: list[Entry], err: Exception) -> None:
-        """The shards validate a new batch before touching the cached one, so an
-        INVALID_ARGUMENT leaves it intact: only the newcomers fail, the running requests keep
-        decoding. (Should a shard have dropped the cached batch after all, the next Decode
-        answers NOT_FOUND and the batch fails as any lost batch does.)"""
-        logger.warning("prefill of %d new request(s) refused by the shards: %s",
-                       len(newcomers), err)
-        self.running.fail_entries(newcomers, GenerationError(str(err)))
+    def _refuse(self, chunks: list[Entry], err: Exception) -> None:
+        """The shards validate a Prefill before touching the cached batch, so an
+        INVALID_ARGUMENT leaves it intact (its grants unapplied: they go out again with the
+        next step): only the chunks' requests fail, the running ones keep decoding. (Should a
+        shard have dropped the cached batch after all, the next step answers NOT_FOUND and the
+        batch fails as any lost batch does.)"""
+        logger.warning("prefill of %d request(s) refused by the shards: %s", len(chunks), err)
+        self.running.fail_entries(chunks, GenerationError(str(err)))
         self._publish_batch_gauges()
 
     async def _fail_running(self, err: Exception) -> None:
-        """Fails every request of the running batch, frees their blocks, clears the shards."""
+        """Fails every live request, frees their blocks, clears the shards."""
         if isinstance(err, ShardCallError):
             logger.error("batch failed: %s", err)
             reason = str(err)
@@ -337,5 +328,5 @@ class Scheduler:
         metrics = self.metrics
         metrics.batch_current_size.set(len(self.running))
         metrics.batch_current_max_tokens.set(self.running.reserved_tokens)
-        metrics.kv_blocks_free.set(self.allocator.free_count)
+        metrics.kv_blocks_free.set(self.cache.free_count)
         metrics.queue_size.set(len(self.queue))

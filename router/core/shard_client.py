@@ -11,7 +11,7 @@ metadata, so the shards' spans join the router's trace; off, the channels carry 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -59,10 +59,13 @@ def _open_channel(address: str, traced: bool) -> grpc.aio.Channel:
 
 
 def prefill_request(
-    batch: generate_pb2.Batch, cached: generate_pb2.CachedBatch | None
+    batch: generate_pb2.Batch,
+    cached: generate_pb2.CachedBatch | None,
+    grants: Sequence[generate_pb2.BlockGrant] = (),
 ) -> generate_pb2.PrefillRequest:
-    """Prefill of `batch`, concatenated onto the cached batch when there is one."""
-    request = generate_pb2.PrefillRequest(batch=batch)
+    """Prefill of `batch`, mixed with the cached batch's next decode step when there is one
+    (`grants`: new blocks of the cached batch's requests)."""
+    request = generate_pb2.PrefillRequest(batch=batch, grants=grants)
     if cached is not None:
         request.cached_batch.CopyFrom(cached)
     return request
@@ -171,16 +174,20 @@ class ShardClient:
         batch: generate_pb2.Batch,
         cached: generate_pb2.CachedBatch | None,
         timeout: float | None = None,
+        grants: Sequence[generate_pb2.BlockGrant] = (),
     ) -> generate_pb2.PrefillResponse:
-        request = prefill_request(batch, cached)
+        request = prefill_request(batch, cached, grants)
         response: generate_pb2.PrefillResponse = await self._all("Prefill", request, timeout)
         return response
 
     async def decode(
-        self, batches: list[generate_pb2.CachedBatch], timeout: float | None = None
+        self,
+        batches: list[generate_pb2.CachedBatch],
+        timeout: float | None = None,
+        grants: Sequence[generate_pb2.BlockGrant] = (),
     ) -> generate_pb2.DecodeResponse:
         response: generate_pb2.DecodeResponse = await self._all(
-            "Decode", generate_pb2.DecodeRequest(batches=batches), timeout
+            "Decode", generate_pb2.DecodeRequest(batches=batches, grants=grants), timeout
         )
         return response
 

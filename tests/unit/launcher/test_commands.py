@@ -43,7 +43,8 @@ def test_router_command_is_understood_by_the_router() -> None:
                         "--max-connections", "77",
                         "--cors-allow-origin", "http://a", "--cors-allow-origin", "http://b",
                         "--api-key", "k", "--disable-grammar-support", "--json-output",
-                        "--otlp-service-name", "svc", "--graceful-termination-timeout", "5"],
+                        "--otlp-service-name", "svc", "--graceful-termination-timeout", "5",
+                        "--prefix-caching", "false"],
                        environ={})
     argv = router_argv(s, MODEL)
     env = router_env(s, {}, "2-cpu")
@@ -60,6 +61,12 @@ def test_router_command_is_understood_by_the_router() -> None:
     assert r.cors_allow_origin == ("http://a", "http://b") and r.api_key == "k"
     assert r.disable_grammar_support and r.json_output and r.otlp_service_name == "svc"
     assert r.graceful_termination_timeout == 5 and r.compute_type == "2-cpu"
+    assert r.prefix_caching is False
+    # On by default, and TGI's PREFIX_CACHING=0 turns it off through the launcher too.
+    assert parse_router(router_argv(parse_settings([], environ={}), MODEL)[3:],
+                        environ={}).prefix_caching
+    off = parse_settings([], environ={"PREFIX_CACHING": "0"})
+    assert parse_router(router_argv(off, MODEL)[3:], environ={}).prefix_caching is False
 
 
 def test_unset_limits_are_left_to_the_router() -> None:

@@ -3,7 +3,8 @@ validation is admitted, whatever budgets the flags and the shards' Warmup produc
 
 Budgets that were not whole KV blocks (--max-batch-total-tokens 500 with blocks of 16) used to
 leave a request of max_total_tokens waiting at the head of the FIFO forever. Plain Python: the
-router's queue, scheduler limits and allocator, as Infer installs them, without a shard.
+router's queue, budgets and KV blocks, as Infer installs them, without a shard; with shards
+that chunk prompts (a prompt may then exceed the prefill budget) and without.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.capacity import InferStartError, ShardInfo, derive_info, new_allocator
+from pytgi_router.core.capacity import InferStartError, ShardInfo, derive_info, new_cache
 from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.queue import Queue
-from pytgi_router.core.scheduler import Budgets, new_batch_limits
+from pytgi_router.core.step_plan import Budgets, plan_step
 from tests.unit.router.test_queue import make_entry
 
 
 def shard_answers(
-    block_size: int, num_blocks: int, max_total: int
+    block_size: int, num_blocks: int, max_total: int, chunking: bool = False
 ) -> tuple[generate_pb2.InfoResponse, generate_pb2.WarmupResponse]:
     info = generate_pb2.InfoResponse(dtype="float32", device_type="cpu", model_type="llama",
-                                     block_size=block_size, world_size=1)
+                                     block_size=block_size, world_size=1,
+                                     support_chunking=chunking, use_prefix_caching=chunking)
     warmup = generate_pb2.WarmupResponse(
         max_supported_total_tokens=(num_blocks - 1) * block_size, num_blocks=num_blocks,
         block_size=block_size, max_input_tokens=max_total - 1, max_total_tokens=max_total,
@@ -33,13 +35,11 @@ def shard_answers(
 
 def admitted_on_idle_server(info: ShardInfo, prompt: int, new_tokens: int) -> bool:
     """What the scheduler does first with one request on an idle server."""
-    queue = Queue(new_allocator(info))
+    queue = Queue()
     queue.append(make_entry(0, prompt, new_tokens))
     budgets = Budgets.of(InferSettings(max_batch_size=1), info)
-    limits = new_batch_limits(budgets)
-    batch = queue.next_batch(limits.min_size, limits.max_size, limits.prefill_token_budget,
-                             limits.token_budget)
-    return batch is not None and len(batch) == 1
+    plan = plan_step(new_cache(info), budgets, [], [], queue)
+    return len(plan.newcomers) == 1
 
 
 optional = st.none() | st.integers(1, 3000)
@@ -54,16 +54,19 @@ optional = st.none() | st.integers(1, 3000)
     max_total=st.none() | st.integers(2, 3000),
     max_input=optional,
     prefill=st.integers(1, 5000),
+    chunking=st.booleans(),
     data=st.data(),
 )
 def test_every_valid_request_is_admissible_on_an_idle_server(
     block_size: int, num_blocks: int, shard_max_total: int, max_batch_total: int | None,
-    max_total: int | None, max_input: int | None, prefill: int, data: st.DataObject,
+    max_total: int | None, max_input: int | None, prefill: int, chunking: bool,
+    data: st.DataObject,
 ) -> None:
     flags = InferSettings(max_batch_prefill_tokens=prefill, max_batch_total_tokens=max_batch_total,
                           max_total_tokens=max_total, max_input_tokens=max_input)
+    answers = shard_answers(block_size, num_blocks, shard_max_total, chunking)
     try:
-        info = derive_info(flags, *shard_answers(block_size, num_blocks, shard_max_total), 1)
+        info = derive_info(flags, *answers, 1)
     except InferStartError:
         return  # refused at start-up with a message: nothing is ever served under these flags
     # Validation lets through a prompt of 1..max_input tokens and prompt + max_new_tokens up to

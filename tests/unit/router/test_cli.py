@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pytgi_router.cli import parse_settings
@@ -38,14 +40,16 @@ def test_defaults_are_tgi_defaults() -> None:
 def test_the_inference_core_gets_the_flags_it_takes() -> None:
     """RouterSettings → InferSettings → the scheduler's Budgets: each flag arrives unchanged."""
     from pytgi_router.core.capacity import ShardInfo
-    from pytgi_router.core.scheduler import Budgets
+    from pytgi_router.core.step_plan import Budgets
 
     s = parse_settings([
         "--tokenizer-name", "/m", "--max-concurrent-requests", "9", "--max-batch-size", "3",
         "--waiting-served-ratio", "0.5", "--max-waiting-tokens", "7", "--max-queue-size", "4",
         "--max-batch-prefill-tokens", "300", "--shard-step-timeout", "2.5",
+        "--prefix-caching", "false",
     ], environ={})
     core = s.infer_settings()
+    assert core.prefix_caching is False
     assert (core.max_concurrent_requests, core.max_batch_size, core.max_queue_size) == (9, 3, 4)
     assert (core.max_batch_prefill_tokens, core.shard_step_timeout_s) == (300, 2.5)
     served = ShardInfo("llama", "float32", "cpu", 16, 1, 99, 100, 1024, 200, 65, "paged", None)
@@ -54,7 +58,20 @@ def test_the_inference_core_gets_the_flags_it_takes() -> None:
     assert (budgets.max_batch_size, budgets.waiting_served_ratio, budgets.max_waiting_tokens) == (
         3, 0.5, 7)
     defaults = parse_settings(["--tokenizer-name", "/m"], environ={}).infer_settings()
-    assert Budgets.of(defaults, served) == Budgets(200, 1024)
+    assert defaults.prefix_caching is True
+    assert Budgets.of(defaults, served) == Budgets(200, 1024, chunking=False)
+    chunking = dataclasses.replace(served, support_chunking=True)
+    assert Budgets.of(defaults, chunking).chunking
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", False), ("false", False), ("true", True)])
+def test_prefix_caching_from_the_environment(value: str, expected: bool) -> None:
+    """TGI's PREFIX_CACHING; the command line wins."""
+    s = parse_settings(["--tokenizer-name", "/m"], environ={"PREFIX_CACHING": value})
+    assert s.prefix_caching is expected
+    s = parse_settings(["--tokenizer-name", "/m", "--prefix-caching", str(not expected)],
+                       environ={"PREFIX_CACHING": value})
+    assert s.prefix_caching is (not expected)
 
 def test_environment_forms_and_command_line_precedence() -> None:
     env = {"TOKENIZER_NAME": "/env", "MAX_BEST_OF": "4", "JSON_OUTPUT": "true", "PORT": "8081",

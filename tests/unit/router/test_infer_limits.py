@@ -82,3 +82,18 @@ def test_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
     name = next(iter(bad))
     with pytest.raises(ValueError, match=name):
         InferSettings(**bad)  # type: ignore[arg-type]
+
+
+def test_shards_that_chunk_take_prompts_longer_than_the_prefill_budget() -> None:
+    chunking = generate_pb2.InfoResponse()
+    chunking.CopyFrom(INFO)
+    chunking.support_chunking = True
+    chunking.use_prefix_caching = True
+    info = derive_info(InferSettings(max_batch_prefill_tokens=100), chunking, warmup(), 1)
+    assert info.max_input_tokens == 255 and info.max_batch_prefill_tokens == 100
+    assert info.support_chunking and info.use_prefix_caching
+    explicit = InferSettings(max_batch_prefill_tokens=100, max_input_tokens=200)
+    assert derive_info(explicit, chunking, warmup(), 1).max_input_tokens == 200
+    # The KV budget still bounds a whole request.
+    with pytest.raises(InferStartError, match="Not enough memory"):
+        derive_info(InferSettings(max_total_tokens=5000), chunking, warmup(), 1)

@@ -1,0 +1,279 @@
+"""What one step of the batching task computes, decided without I/O: pure policy over the KV
+blocks (PrefixCache) and the live entries, unit-tested without shards.
+
+Every step, in this order:
+
+1. Growth. KV is allocated on demand: before a step each running sequence's blocks must hold its
+   known tokens plus one (the token this step computes, and the one the shards' look-ahead
+   writes after sampling). New blocks go to the shards as BlockGrants with the step. When the
+   pool cannot supply them, the most recently admitted live sequences (running or mid-prefill)
+   are preempted, newest first, until it can: the oldest requests always progress, so a tight
+   pool degrades into taking turns, never into a livelock. A preempted sequence keeps the rank
+   of its first admission, so the request that just resumed is not the next victim by default.
+2. Chunks. `max_batch_prefill_tokens` bounds the prompt tokens computed per step; the running
+   sequences' decode rows ride along uncounted. Sequences mid-prefill continue first, oldest
+   first; then newcomers leave the head of the FIFO queue while the budget, the blocks and
+   `max_batch_size` allow (nobody overtakes the head). A newcomer takes blocks for its sequence
+   plus one token, minus its cached prefix; never for its max_new_tokens.
+3. Watermark. A newcomer is admitted only if the pool keeps one free block for every live
+   sequence that crosses a block boundary in the next step (running ones, and those whose
+   prompt completes in this one). That is exactly what the next growth takes, so an admission
+   never forces a preemption one step later; a fixed share of the pool would be too little for
+   a large batch of short blocks and idle memory for a small one.
+
+A step that had to preempt admits nobody: the pool is short, and the victims (now at the head of
+the queue) would be re-admitted at once only to be preempted again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
+
+from pytgi_proto import contracts as c
+from pytgi_router.core.capacity import ShardInfo
+from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.prefix_cache import PrefixCache
+from pytgi_router.core.request import Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """The scheduler's limits, fixed at startup from the settings and the shards' Warmup."""
+
+    max_batch_prefill_tokens: int
+    max_batch_total_tokens: int
+    max_batch_size: int | None = None
+    # Only for shards without chunking (a prefill then pauses the running batch).
+    waiting_served_ratio: float = c.WAITING_SERVED_RATIO
+    max_waiting_tokens: int = c.MAX_WAITING_TOKENS
+    # The shards split prompts into chunks and mix them with the running batch's decode rows.
+    chunking: bool = True
+
+    @classmethod
+    def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
+        """The budgets for the limits served (the KV and prefill budgets as the shards' Warmup
+        fixed them) under the settings' batching knobs."""
+        return cls(
+            max_batch_prefill_tokens=served.max_batch_prefill_tokens,
+            max_batch_total_tokens=served.max_batch_total_tokens,
+            max_batch_size=settings.max_batch_size,
+            waiting_served_ratio=settings.waiting_served_ratio,
+            max_waiting_tokens=settings.max_waiting_tokens,
+            chunking=served.support_chunking,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Tokens [cache_len, cache_len + length) of an entry's sequence, computed in one step.
+    `completes`: the chunk reaches the sequence's end (as planned: the step then appends a
+    token), so the shards sample its next token and keep it in their batch; otherwise they only
+    write its KV and forget it."""
+
+    entry: Entry
+    cache_len: int
+    length: int
+    completes: bool
+
+    @classmethod
+    def of(cls, entry: Entry, cache_len: int, length: int) -> Chunk:
+        return cls(entry, cache_len, length, cache_len + length == len(entry.tokens))
+
+    @property
+    def end(self) -> int:
+        return self.cache_len + self.length
+
+
+@dataclass(slots=True)
+class Growth:
+    # New blocks of running entries (their tables' tails the shards do not know yet).
+    grants: list[tuple[Entry, tuple[int, ...]]] = field(default_factory=list)
+    # Preempted entries, newest first; their blocks are already released.
+    preempted: list[Entry] = field(default_factory=list)
+    # Running entries that will need one more block in the next step.
+    crossing: int = 0
+
+
+@dataclass(slots=True)
+class StepPlan:
+    grants: list[tuple[Entry, tuple[int, ...]]]
+    preempted: list[Entry]
+    # Continuing prefills first (oldest first), then the newcomers' first chunks.
+    chunks: list[Chunk]
+    # Entries admitted from the queue in this step (each has a chunk).
+    newcomers: list[Entry]
+    # Cancelled entries met at the head of the queue (to drop).
+    cancelled: list[Entry]
+
+
+def kv_tokens(entry: Entry, ahead: int = 0) -> int:
+    """KV slots the entry's blocks must hold before its next step (`ahead` steps later): its
+    known tokens plus one, but never beyond the last position it can ever feed (prompt +
+    max_new_tokens - 1; the shards ask for no more)."""
+    return min(len(entry.tokens) + 1 + ahead, entry.total_tokens - 1)
+
+
+def admission_rank(entry: Entry) -> int:
+    assert entry.order is not None, f"entry {entry.id} is live but was never admitted"
+    return entry.order
+
+
+def crosses_next_step(entry: Entry, block_size: int) -> bool:
+    """Whether the entry's next step (after the one being planned) needs one more block."""
+    return kv_tokens(entry, 1) > entry.blocks_held * block_size
+
+
+def grow_running(
+    cache: PrefixCache, running: Iterable[Entry], live: Collection[Entry]
+) -> Growth:
+    """Grows every running entry to `kv_tokens`; preempts the newest of `live` (running and
+    prefilling entries) while the pool is short. Updates each entry's `blocks_held`."""
+    size = cache.block_size
+    growth = Growth()
+    gone: set[int] = set()
+    by_age: list[Entry] | None = None
+    for entry in running:
+        if entry.id in gone:
+            continue
+        need = kv_tokens(entry)
+        if need > entry.blocks_held * size:
+            while not cache.grow(entry.id, need):
+                if by_age is None:
+                    by_age = sorted(live, key=admission_rank)
+                victim = by_age.pop()
+                cache.release(victim.id)
+                growth.preempted.append(victim)
+                gone.add(victim.id)
+                if victim is entry:
+                    break
+            if entry.id in gone:
+                continue
+            entry.blocks_held = cache.blocks_for(need)
+        if entry.blocks_held > entry.blocks_sent:
+            growth.grants.append((entry, cache.table(entry.id, entry.blocks_sent)))
+        if crosses_next_step(entry, size):
+            growth.crossing += 1
+    if gone:
+        growth.grants = [g for g in growth.grants if g[0].id not in gone]
+        growth.crossing = sum(
+            1 for e in running if e.id not in gone and crosses_next_step(e, size)
+        )
+    return growth
+
+
+def continue_prefills(prefilling: Iterable[Entry], budget: int) -> list[Chunk]:
+    """The next chunk of each sequence mid-prefill, oldest first, within `budget` tokens."""
+    chunks: list[Chunk] = []
+    for entry in sorted(prefilling, key=admission_rank):
+        if budget <= 0:
+            break
+        length = min(len(entry.tokens) - entry.computed, budget)
+        chunks.append(Chunk.of(entry, entry.computed, length))
+        budget -= length
+    return chunks
+
+
+def admit_newcomers(
+    cache: PrefixCache,
+    waiting: Iterable[Entry],
+    budget: int,
+    slots: int | None,
+    watermark: int,
+    chunking: bool = True,
+) -> tuple[list[Chunk], list[Entry]]:
+    """(first chunks of the entries admitted from the head of `waiting`, cancelled entries met
+    on the way). Admission stops at the first entry that does not fit: `budget` prompt tokens
+    left, `slots` more live entries (None: no bound), blocks beyond `watermark` free ones.
+    Without `chunking` a newcomer's whole uncached prompt must fit the budget.
+
+    A request that wants prompt logprobs takes no cached prefix (it must compute every token);
+    the others take the longest one cached. Sets each admitted entry's blocks and `computed`.
+    """
+    size = cache.block_size
+    chunks: list[Chunk] = []
+    cancelled: list[Entry] = []
+    for entry in waiting:
+        if entry.stream.cancelled:
+            cancelled.append(entry)
+            continue
+        if budget <= 0 or (slots is not None and len(chunks) >= slots):
+            break
+        tokens = entry.tokens
+        reuse = not entry.pb.prefill_logprobs
+        reserve = kv_tokens(entry) - len(tokens)
+        if cache.blocks_needed(tokens, reserve, reuse) + watermark > cache.free_count:
+            break
+        if not chunking and len(tokens) - cache.cached_prefix(tokens, reuse) > budget:
+            break
+        admission = cache.admit(entry.id, tokens, reserve, reuse)
+        if admission is None:  # blocks_needed said it fits: never, short of a bug
+            break
+        entry.blocks_held = len(admission.blocks)
+        entry.blocks_sent = 0
+        entry.computed = admission.cached_tokens
+        chunk = Chunk.of(entry, admission.cached_tokens,
+                         min(len(tokens) - admission.cached_tokens, budget))
+        budget -= chunk.length
+        if chunk.completes and crosses_next_step(entry, size):
+            watermark += 1
+        chunks.append(chunk)
+    return chunks, cancelled
+
+
+def admission_open(
+    budgets: Budgets, running: int, waiting: int, steps_since_admission: int
+) -> bool:
+    """Whether newcomers may join this step. With chunking, always: a mixed step keeps the
+    running streams going. Without, a prefill pauses them, so (TGI's rule) only for enough
+    newcomers (running x waiting_served_ratio) or after max_waiting_tokens steps."""
+    if budgets.chunking or running == 0:
+        return True
+    if steps_since_admission >= budgets.max_waiting_tokens:
+        return True
+    return waiting >= int(running * budgets.waiting_served_ratio)
+
+
+def concat_reason(budgets: Budgets, steps_since_admission: int) -> str:
+    """The `reason` label of tgi_batch_concat when newcomers join a running batch."""
+    if not budgets.chunking and steps_since_admission >= budgets.max_waiting_tokens:
+        return "wait_exceeded"
+    return "backpressure"
+
+
+def plan_step(
+    cache: PrefixCache,
+    budgets: Budgets,
+    running: Collection[Entry],
+    prefilling: Collection[Entry],
+    waiting: Iterable[Entry],
+    admit: bool = True,
+) -> StepPlan:
+    """The whole step: growth (and preemption), continuing chunks, newcomers (if `admit`)."""
+    live = [*running, *prefilling]
+    growth = grow_running(cache, running, live)
+    gone = {e.id for e in growth.preempted}
+    still = [e for e in prefilling if e.id not in gone] if gone else list(prefilling)
+    budget = budgets.max_batch_prefill_tokens
+    chunks = continue_prefills(still, budget)
+    budget -= sum(chunk.length for chunk in chunks)
+    newcomers: list[Chunk] = []
+    cancelled: list[Entry] = []
+    if admit and not growth.preempted:
+        size = cache.block_size
+        watermark = growth.crossing + sum(
+            1 for chunk in chunks if chunk.completes and crosses_next_step(chunk.entry, size)
+        )
+        slots = None
+        if budgets.max_batch_size is not None:
+            slots = budgets.max_batch_size - (len(live) - len(gone))
+        newcomers, cancelled = admit_newcomers(
+            cache, waiting, budget, slots, watermark, budgets.chunking
+        )
+    return StepPlan(
+        grants=growth.grants,
+        preempted=growth.preempted,
+        chunks=chunks + newcomers,
+        newcomers=[chunk.entry for chunk in newcomers],
+        cancelled=cancelled,
+    )
