@@ -125,10 +125,11 @@ def crosses_next_step(entry: Entry, block_size: int) -> bool:
 
 
 def grow_running(
-    cache: PrefixCache, running: Iterable[Entry], live: Collection[Entry]
+    cache: PrefixCache, running: Collection[Entry], prefilling: Collection[Entry] = ()
 ) -> Growth:
-    """Grows every running entry to `kv_tokens`; preempts the newest of `live` (running and
-    prefilling entries) while the pool is short. Updates each entry's `blocks_held`."""
+    """Grows every running entry to `kv_tokens`; while the pool is short, preempts the newest
+    live entry (running or prefilling). Updates each entry's `blocks_held`. O(running) unless
+    it preempts."""
     size = cache.block_size
     growth = Growth()
     gone: set[int] = set()
@@ -140,7 +141,7 @@ def grow_running(
         if need > entry.blocks_held * size:
             while not cache.grow(entry.id, need):
                 if by_age is None:
-                    by_age = sorted(live, key=admission_rank)
+                    by_age = sorted([*running, *prefilling], key=admission_rank)
                 victim = by_age.pop()
                 cache.release(victim.id)
                 growth.preempted.append(victim)
@@ -250,8 +251,7 @@ def plan_step(
     admit: bool = True,
 ) -> StepPlan:
     """The whole step: growth (and preemption), continuing chunks, newcomers (if `admit`)."""
-    live = [*running, *prefilling]
-    growth = grow_running(cache, running, live)
+    growth = grow_running(cache, running, prefilling)
     gone = {e.id for e in growth.preempted}
     still = [e for e in prefilling if e.id not in gone] if gone else list(prefilling)
     budget = budgets.max_batch_prefill_tokens
@@ -266,7 +266,7 @@ def plan_step(
         )
         slots = None
         if budgets.max_batch_size is not None:
-            slots = budgets.max_batch_size - (len(live) - len(gone))
+            slots = budgets.max_batch_size - (len(running) + len(still))
         newcomers, cancelled = admit_newcomers(
             cache, waiting, budget, slots, watermark, budgets.chunking
         )

@@ -213,3 +213,30 @@ def test_a_request_cancelled_mid_prefill_gives_back_its_blocks(
             await drained(infer)
 
     asyncio.run(main())
+
+
+def test_best_of_copies_share_their_prompt_blocks_and_sample_as_alone(
+    shards: ShardProcesses, tokenizer: Tokenizer
+) -> None:
+    """best_of submits copies of one prompt with their own seeds, together: they are admitted
+    in the same step (their identical blocks cached once), later ones hit the cache, and each
+    samples what it samples alone."""
+    ids = tokenizer.encode(" ".join(PROMPTS[:4])).ids[:40]
+
+    def sampled(seed: int) -> ValidRequest:
+        req = request(ids, 12)
+        req.sampling = SamplingParameters(do_sample=True, temperature=0.9, seed=seed)
+        return req
+
+    async def main() -> None:
+        async with serving(shards, config(caching=False)) as infer:
+            alone = [summary(await events_of(infer, sampled(seed))) for seed in (1, 2, 3)]
+        async with serving(shards, config()) as infer:
+            copies = await asyncio.gather(*(events_of(infer, sampled(s)) for s in (1, 2, 3)))
+            assert [summary(e) for e in copies] == alone
+            assert metric(infer, "pytgi_request_cached_tokens_sum") == 0, "none committed yet"
+            assert summary(await events_of(infer, sampled(3))) == alone[2]
+            assert metric(infer, "pytgi_request_cached_tokens_sum") == 32
+            await drained(infer)
+
+    asyncio.run(main())

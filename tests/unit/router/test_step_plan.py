@@ -137,15 +137,15 @@ def test_growth_grants_only_the_new_tail_of_the_table() -> None:
     cache = PrefixCache(101, BS)
     entry = running(cache, make_entry(0, 6), order=0, generated=1)  # 7 known, holds 2 blocks
     assert entry.blocks_held == 2
-    growth = grow_running(cache, [entry], [entry])
+    growth = grow_running(cache, [entry])
     assert growth.grants == [] and growth.preempted == []  # 8 slots for 7 + 1
     entry.tokens.append(5)  # 8 known: the step needs 9 slots
-    growth = grow_running(cache, [entry], [entry])
+    growth = grow_running(cache, [entry])
     ((granted, blocks),) = growth.grants
     assert granted is entry and blocks == cache.table(0)[2:] and len(blocks) == 1
     assert entry.blocks_held == 3 and entry.blocks_sent == 2
     # Not sent (the step failed or was refused): the same tail is granted again.
-    assert grow_running(cache, [entry], [entry]).grants == [(entry, blocks)]
+    assert grow_running(cache, [entry]).grants == [(entry, blocks)]
 
 
 def test_a_short_pool_preempts_the_newest_first_and_grows_the_others() -> None:
@@ -154,7 +154,7 @@ def test_a_short_pool_preempts_the_newest_first_and_grows_the_others() -> None:
     mid = prefilling(cache, make_entry(1, 4), order=1, computed=0)  # 2 blocks
     new = running(cache, make_entry(2, 4), order=2, generated=1)  # 5 known, 6 -> 2 blocks
     assert cache.free_count == 0
-    growth = grow_running(cache, [new, old], [new, old, mid])
+    growth = grow_running(cache, [new, old], [mid])
     assert growth.preempted == [new]
     assert [(e.id, len(b)) for e, b in growth.grants] == [(0, 1)]
     assert 2 not in cache and 1 in cache and old.blocks_held == 3
@@ -166,7 +166,7 @@ def test_a_sequence_mid_prefill_is_a_victim_too_when_it_is_the_newest() -> None:
     old = running(cache, make_entry(0, 6), order=0, generated=2)
     other = running(cache, make_entry(2, 4), order=1, generated=1)
     young = prefilling(cache, make_entry(1, 4), order=2, computed=4)
-    growth = grow_running(cache, [old, other], [old, other, young])
+    growth = grow_running(cache, [old, other], [young])
     assert growth.preempted == [young] and 1 not in cache
     budgets = Budgets(max_batch_prefill_tokens=100, max_batch_total_tokens=24)
     assert continue_prefills([], 10) == []
@@ -177,7 +177,7 @@ def test_the_growing_entry_itself_is_preempted_when_it_is_the_newest() -> None:
     cache = PrefixCache(5, BS)  # 4 blocks
     old = running(cache, make_entry(0, 6), order=0, generated=1)  # 7 known, 8 slots
     new = running(cache, make_entry(1, 6), order=1, generated=2)  # 8 known: needs a 3rd block
-    growth = grow_running(cache, [old, new], [old, new])
+    growth = grow_running(cache, [old, new])
     assert growth.preempted == [new] and growth.grants == []
     assert old.blocks_held == 2 and cache.free_count == 2
 
