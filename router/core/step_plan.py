@@ -91,8 +91,6 @@ class Growth:
     grants: list[tuple[Entry, tuple[int, ...]]] = field(default_factory=list)
     # Preempted entries, newest first; their blocks are already released.
     preempted: list[Entry] = field(default_factory=list)
-    # Running entries that will need one more block in the next step.
-    crossing: int = 0
 
 
 @dataclass(slots=True)
@@ -128,13 +126,18 @@ def grow_running(
     cache: PrefixCache, running: Collection[Entry], prefilling: Collection[Entry] = ()
 ) -> Growth:
     """Grows every running entry to `kv_tokens`; while the pool is short, preempts the newest
-    live entry (running or prefilling). Updates each entry's `blocks_held`. O(running) unless
-    it preempts."""
+    live entry (running or prefilling). Updates each entry's `blocks_held`. O(running), and
+    the common entry (its blocks hold the step) costs a few integer operations."""
     size = cache.block_size
     growth = Growth()
     gone: set[int] = set()
     by_age: list[Entry] | None = None
     for entry in running:
+        known = len(entry.tokens)
+        if known < entry.blocks_held * size:  # holds known + 1: kv_tokens at most
+            if entry.blocks_held > entry.blocks_sent:
+                growth.grants.append((entry, cache.table(entry.id, entry.blocks_sent)))
+            continue
         if entry.id in gone:
             continue
         need = kv_tokens(entry)
@@ -153,14 +156,17 @@ def grow_running(
             entry.blocks_held = cache.blocks_for(need)
         if entry.blocks_held > entry.blocks_sent:
             growth.grants.append((entry, cache.table(entry.id, entry.blocks_sent)))
-        if crosses_next_step(entry, size):
-            growth.crossing += 1
     if gone:
         growth.grants = [g for g in growth.grants if g[0].id not in gone]
-        growth.crossing = sum(
-            1 for e in running if e.id not in gone and crosses_next_step(e, size)
-        )
     return growth
+
+
+def watermark(running: Iterable[Entry], chunks: Iterable[Chunk], block_size: int) -> int:
+    """Blocks the next step's growth takes: one per running entry, and per entry whose prompt
+    completes in this step, that will cross a block boundary then."""
+    return sum(1 for e in running if crosses_next_step(e, block_size)) + sum(
+        1 for chunk in chunks if chunk.completes and crosses_next_step(chunk.entry, block_size)
+    )
 
 
 def continue_prefills(prefilling: Iterable[Entry], budget: int) -> list[Chunk]:
@@ -259,16 +265,13 @@ def plan_step(
     budget -= sum(chunk.length for chunk in chunks)
     newcomers: list[Chunk] = []
     cancelled: list[Entry] = []
-    if admit and not growth.preempted:
-        size = cache.block_size
-        watermark = growth.crossing + sum(
-            1 for chunk in chunks if chunk.completes and crosses_next_step(chunk.entry, size)
-        )
+    if admit and not growth.preempted and next(iter(waiting), None) is not None:
         slots = None
         if budgets.max_batch_size is not None:
             slots = budgets.max_batch_size - (len(running) + len(still))
         newcomers, cancelled = admit_newcomers(
-            cache, waiting, budget, slots, watermark, budgets.chunking
+            cache, waiting, budget, slots, watermark(running, chunks, cache.block_size),
+            budgets.chunking,
         )
     return StepPlan(
         grants=growth.grants,

@@ -21,6 +21,7 @@ from pytgi_router.core.step_plan import (
     grow_running,
     kv_tokens,
     plan_step,
+    watermark,
 )
 
 BS = 4
@@ -158,7 +159,13 @@ def test_a_short_pool_preempts_the_newest_first_and_grows_the_others() -> None:
     assert growth.preempted == [new]
     assert [(e.id, len(b)) for e, b in growth.grants] == [(0, 1)]
     assert 2 not in cache and 1 in cache and old.blocks_held == 3
-    assert growth.crossing == 0  # old holds 12 slots, needs 10 next step
+    assert watermark([old], [], BS) == 0  # old holds 12 slots, needs 10 next step
+    old.tokens.extend([1, 2, 3])  # 11 known: the next step needs 13 slots
+    assert watermark([old], [], BS) == 1 and watermark([old], [Chunk.of(new, 0, 5)], BS) == 1
+    crossing, not_crossing = make_entry(9, 7), make_entry(10, 6)
+    crossing.blocks_held = not_crossing.blocks_held = 2  # a prompt completing: 9 / 8 slots next
+    chunks = [Chunk.of(crossing, 3, 4), Chunk.of(not_crossing, 0, 6), Chunk.of(crossing, 0, 3)]
+    assert watermark([old], chunks, BS) == 2
 
 
 def test_a_sequence_mid_prefill_is_a_victim_too_when_it_is_the_newest() -> None:
