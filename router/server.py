@@ -155,7 +155,7 @@ class RouterServer:
             max_top_n_tokens=s.max_top_n_tokens,
             max_input_tokens=info.max_input_tokens,
             max_total_tokens=info.max_total_tokens,
-            grammar_supported=False,
+            grammar_supported=not s.disable_grammar_support,
         )
         validator = Validator(tokenizer, limits, self._executor)
         self.state = AppState(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -79,8 +79,12 @@ class ChatTemplate:
         self.eos_token = eos_token or ""
         self._compile_error: str | None = None
         self._template: jinja2.Template | None = None
+        # Whether the template renders `tools` itself (else TGI appends them to the last message).
+        self.uses_tools = False
         try:
-            self._template = _environment().from_string(source)
+            env = _environment()
+            self.uses_tools = "tools" in meta.find_undeclared_variables(env.parse(source))
+            self._template = env.from_string(source)
         except jinja2.TemplateError as err:
             self._compile_error = str(err)
             log.warning("the chat template does not compile: %s", err)

@@ -10,6 +10,7 @@ from typing import Any
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request_stream import TokenInfo
+from pytgi_router.http.grammar import response_format_grammar
 from pytgi_router.http.http_errors import CompletionRequestError, ToolError
 from pytgi_router.http.json_fields import (
     U64_MAX,
@@ -24,6 +25,7 @@ from pytgi_router.http.json_fields import (
     wrong_type,
 )
 from pytgi_router.http.schemas import GenerateParameters, logprob_or_none
+from pytgi_router.http.tools import ChatTools, chat_tools, parse_tool_choice, parse_tools
 
 # TGI's finish reasons, as OpenAI names them.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
@@ -99,10 +101,12 @@ class ChatRequest:
     logprobs: bool = False
     top_logprobs: int | None = None
     grammar: dict[str, Any] | None = None
+    # The functions offered and the tool prompt (None: no tools, or `tool_choice: "none"`).
+    tools: ChatTools | None = None
 
     def parameters(self) -> GenerateParameters:
         p = self.fields.parameters(top_n_tokens=self.top_logprobs)
-        p.grammar = self.grammar
+        p.grammar = self.tools.grammar() if self.tools is not None else self.grammar
         return p
 
 
@@ -141,18 +145,6 @@ def _message(value: Any, i: int) -> dict[str, Any]:
     return message
 
 
-def _grammar(data: dict[str, Any]) -> dict[str, Any] | None:
-    fmt = opt_obj(data, "response_format")
-    if fmt is None or fmt.get("type") == "text":
-        return None
-    kind = fmt.get("type")
-    if kind == "json_schema" and "value" not in fmt:
-        return {"type": "json_schema", "value": fmt.get("json_schema")}
-    if kind == "json_object" and "value" not in fmt:
-        return {"type": "json", "value": {"type": "object"}}
-    return fmt
-
-
 def parse_chat(body: Any) -> ChatRequest:
     data = obj(body, "body")
     raw = required(data, "messages")
@@ -160,11 +152,12 @@ def parse_chat(body: Any) -> ChatRequest:
         raise wrong_type("messages", "an array of messages", raw)
     if not raw:
         raise ValidationError("`messages` cannot be empty")
-    tools = data.get("tools")
-    choice = data.get("tool_choice")
-    if tools and choice != "none":
-        raise ToolError("tools are not supported by this server (send no `tools`, or "
-                        "`tool_choice: \"none\"`)")
+    tools = parse_tools(data.get("tools"))
+    grammar = response_format_grammar(opt_obj(data, "response_format"))
+    if tools and grammar is not None:
+        raise ToolError("Grammar and tools are mutually exclusive")
+    tool_prompt = opt_str(data, "tool_prompt")
+    offered = chat_tools(tools, parse_tool_choice(data.get("tool_choice")), tool_prompt)
     logprobs = bool(opt_bool(data, "logprobs"))
     top = opt_int(data, "top_logprobs")
     return ChatRequest(
@@ -172,7 +165,8 @@ def parse_chat(body: Any) -> ChatRequest:
         fields=_sampling_fields(data),
         logprobs=logprobs,
         top_logprobs=top if logprobs else None,
-        grammar=_grammar(data),
+        grammar=grammar,
+        tools=offered,
     )
 
 
@@ -225,14 +219,21 @@ class Envelope:
 
 def chat_completion(
     env: Envelope, text: str, finish_reason: str, logprobs: dict[str, Any] | None,
-    prompt_tokens: int, completion_tokens: int,
+    prompt_tokens: int, completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """`tool_calls` replaces the content (null, as OpenAI writes it); a complete call's
+    finish reason is "tool_calls"."""
     out = env.head("chat.completion")
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    reason = FINISH_REASONS.get(finish_reason, finish_reason)
+    if tool_calls is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+        reason = "tool_calls" if finish_reason == "eos_token" else reason
     out["choices"] = [{
         "index": 0,
-        "message": {"role": "assistant", "content": text},
+        "message": message,
         "logprobs": logprobs,
-        "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason),
+        "finish_reason": reason,
     }]
     out["usage"] = usage(prompt_tokens, completion_tokens)
     return out
@@ -246,10 +247,12 @@ class CompletionRequest:
     prompts: list[str]
     fields: SamplingFields
     echo: bool = False
+    grammar: dict[str, Any] | None = None
 
     def parameters(self) -> GenerateParameters:
         p = self.fields.parameters()
         p.return_full_text = self.echo
+        p.grammar = self.grammar
         return p
 
 
@@ -270,7 +273,8 @@ def parse_completion(body: Any) -> CompletionRequest:
     if not prompts:
         raise ValidationError("`prompt` cannot be empty")
     return CompletionRequest(
-        prompts=prompts, fields=_sampling_fields(data), echo=bool(opt_bool(data, "echo"))
+        prompts=prompts, fields=_sampling_fields(data), echo=bool(opt_bool(data, "echo")),
+        grammar=response_format_grammar(opt_obj(data, "response_format")),
     )
 
 

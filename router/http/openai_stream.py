@@ -46,6 +46,13 @@ class ChatChunks:
         body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
         return f'data: {self._head},"choices":[],"usage":{body}}}\n\n'.encode()
 
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        """A chunk with any delta (tool calls, decoded content), off the per-token fast path;
+        `finish_reason` as OpenAI names it."""
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        body = json.dumps([choice], separators=(",", ":"), ensure_ascii=False)
+        return f'data: {self._head},"choices":{body},"usage":null}}\n\n'.encode()
+
 
 class CompletionChunks:
     """`text_completion` events of one completions stream (several prompts interleave)."""

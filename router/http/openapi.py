@@ -107,7 +107,20 @@ SCHEMAS: dict[str, Any] = {
         "top_logprobs": _nullable("integer"), "presence_penalty": _nullable("number"),
         "frequency_penalty": _nullable("number"),
         "stream_options": _obj({"include_usage": {"type": "boolean"}}),
-        "response_format": {"type": "object", "nullable": True},
+        "response_format": {
+            "type": "object", "nullable": True,
+            "description": "{type: text|json_object} or {type: json_schema, json_schema: "
+                           "{name, schema, strict}} (or a `grammar` object)"},
+        "tools": {"type": "array", "nullable": True, "items": _obj({
+            "type": {"type": "string", "enum": ["function"]},
+            "function": _obj({"name": {"type": "string"}, "description": {"type": "string"},
+                              "parameters": {"type": "object"}}, ["name"]),
+        }, ["function"])},
+        "tool_choice": {"nullable": True, "description": '"auto" (default), "none", '
+                        '"required", a function name or {type: function, function: {name}}',
+                        "oneOf": [{"type": "string"}, {"type": "object"}]},
+        "tool_prompt": {"type": "string", "nullable": True,
+                        "description": "text appended to the last message with the tools"},
     }, ["messages"]),
     "ChatCompletion": {"type": "object", "description": "OpenAI `chat.completion`"},
     "CompletionRequest": _obj({
@@ -116,6 +129,7 @@ SCHEMAS: dict[str, Any] = {
         "max_tokens": _nullable("integer"), "temperature": _nullable("number"),
         "top_p": _nullable("number"), "seed": _nullable("integer"),
         "stop": {"type": "array", "items": {"type": "string"}}, "stream": {"type": "boolean"},
+        "response_format": {"type": "object", "nullable": True},
     }, ["prompt"]),
     "Completion": {"type": "object", "description": "OpenAI `text_completion`"},
     "Info": {"type": "object"},

@@ -9,8 +9,10 @@ from starlette.routing import Route
 from pytgi_router.core.errors import InferError, TemplateError
 from pytgi_router.core.request_stream import End, Token
 from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
+from pytgi_router.http.http_errors import ToolError
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.openai_schemas import (
+    FINISH_REASONS,
     ChatRequest,
     Envelope,
     chat_completion,
@@ -23,7 +25,16 @@ from pytgi_router.http.routes_info import tokens_response
 from pytgi_router.http.schemas import GenerateRequest
 from pytgi_router.http.sse import DONE, EventStreamResponse
 from pytgi_router.http.state import AppState
-from pytgi_router.http.streaming import encode_generation
+from pytgi_router.http.streaming import Encoder, encode_generation
+from pytgi_router.http.tool_output import (
+    ToolOutput,
+    new_call_id,
+    parse_tool_output,
+    read_partial_output,
+    tool_call_json,
+)
+from pytgi_router.http.tool_stream import Delta, ToolCallStream
+from pytgi_router.http.tools import with_tool_prompt
 
 
 class ChatRoutes:
@@ -38,12 +49,17 @@ class ChatRoutes:
         ]
 
     async def prompt(self, chat: ChatRequest) -> str:
-        """Renders in the worker pool: a conversation near the payload limit takes a while."""
+        """Renders in the worker pool: a conversation near the payload limit takes a while.
+        Offered tools go to the template's `tools` and TGI's tool prompt to the last message."""
         template = self.state.chat_template
         try:
             if template is None:
                 raise TemplateError("template not found")
-            return await self.state.validator.offload(template.apply, chat.messages)
+            messages, tools = chat.messages, None
+            if chat.tools is not None:
+                suffix = chat.tools.prompt_suffix(template.uses_tools)
+                messages, tools = with_tool_prompt(messages, suffix), chat.tools.template_tools()
+            return await self.state.validator.offload(template.apply, messages, tools)
         except TemplateError:
             m = self.state.metrics
             m.request_count.inc()
@@ -80,9 +96,15 @@ class ChatRoutes:
                     return Response(status_code=CLIENT_CLOSED)
         seq = result.best
         logprobs = chat_logprobs(seq.tokens, seq.top_tokens) if chat.logprobs else None
+        text, tool_calls = seq.generated_text, None
+        if chat.tools is not None:
+            output = read_tool_output(text)
+            text = output.content or ""
+            if output.is_call:
+                tool_calls = [tool_call_json(new_call_id(), output)]
         out = chat_completion(
-            env, seq.generated_text, seq.end.finish_reason, logprobs, seq.input_length,
-            seq.end.generated_tokens,
+            env, text, seq.end.finish_reason, logprobs, seq.input_length,
+            seq.end.generated_tokens, tool_calls,
         )
         headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
         return json_response(out, headers=headers)
@@ -95,10 +117,12 @@ class ChatRoutes:
             req, stream=True, route="chat_completions", headers=request.headers, group=group
         )
         generation = generations[0]
-        enc = ChatEncoder(
-            ChatChunks(env, chat.logprobs), chat.fields.include_usage,
-            generation.valid.request.input_length,
+        input_length = generation.valid.request.input_length
+        enc: Encoder = ChatEncoder(
+            ChatChunks(env, chat.logprobs), chat.fields.include_usage, input_length
         )
+        if chat.tools is not None:
+            enc = ToolChatEncoder(ChatChunks(env, False), chat.fields.include_usage, input_length)
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(len(req.inputs)),
@@ -126,3 +150,62 @@ class ChatEncoder:
 
     def error(self, err: InferError) -> bytes:
         return error_chunk(err) + DONE
+
+
+def read_tool_output(text: str) -> ToolOutput:
+    """The complete output parsed; one cut short (`max_tokens`) read as far as it goes; TGI's
+    422 when not even the function's name was written."""
+    try:
+        return parse_tool_output(text)
+    except ToolError:
+        partial = read_partial_output(text)
+        if partial is None:
+            raise
+        return partial
+
+
+class ToolChatEncoder:
+    """A tool-constrained chat stream: tool-call deltas as OpenAI sends them (the id, type and
+    name once, in the first; then argument fragments), or no_tool's content; the last chunk
+    says "tool_calls" when a call was completed by the grammar."""
+
+    __slots__ = ("chunks", "include_usage", "input_length", "parser", "call_id")
+
+    def __init__(self, chunks: ChatChunks, include_usage: bool, input_length: int) -> None:
+        self.chunks = chunks
+        self.include_usage = include_usage
+        self.input_length = input_length
+        self.parser = ToolCallStream()
+        self.call_id = new_call_id()
+
+    def token(self, index: int, ev: Token) -> bytes:
+        if ev.token.special:
+            return b""
+        return self._render(self.parser.push(ev.token.text))
+
+    def end(self, index: int, ev: End) -> bytes:
+        last = "" if ev.token.special else ev.token.text
+        out = self._render(self.parser.finish(last, ev.generated_text))
+        reason = FINISH_REASONS.get(ev.finish_reason, ev.finish_reason)
+        if self.parser.is_call and ev.finish_reason == "eos_token":
+            reason = "tool_calls"
+        out += self.chunks.delta({"role": "assistant"}, reason)
+        if self.include_usage:
+            out += self.chunks.usage(self.input_length, ev.generated_tokens)
+        return out + DONE
+
+    def error(self, err: InferError) -> bytes:
+        return error_chunk(err) + DONE
+
+    def _render(self, deltas: list[Delta]) -> bytes:
+        return b"".join(self.chunks.delta(self._delta(d)) for d in deltas)
+
+    def _delta(self, d: Delta) -> dict[str, object]:
+        if d.kind == "content":
+            return {"role": "assistant", "content": d.text}
+        if d.kind == "call":
+            call = {"index": 0, "id": self.call_id, "type": "function",
+                    "function": {"name": d.text, "arguments": ""}}
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"role": "assistant",
+                "tool_calls": [{"index": 0, "function": {"arguments": d.text}}]}

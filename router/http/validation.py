@@ -7,10 +7,8 @@ budgets inside the limits the shard reported at warmup, parameters in range.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import random
-import re
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from tokenizers import Encoding, Tokenizer
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.http.grammar import Grammar, check_grammar, parse_grammar
 from pytgi_router.http.schemas import GenerateParameters, GenerateRequest
 from pytgi_router.http.token_bound import max_chars_per_token
 
@@ -42,10 +41,6 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 # when one sequence may be as long as the payload limit.
 MAX_STOP_SEQUENCE_CHARS = 512
 
-GRAMMAR_JSON = 1
-GRAMMAR_REGEX = 2
-
-
 @dataclass(frozen=True, slots=True)
 class ValidationLimits:
     max_best_of: int
@@ -53,7 +48,8 @@ class ValidationLimits:
     max_top_n_tokens: int
     max_input_tokens: int
     max_total_tokens: int
-    grammar_supported: bool = False
+    # TGI's default; --disable-grammar-support turns it off.
+    grammar_supported: bool = True
 
 
 @dataclass(slots=True)
@@ -170,7 +166,8 @@ class Validator:
         input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
-            sampling.grammar_type, sampling.grammar = self._grammar(p.grammar)
+            grammar = await self._grammar(p.grammar)
+            sampling.grammar_type, sampling.grammar = grammar.grammar_type, grammar.value
         valid = ValidRequest(
             inputs=req.inputs,
             input_ids=input_ids,
@@ -270,30 +267,14 @@ class Validator:
             raise ValidationError("`max_new_tokens` must be strictly positive")
         return max_new
 
-    def _grammar(self, grammar: dict[str, Any]) -> tuple[int, str]:
-        kind = grammar.get("type")
-        value = grammar.get("value")
+    async def _grammar(self, grammar: dict[str, Any]) -> Grammar:
+        """Shape, then a compile by the constraint library (in the worker pool when large: a
+        big schema takes milliseconds)."""
         if not self.limits.grammar_supported:
             raise ValidationError("grammar is not supported")
-        if kind == "regex":
-            if not isinstance(value, str):
-                raise ValidationError("grammar is not valid: a regex grammar needs a string value")
-            try:
-                re.compile(value)
-            except re.error as err:
-                raise ValidationError(f"grammar is not valid: {err}") from None
-            return GRAMMAR_REGEX, value
-        if kind in ("json", "json_object", "json_schema"):
-            schema = value.get("schema") if kind == "json_schema" and isinstance(value, dict) else value
-            if isinstance(schema, str):
-                try:
-                    schema = json.loads(schema)
-                except json.JSONDecodeError as err:
-                    raise ValidationError(f"grammar is not valid: {err}") from None
-            if not isinstance(schema, dict):
-                raise ValidationError("grammar is not valid: the JSON schema must be an object")
-            return GRAMMAR_JSON, json.dumps(schema, separators=(",", ":"))
-        raise ValidationError(
-            f"grammar is not valid: unknown type {kind!r} (expected json, json_object, "
-            "json_schema or regex)"
-        )
+        parsed = parse_grammar(grammar)
+        if len(parsed.value) > OFFLOAD_CHARS:
+            await self.offload(check_grammar, parsed)
+        else:
+            check_grammar(parsed)
+        return parsed

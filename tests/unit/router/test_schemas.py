@@ -14,8 +14,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from text_generation.types import Response as TGResponse
 from text_generation.types import StreamResponse as TGStreamResponse
 
-from pytgi_router.core.errors import InferError
+from pytgi_router.core.errors import InferError, ValidationError
 from pytgi_router.core.request_stream import End, TokenInfo
+from pytgi_router.http.grammar import check_grammar, parse_grammar
 from pytgi_router.http.http_errors import BadRequestError, CompletionRequestError, ToolError
 from pytgi_router.http.json_fields import decode_body
 from pytgi_router.http.openai_schemas import (
@@ -28,6 +29,7 @@ from pytgi_router.http.openai_schemas import (
 )
 from pytgi_router.http.openai_stream import ChatChunks, CompletionChunks, error_chunk
 from pytgi_router.http.schemas import (
+    GenerateParameters,
     Sequence,
     generate_response,
     parse_generate,
@@ -172,13 +174,16 @@ def test_chat_mapping_follows_tgi() -> None:
     assert sampled.parameters().do_sample is True
 
 
-def test_chat_rejects_tools_and_empty_messages() -> None:
+def test_chat_tool_errors_and_empty_messages() -> None:
+    tools = [{"type": "function", "function": {"name": "f"}}]
     with pytest.raises(ToolError) as info:
-        parse_chat({"messages": [{"role": "user", "content": "x"}],
-                    "tools": [{"type": "function", "function": {"name": "f"}}]})
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": tools,
+                    "tool_choice": "g"})
     assert info.value.status_code == 422 and info.value.error_type == "tool_error"
-    parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [{}],
-                "tool_choice": "none"})
+    assert info.value.message == "Tool error: Tool with name g not found"
+    with pytest.raises(ValidationError):
+        parse_chat({"messages": [{"role": "user", "content": "x"}], "tools": [{}],
+                    "tool_choice": "none"})
     with pytest.raises(InferError):
         parse_chat({"messages": []})
 
@@ -243,7 +248,8 @@ _keys = st.sampled_from([
     "typical_p", "do_sample", "max_new_tokens", "return_full_text", "stop", "truncate",
     "watermark", "details", "decoder_input_details", "seed", "top_n_tokens", "grammar",
     "adapter_id", "messages", "prompt", "max_tokens", "logprobs", "top_logprobs",
-    "stream_options", "response_format", "tools", "suffix", "presence_penalty",
+    "stream_options", "response_format", "tools", "suffix", "presence_penalty", "tool_choice",
+    "tool_prompt",
 ])
 
 
@@ -256,6 +262,10 @@ def test_any_json_is_parsed_or_refused_cleanly(params: dict[str, Any], inputs: A
         (parse_completion, {**params, "prompt": inputs}),
     ):
         try:
-            parse(body)
+            request = parse(body)
+            p = request.parameters
+            grammar = (p if isinstance(p, GenerateParameters) else p()).grammar
+            if grammar is not None:
+                check_grammar(parse_grammar(grammar))
         except InferError as err:
             assert err.status_code in (400, 422) and err.message

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -142,7 +143,6 @@ def test_top_p_one_is_accepted_as_no_filtering(validator: Validator) -> None:
     ({"max_new_tokens": 200},
      "`inputs` tokens + `max_new_tokens` must be <= 128. Given: 2 `inputs` tokens and 200 "
      "`max_new_tokens`"),
-    ({"grammar": {"type": "regex", "value": "a+"}}, "grammar is not supported"),
 ])
 def test_bad_parameters_get_tgi_messages(
     validator: Validator, params: dict[str, Any], message: str
@@ -247,3 +247,37 @@ def test_any_typed_parameters_validate_or_fail_cleanly(
     assert r.stopping.max_new_tokens >= 1 and 0 <= r.sampling.seed < 2**64
     assert r.sampling.temperature > 0 and 0 < r.sampling.top_p <= 1
     assert 0 <= r.sampling.top_k < 2**32 and r.top_n_tokens <= LIMITS.max_top_n_tokens
+
+
+def test_a_grammar_reaches_the_sampling_parameters(validator: Validator) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    json_req = run(validator, {"inputs": "x", "parameters": {"grammar": {
+        "type": "json", "value": schema}}}).request.sampling
+    assert (json_req.grammar_type, json.loads(json_req.grammar)) == (1, schema)
+    regex = run(validator, {"inputs": "x", "parameters": {"grammar": {
+        "type": "regex", "value": "[ab]+"}}}).request.sampling
+    assert (regex.grammar_type, regex.grammar) == (2, "[ab]+")
+    free = run(validator, {"inputs": "x"}).request.sampling
+    assert (free.grammar_type, free.grammar) == (0, "")
+
+
+def test_a_large_schema_compiles_in_the_pool_and_a_bad_one_is_refused(
+    tokenizer: Tokenizer,
+) -> None:
+    with ThreadPoolExecutor(1) as pool:
+        v = Validator(tokenizer, LIMITS, pool)
+        props = {f"field_{i}": {"type": "string", "maxLength": 8} for i in range(200)}
+        big = {"type": "object", "properties": props}
+        assert len(json.dumps(big)) > OFFLOAD_CHARS
+        body = {"inputs": "x", "parameters": {"grammar": {"type": "json", "value": big}}}
+        assert run(v, body).request.sampling.grammar_type == 1
+        props["field_0"] = {"type": "strin"}
+        assert error(v, body) == "Input validation error: grammar is not valid: Invalid type: strin"
+
+
+def test_grammar_support_disabled_refuses_every_grammar(tokenizer: Tokenizer) -> None:
+    limits = ValidationLimits(2, 4, 5, 64, 128, grammar_supported=False)
+    v = Validator(tokenizer, limits)
+    for grammar in ({"type": "regex", "value": "a+"}, {"type": "json_object"}):
+        body = {"inputs": "x", "parameters": {"grammar": grammar}}
+        assert error(v, body) == "Input validation error: grammar is not supported"

@@ -1,0 +1,107 @@
+"""grammar.py: TGI's grammar shapes and OpenAI's response_format onto the wire's (type, value),
+and every bad schema or regex refused with a message naming the problem (compiled by llguidance,
+as the shards compile it)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.grammar import (
+    ANY_JSON_OBJECT,
+    GRAMMAR_JSON,
+    GRAMMAR_REGEX,
+    Grammar,
+    check_grammar,
+    parse_grammar,
+    response_format_grammar,
+)
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+
+
+def wire(grammar: dict[str, Any]) -> tuple[int, Any]:
+    g = parse_grammar(grammar)
+    check_grammar(g)
+    return g.grammar_type, g.value if g.grammar_type == GRAMMAR_REGEX else json.loads(g.value)
+
+
+@pytest.mark.parametrize("grammar", [
+    {"type": "json", "value": SCHEMA},
+    {"type": "json", "value": json.dumps(SCHEMA)},
+    {"type": "json_object", "value": SCHEMA},
+    {"type": "json_schema", "value": {"name": "x", "schema": SCHEMA}},
+    {"type": "json_schema", "value": {"schema": json.dumps(SCHEMA)}},
+])
+def test_every_json_form_sends_the_schema(grammar: dict[str, Any]) -> None:
+    assert wire(grammar) == (GRAMMAR_JSON, SCHEMA)
+
+
+def test_json_without_a_schema_is_any_object_and_regex_goes_as_is() -> None:
+    assert wire({"type": "json_object"}) == (GRAMMAR_JSON, ANY_JSON_OBJECT)
+    assert wire({"type": "json_schema", "value": {"name": "x"}}) == (GRAMMAR_JSON, ANY_JSON_OBJECT)
+    assert wire({"type": "regex", "value": r"\d{3}-[a-z]+"}) == (GRAMMAR_REGEX, r"\d{3}-[a-z]+")
+
+
+def test_the_wire_text_is_compact_and_keeps_unicode() -> None:
+    g = parse_grammar({"type": "json", "value": {"enum": ["é", "ü"]}})
+    assert g == Grammar(GRAMMAR_JSON, '{"enum":["é","ü"]}')
+
+
+@pytest.mark.parametrize(("grammar", "message"), [
+    ({"type": "regex", "value": "("}, "grammar is not valid: invalid regex '(': unclosed group"),
+    ({"type": "regex", "value": "a{3,"},
+     "grammar is not valid: invalid regex 'a{3,': unclosed counted repetition"),
+    ({"type": "regex", "value": "(?<=a)b"}, "look-around, including look-ahead and look-behind, "
+                                             "is not supported"),
+    ({"type": "regex", "value": 5}, "grammar is not valid: a regex grammar needs a string value"),
+    ({"type": "json", "value": "{not json"}, "grammar is not valid: Expecting property name"),
+    ({"type": "json", "value": [1]}, "grammar is not valid: the JSON schema must be an object"),
+    ({"type": "json", "value": {"type": "integr"}}, "grammar is not valid: Invalid type: integr"),
+    ({"type": "json", "value": {"type": "object", "properties": []}},
+     "grammar is not valid: properties must be an object"),
+    ({"type": "json", "value": {"type": "string", "minLength": "x"}}, "minLength"),
+    ({"type": "json", "value": {"type": "array", "minItems": 3, "maxItems": 1}},
+     "Unsatisfiable schema: minItems (3) is greater than maxItems (1)"),
+    ({"type": "json", "value": {"$ref": "#/$defs/missing"}}, "'/$defs/missing' does not exist"),
+    ({"type": "json", "value": {"not": {"type": "string"}}},
+     'grammar is not valid: unsupported JSON Schema feature: Unimplemented keys: ["not"]'),
+    ({"type": "json", "value": {"type": "string", "format": "color"}},
+     "unsupported JSON Schema feature: Unknown format: color"),
+    ({"type": "json", "value": {"type": "string", "pattern": "["}},
+     "grammar is not valid: invalid regex in the JSON schema: unclosed character class"),
+    ({"type": "json_schema", "value": "x"}, "a json_schema value must be an object"),
+    ({"type": "lark", "value": "start: 'a'"}, "grammar is not valid: unknown type 'lark'"),
+    ({"value": "a"}, "grammar is not valid: unknown type None"),
+])
+def test_bad_grammars_name_the_problem(grammar: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        wire(grammar)
+    assert info.value.status_code == 422 and info.value.error_type == "validation"
+    assert info.value.message.startswith("Input validation error: grammar is not valid: ")
+    assert message in info.value.message
+
+
+@pytest.mark.parametrize(("fmt", "grammar"), [
+    (None, None),
+    ({"type": "text"}, None),
+    ({"type": "json_object"}, {"type": "json", "value": ANY_JSON_OBJECT}),
+    ({"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA, "strict": True}},
+     {"type": "json_schema", "value": {"name": "n", "schema": SCHEMA, "strict": True}}),
+    ({"type": "json", "value": SCHEMA}, {"type": "json", "value": SCHEMA}),  # TGI's own form
+    ({"type": "regex", "value": "a+"}, {"type": "regex", "value": "a+"}),
+])
+def test_response_format_maps_onto_a_grammar(
+    fmt: dict[str, Any] | None, grammar: dict[str, Any] | None
+) -> None:
+    assert response_format_grammar(fmt) == grammar
+
+
+def test_response_format_json_schema_needs_its_object() -> None:
+    with pytest.raises(ValidationError, match="`response_format.json_schema` must be an object"):
+        response_format_grammar({"type": "json_schema"})
+    g = response_format_grammar({"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}})
+    assert g is not None and wire(g) == (GRAMMAR_JSON, SCHEMA)

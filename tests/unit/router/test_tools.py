@@ -1,0 +1,179 @@
+"""tools.py / tool_output.py: `tools` and `tool_choice` become TGI's tool grammar and prompt; the
+constrained output reads back as OpenAI tool calls (or no_tool's content)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.chat_template import ChatTemplate
+from pytgi_router.http.grammar import check_grammar, parse_grammar
+from pytgi_router.http.http_errors import ToolError
+from pytgi_router.http.openai_schemas import parse_chat
+from pytgi_router.http.tool_output import (
+    new_call_id,
+    parse_tool_output,
+    read_partial_output,
+    tool_call_json,
+)
+from pytgi_router.http.tools import (
+    DEFAULT_TOOL_PROMPT,
+    NO_TOOL,
+    ToolChoice,
+    chat_tools,
+    parse_tool_choice,
+    parse_tools,
+    with_tool_prompt,
+)
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather",
+    "parameters": {"type": "object", "properties": {
+        "location": {"type": "string"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["location"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"$ref": "#/$defs/zone"}},
+    "$defs": {"zone": {"type": "string", "maxLength": 5}}}}}
+TOOLS = parse_tools([WEATHER, TIME])
+MESSAGES = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def schema_for(choice: Any) -> dict[str, Any]:
+    offered = chat_tools(TOOLS, parse_tool_choice(choice), None)
+    assert offered is not None
+    grammar = offered.grammar()
+    check_grammar(parse_grammar(grammar))  # the constraint library compiles it
+    return dict(grammar["value"])
+
+
+def valid(schema: dict[str, Any], output: dict[str, Any]) -> bool:
+    return jsonschema.Draft202012Validator(schema).is_valid(output)
+
+
+def test_auto_offers_every_tool_and_no_tool() -> None:
+    schema = schema_for("auto")
+    assert list(schema["$functions"]) == ["get_weather", "get_time", NO_TOOL]
+    call = {"function": {"_name": "get_weather", "location": "Paris", "unit": "celsius"}}
+    assert valid(schema, call)
+    assert valid(schema, {"function": {"_name": NO_TOOL, "content": "hi"}})
+    assert valid(schema, {"function": {"_name": "get_time", "zone": "UTC"}})
+    for bad in ({}, {"function": {"_name": "get_weather"}},  # a required argument missing
+                {"function": {"_name": "get_weather", "location": "P", "extra": 1}},
+                {"function": {"_name": "get_time", "zone": "too long"}},  # hoisted $defs
+                {"function": {"_name": "nope"}},
+                {"function": {"_name": "get_time"}, "more": 1}):
+        assert not valid(schema, bad), bad
+    weather = schema["$functions"]["get_weather"]
+    assert list(weather["properties"])[0] == "_name"
+    assert weather["required"] == ["_name", "location"]
+    assert weather["additionalProperties"] is False
+
+
+def test_required_and_a_named_function_narrow_the_choice() -> None:
+    assert list(schema_for("required")["$functions"]) == ["get_weather", "get_time"]
+    for choice in ({"type": "function", "function": {"name": "get_time"}}, "get_time"):
+        schema = schema_for(choice)
+        assert list(schema["$functions"]) == ["get_time"]
+        assert not valid(schema, {"function": {"_name": "get_weather", "location": "x"}})
+
+
+def test_none_or_no_tools_offer_nothing() -> None:
+    assert chat_tools(TOOLS, ToolChoice("none"), None) is None
+    assert chat_tools([], ToolChoice("auto"), None) is None
+    with pytest.raises(ToolError) as info:
+        chat_tools(TOOLS, ToolChoice("function", "nope"), None)
+    assert info.value.message == "Tool error: Tool with name nope not found"
+    assert info.value.status_code == 422 and info.value.error_type == "tool_error"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"type": "function"}, "`tool_choice` must be"),
+    (3, "`tool_choice` must be"),
+])
+def test_bad_tool_choice(value: Any, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        parse_tool_choice(value)
+
+
+@pytest.mark.parametrize(("tools", "message"), [
+    ({"type": "function"}, "`tools` must be an array"),
+    ([{"type": "function"}], "`tools[0]` must be"),
+    ([{"function": {"name": ""}}], "`tools[0].function.name` must be a non-empty string"),
+    ([{"function": {"name": "f", "parameters": []}}], "`tools[0].function.parameters` must be"),
+])
+def test_bad_tools(tools: Any, message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_tools(tools)
+    assert message in info.value.message
+
+
+def test_tgi_arguments_alias_and_no_parameters() -> None:
+    [alias, bare] = parse_tools([
+        {"function": {"name": "a", "arguments": {"type": "object", "properties": {}}}},
+        {"function": {"name": "b"}}])
+    assert alias.parameters == {"type": "object", "properties": {}}
+    assert bare.openai() == {"type": "function", "function": {
+        "name": "b", "parameters": {"type": "object", "properties": {}}}}
+
+
+def test_tool_prompt_goes_after_the_last_message() -> None:
+    offered = chat_tools(TOOLS, ToolChoice("required"), None)
+    assert offered is not None and offered.prompt == DEFAULT_TOOL_PROMPT
+    plain = offered.prompt_suffix(template_uses_tools=False)
+    assert plain == f"\n---\n{json.dumps([WEATHER, TIME])}\n{DEFAULT_TOOL_PROMPT}"
+    assert offered.prompt_suffix(template_uses_tools=True) == f"\n---\n{DEFAULT_TOOL_PROMPT}"
+    mine = chat_tools(TOOLS, ToolChoice("auto"), "Use a tool.")
+    assert mine is not None and mine.prompt_suffix(True) == "\n---\nUse a tool."
+    out = with_tool_prompt([{"role": "system", "content": "s"}, *MESSAGES], "!")
+    assert out[-1] == {"role": "user", "content": "Weather in Paris?!"} and out[0]["content"] == "s"
+    assert MESSAGES[0]["content"] == "Weather in Paris?"  # the request's messages untouched
+
+
+def test_chat_templates_say_whether_they_render_tools() -> None:
+    plain = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}")
+    with_tools = ChatTemplate("{% if tools %}{{ tools | tojson }}{% endif %}"
+                              "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert not plain.uses_tools and with_tools.uses_tools
+    assert with_tools.apply(MESSAGES, [WEATHER]).startswith('[{"type": "function"')
+
+
+def test_parse_chat_tools_and_response_format() -> None:
+    body = {"messages": MESSAGES, "tools": [WEATHER]}
+    chat = parse_chat(body)
+    assert chat.tools is not None and [t.name for t in chat.tools.tools] == ["get_weather", NO_TOOL]
+    assert chat.parameters().grammar == chat.tools.grammar()
+    assert parse_chat({**body, "tool_choice": "none"}).parameters().grammar is None
+    with pytest.raises(ToolError, match="Tool error: Grammar and tools are mutually exclusive"):
+        parse_chat({**body, "response_format": {"type": "json_object"}})
+    text = parse_chat({**body, "response_format": {"type": "text"}})  # constrains nothing
+    assert text.tools is not None
+    fmt = parse_chat({"messages": MESSAGES, "response_format": {"type": "json_object"}})
+    assert fmt.tools is None and fmt.parameters().grammar == {
+        "type": "json", "value": {"type": "object"}}
+
+
+def test_outputs_read_back_as_tool_calls() -> None:
+    out = parse_tool_output('{"function": {"_name": "get_weather", "location": "Paris"}}')
+    assert out.is_call and out.name == "get_weather"
+    assert json.loads(out.arguments) == {"location": "Paris"}
+    none = parse_tool_output('{ "function" : { "_name" : "no_tool", "content": "Hi \\u00e9" } }')
+    assert not none.is_call and none.content == "Hi é"
+    call_id = new_call_id()
+    assert call_id.startswith("call_") and len(call_id) == 29 and call_id != new_call_id()
+    assert tool_call_json(call_id, out) == {"id": call_id, "type": "function", "function": {
+        "description": None, "name": "get_weather", "arguments": '{"location": "Paris"}'}}
+    with pytest.raises(ToolError, match="Tool error: Failed to parse generated text"):
+        parse_tool_output('{"function": {"location"')
+
+
+def test_outputs_cut_short_read_as_far_as_they_go() -> None:
+    cut = read_partial_output('{"function": {"_name": "get_weather", "location": "Pa')
+    assert cut is not None and (cut.name, cut.arguments) == ("get_weather", '{"location": "Pa')
+    said = read_partial_output('{"function": {"_name": "no_tool", "content": "Hel')
+    assert said is not None and said.content == "Hel"
+    assert read_partial_output('{"function": {"_na') is None
