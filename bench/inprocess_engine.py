@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -80,15 +80,19 @@ class InProcessShardClient:
         batch: generate_pb2.Batch,
         cached: generate_pb2.CachedBatch | None,
         timeout: float | None = None,
+        grants: Sequence[generate_pb2.BlockGrant] = (),
     ) -> generate_pb2.PrefillResponse:
         from pytgi_router.core.shard_client import prefill_request
 
-        return await self._call(self._engine.prefill, prefill_request(batch, cached))
+        return await self._call(self._engine.prefill, prefill_request(batch, cached, grants))
 
     async def decode(
-        self, batches: list[generate_pb2.CachedBatch], timeout: float | None = None
+        self,
+        batches: list[generate_pb2.CachedBatch],
+        timeout: float | None = None,
+        grants: Sequence[generate_pb2.BlockGrant] = (),
     ) -> generate_pb2.DecodeResponse:
-        request = generate_pb2.DecodeRequest(batches=batches)
+        request = generate_pb2.DecodeRequest(batches=batches, grants=grants)
         return await self._call(self._engine.decode, request)
 
     async def filter_batch(
