@@ -20,6 +20,8 @@ from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.detokenizer import TextStream
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.generation_wire import request_field
+from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
+from pytgi_shard.grammar_batch import BatchGrammar
 from pytgi_shard.kv_cache import SCRATCH_SLOT
 from pytgi_shard.request_validation import chunk_end, validate_request
 from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
@@ -37,6 +39,8 @@ class BatchContext:
     vocab_size: int
     eos_ids: frozenset[int]
     watermark: Watermark
+    # Compiles constrained requests' grammars; None: this shard refuses them.
+    grammars: GrammarCompiler | None = None
 
 
 @dataclass(slots=True)
@@ -83,6 +87,7 @@ class Batch:
         stops: BatchStops,
         block_size: int,
         slack: list[int],
+        grammar: BatchGrammar | None = None,
     ) -> None:
         self.batch_id = batch_id
         self.requests = requests
@@ -98,6 +103,8 @@ class Batch:
         self.slot_table = slot_table
         self.chooser = chooser
         self.stops = stops
+        # The constrained rows' grammar state; None when no row is constrained.
+        self.grammar = grammar
         self.block_size = block_size
         # Per row, slots held minus tokens known, as of `_steps` appends ago: every append uses
         # one more slot of every row, so `headroom` needs no per-row update per step.
@@ -151,6 +158,7 @@ class Batch:
         # A resumed seeded request's generator continues where its sampled tokens left it (only
         # once it samples: a partial prefill's batch is dropped after its forward).
         chooser.skip_draws([r.resumed if r.complete else 0 for r in requests], ctx.vocab_size)
+        grammar = _grammar(pb, [r.complete for r in requests], ctx)
         return cls(
             batch_id=pb.id,
             requests=requests,
@@ -166,6 +174,7 @@ class Batch:
                 len(r.blocks) * ctx.block_size - len(s)
                 for r, s in zip(requests, sequences, strict=True)
             ],
+            grammar=grammar,
         )
 
     def to_pb(self) -> generate_pb2.CachedBatch:
@@ -314,6 +323,7 @@ class Batch:
             stops=self.stops.index(index),
             block_size=self.block_size,
             slack=[self._slack[i] - self._steps for i in indices],
+            grammar=self.grammar.filter(indices) if self.grammar is not None else None,
         )
 
     @classmethod
@@ -337,6 +347,7 @@ class Batch:
             stops=BatchStops.concatenate([b.stops for b in batches]),
             block_size=batches[0].block_size,
             slack=[s - b._steps for b in batches for s in b._slack],
+            grammar=BatchGrammar.concatenate([b.grammar for b in batches], [len(b) for b in batches]),
         )
 
 
@@ -357,6 +368,17 @@ def _block_table(blocks: list[list[int]], device: torch.device) -> torch.Tensor:
     for row, b in enumerate(blocks):
         table[row, : len(b)] = torch.tensor(b, dtype=torch.int32)
     return table.to(device)
+
+
+def _grammar(pb: generate_pb2.Batch, samples: list[bool], ctx: BatchContext) -> BatchGrammar | None:
+    """The constrained rows' grammars (shard/grammar_batch.py), compiled before any forward."""
+    specs = [GrammarSpec.from_pb(r.parameters) for r in pb.requests]
+    if all(s is None for s in specs):
+        return None
+    if ctx.grammars is None:
+        raise InvalidRequest("grammar is not supported by this shard")
+    generated = [list(r.generated_ids) for r in pb.requests]
+    return BatchGrammar.start(specs, generated, samples, ctx.grammars, ctx.device)
 
 
 def _request_state(

@@ -25,6 +25,8 @@ from pytgi_shard.distributed import Dist
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
 from pytgi_shard.generation import choose_tokens, emit_generations, prefill_tokens
+from pytgi_shard.grammar import GrammarCompiler
+from pytgi_shard.grammar_worker import MaskWorker
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.lookahead import Lookahead, Lookaheads
 from pytgi_shard.models.model import Model
@@ -78,6 +80,12 @@ class Engine:
             model.device.type == "cuda"
         )
         self.lookaheads = Lookaheads()
+        # Constrained requests' grammars, cached by content; the vocabulary is prepared for
+        # them in the grammar thread from now on (shard/grammar.py).
+        self.grammars = GrammarCompiler(
+            detokenizer.tokenizer.to_str(), model.vocab_size, sorted(detokenizer.eos_ids),
+            MaskWorker(),
+        )
 
     def allocate_kv_cache(self, num_blocks: int) -> KVCache:
         m = self.model
@@ -101,6 +109,7 @@ class Engine:
             vocab_size=self.model.vocab_size,
             eos_ids=self.detokenizer.eos_ids,
             watermark=self.watermark,
+            grammars=self.grammars,
         )
 
     def info(self) -> generate_pb2.InfoResponse:

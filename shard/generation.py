@@ -80,7 +80,8 @@ def choose_tokens(
     """The device half of a step: next tokens chosen from `last` (one logits row per request,
     in order) and appended to the batch, stops decided, the results on their way to the host.
     Top tokens read the host here; `prefill` (prefill_tokens) rides along to the Generations."""
-    next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths)
+    banned = batch.grammar.banned() if batch.grammar is not None else None
+    next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths, banned)
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
     tops = top_tokens(logprobs, batch.top_n) if batch.top_n is not None else None
     batch.append(next_ids)
@@ -93,6 +94,10 @@ def emit_generations(
 ) -> tuple[generate_pb2.DecodeResponse, list[int]]:
     """The host half: texts, Generations, stop sequences; the ids of the finished requests."""
     ids, lps, codes = choice.transfer.wait()
+    if batch.grammar is not None:
+        # The constrained rows' next masks, computed while this step is answered and the next
+        # forward runs.
+        batch.grammar.advance(ids)
     requests = batch.requests
     texts = detokenizer.advance(batch.streams, ids)
     response = generate_pb2.DecodeResponse()

@@ -38,9 +38,8 @@ class SamplingParams:
 
     @classmethod
     def from_pb(cls, pb: generate_pb2.NextTokenChooserParameters) -> SamplingParams:
-        """Proto3 sends 0 for a float that was never set: 0 reads as the neutral value."""
-        if pb.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE or pb.grammar:
-            raise InvalidRequest("grammar is not supported by this shard")
+        """Proto3 sends 0 for a float that was never set: 0 reads as the neutral value. The
+        grammar fields are shard/grammar.py's."""
         for name in ("temperature", "top_p", "typical_p", "repetition_penalty"):
             if getattr(pb, name) < 0:
                 raise InvalidRequest(f"{name} must not be negative, got {getattr(pb, name)}")
@@ -172,15 +171,23 @@ class NextTokenChooser:
         return cls(params, generators, first.device, first.watermark)
 
     def __call__(
-        self, logits: torch.Tensor, history: torch.Tensor, lengths: torch.Tensor
+        self,
+        logits: torch.Tensor,
+        history: torch.Tensor,
+        lengths: torch.Tensor,
+        banned: tuple[torch.Tensor | None, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Processes `logits` in place into (next ids [batch], logprobs [batch, vocab]), the
         logprobs in `logits`' own storage.
 
         history: [batch, width] token ids so far (prompt + generated), valid up to `lengths`.
+        banned: the constrained rows' grammar masks (shard/grammar_batch.py), applied first,
+        so every processor and the choice see only the tokens the grammar allows.
         logprobs are the log-softmax of the processed scores, as TGI reports them.
         """
         scores = logits
+        if banned is not None:
+            ban_tokens(scores, *banned)
         if self.watermark_rows:
             previous = history.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
             rows = self.watermark_rows
@@ -232,6 +239,16 @@ class NextTokenChooser:
         for row, i in zip(noise, self.sample_rows, strict=True):
             row.exponential_(generator=self.generators[i])
         return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
+
+
+def ban_tokens(scores: torch.Tensor, rows: torch.Tensor | None, banned: torch.Tensor) -> None:
+    """-inf where `banned` ([len(rows), vocab] bool) is True, in the listed rows (None: every
+    row): one masked fill over the constrained rows, whatever their number."""
+    banned = banned.to(scores.device, non_blocking=True)
+    if rows is None:
+        scores.masked_fill_(banned, NEG_INF)
+    else:
+        scores.index_copy_(0, rows, scores.index_select(0, rows).masked_fill_(banned, NEG_INF))
 
 
 def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -235,12 +235,6 @@ def test_params_from_proto_read_zero_as_unset_and_reject_bad_values() -> None:
         SamplingParams.from_pb(generate_pb2.NextTokenChooserParameters(temperature=-1.0))
     with pytest.raises(InvalidRequest, match="top_p"):
         SamplingParams.from_pb(generate_pb2.NextTokenChooserParameters(top_p=1.5))
-    with pytest.raises(InvalidRequest, match="grammar"):
-        SamplingParams.from_pb(
-            generate_pb2.NextTokenChooserParameters(
-                grammar="[a-z]+", grammar_type=generate_pb2.GRAMMAR_TYPE_REGEX
-            )
-        )
 
 
 def test_exponential_noise_never_picks_an_impossible_token() -> None:

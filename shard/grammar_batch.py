@@ -1,0 +1,202 @@
+"""The grammar state of a batch's constrained rows, and their next token masks, computed off the
+engine's thread.
+
+Each constrained row holds its request's llguidance matcher. Once a step's tokens reach the host
+(generation.emit_generations), `advance` hands them to the mask worker, one thread that feeds
+each matcher its token and computes every constrained row's bitmask of allowed next tokens
+(llguidance's batch entry point, which releases the GIL) while the engine answers the router and
+the next forward runs. The next step's `banned` waits for that work and returns the rows' masks,
+which sampling applies to the logits in one masked fill before anything else, wherever the
+logits came from (a forward, a look-ahead, a CUDA graph).
+
+Rows move between batches (filter, concatenate) while their masks may still be on the way: a
+row is a `GrammarRow` whose identity survives the moves, and the pending masks are matched back
+to the batch's current rows when they are read. A batch with no constrained row has no
+BatchGrammar at all, so free requests pay nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import llguidance
+import numpy as np
+import torch
+
+from pytgi_shard.grammar import GrammarCompiler, GrammarSpec, new_matcher
+
+
+class GrammarRow:
+    """One constrained request's matcher; set by the worker, which alone touches it."""
+
+    __slots__ = ("matcher",)
+
+    def __init__(self) -> None:
+        self.matcher: llguidance.LLMatcher | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingMasks:
+    """Masks being computed for `rows` (in that order): [len(rows), vocab] bool, True = banned."""
+
+    rows: tuple[GrammarRow, ...]
+    banned: Future[torch.Tensor]
+
+
+class BatchGrammar:
+    """The constrained rows of one batch (None for a free row) and their pending masks."""
+
+    def __init__(
+        self,
+        rows: list[GrammarRow | None],
+        pending: list[_PendingMasks],
+        compiler: GrammarCompiler,
+        device: torch.device,
+    ) -> None:
+        self.rows = rows
+        self.pending = pending
+        self.compiler = compiler
+        self.device = device
+        self.constrained = [row for row, r in enumerate(rows) if r is not None]
+        # Row indices of the constrained rows; None when every row is constrained.
+        self.index: torch.Tensor | None = None
+        if len(self.constrained) < len(rows):
+            self.index = torch.tensor(self.constrained, dtype=torch.long, device=device)
+
+    @classmethod
+    def start(
+        cls,
+        specs: Sequence[GrammarSpec | None],
+        generated: Sequence[Sequence[int]],
+        samples: Sequence[bool],
+        compiler: GrammarCompiler,
+        device: torch.device,
+    ) -> BatchGrammar | None:
+        """The grammar state of a new batch's rows: every grammar compiled now (or found in the
+        cache; an invalid one raises InvalidRequest before anything runs), then for the rows
+        that sample this step (`samples`: not a partial prefill, which only warms the cache)
+        the matcher built, a resumed row's generated tokens replayed and the first masks
+        computed, in the worker."""
+        compiled = [compiler.compile(s) if s is not None else None for s in specs]
+        rows = [
+            GrammarRow() if c is not None and sample else None
+            for c, sample in zip(compiled, samples, strict=True)
+        ]
+        if all(r is None for r in rows):
+            return None
+        work = [
+            (row, c, ids)
+            for row, c, ids in zip(rows, compiled, generated, strict=True)
+            if row is not None and c is not None
+        ]
+        out = tuple(row for row, _, _ in work)
+        future = compiler.worker.pool.submit(_first_masks, work, compiler, device)
+        return cls(rows, [_PendingMasks(out, future)], compiler, device)
+
+    def banned(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(constrained row indices or None for all rows, [rows, vocab] bool banned tokens) for
+        the current step; waits for the worker when it is still computing them."""
+        parts = self.pending
+        current = tuple(r for r in self.rows if r is not None)
+        if len(parts) == 1 and parts[0].rows == current:
+            return self.index, parts[0].banned.result()
+        position = {id(r): (p, i) for p, part in enumerate(parts) for i, r in enumerate(part.rows)}
+        results = [part.banned.result() for part in parts]
+        offsets = np.cumsum([0] + [len(part.rows) for part in parts])
+        stacked = torch.cat(results) if len(results) > 1 else results[0]
+        picks = [int(offsets[position[id(r)][0]]) + position[id(r)][1] for r in current]
+        pick = torch.tensor(picks, dtype=torch.long, device=stacked.device)
+        return self.index, stacked.index_select(0, pick)
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Feeds each constrained row its new token (tokens[row], for every row of the batch)
+        and starts computing the next masks."""
+        rows = tuple(r for r in self.rows if r is not None)
+        taken = [tokens[row] for row in self.constrained]
+        future = self.compiler.worker.pool.submit(
+            _advance_and_mask, rows, taken, self.compiler, self.device
+        )
+        self.pending = [_PendingMasks(rows, future)]
+
+    def filter(self, indices: Sequence[int]) -> BatchGrammar | None:
+        rows = [self.rows[i] for i in indices]
+        if all(r is None for r in rows):
+            return None
+        return BatchGrammar(rows, self.pending, self.compiler, self.device)
+
+    @classmethod
+    def concatenate(
+        cls, parts: Sequence[BatchGrammar | None], sizes: Sequence[int]
+    ) -> BatchGrammar | None:
+        """The grammar state of batches concatenated in order (`sizes`: each batch's rows)."""
+        present = [g for g in parts if g is not None]
+        if not present:
+            return None
+        rows: list[GrammarRow | None] = []
+        for g, size in zip(parts, sizes, strict=True):
+            rows.extend(g.rows if g is not None else [None] * size)
+        pending = [p for g in present for p in g.pending]
+        return cls(rows, pending, present[0].compiler, present[0].device)
+
+
+def _first_masks(
+    work: list[tuple[GrammarRow, llguidance.LLMatcher, Sequence[int]]],
+    compiler: GrammarCompiler,
+    device: torch.device,
+) -> torch.Tensor:
+    for row, compiled, generated in work:
+        row.matcher = new_matcher(compiled, generated)
+    return _masks([row for row, _, _ in work], compiler, device)
+
+
+def _advance_and_mask(
+    rows: tuple[GrammarRow, ...], tokens: list[int], compiler: GrammarCompiler, device: torch.device
+) -> torch.Tensor:
+    for row, token in zip(rows, tokens, strict=True):
+        # A refused token (never one the mask allowed) leaves the matcher in its error state,
+        # whose mask allows only EOS.
+        _matcher(row).consume_token(token)
+    return _masks(list(rows), compiler, device)
+
+
+def _masks(
+    rows: Sequence[GrammarRow], compiler: GrammarCompiler, device: torch.device
+) -> torch.Tensor:
+    """[len(rows), vocab] bool, True where a token is not allowed next."""
+    words = np.zeros((len(rows), compiler.mask_width), dtype=np.int32)
+    pairs = [(_matcher(row), i) for i, row in enumerate(rows)]
+    compiler.worker.executor.unsafe_compute_mask_ptr(
+        pairs, words.ctypes.data, words.shape[1] * 4, len(rows)
+    )
+    return banned_tokens(torch.from_numpy(words), compiler.vocab_size, device)
+
+
+def _matcher(row: GrammarRow) -> llguidance.LLMatcher:
+    """The row's matcher: set by the worker's earlier task for that row (the pool runs in order)."""
+    if row.matcher is None:
+        raise RuntimeError("a grammar row was advanced before its matcher was built")
+    return row.matcher
+
+
+def banned_tokens(words: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """Bitmask words (bit i of word w: token 32 w + i allowed) to [rows, vocab_size] bool, True
+    where banned. On the CPU numpy unpacks the bits (~1 byte written per token); on an
+    accelerator the words (32x smaller) travel and are unpacked there."""
+    if device.type == "cpu":
+        return unpack_on_host(words, vocab_size)
+    return unpack_with_torch(words.to(device, non_blocking=True), vocab_size)
+
+
+def unpack_on_host(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    bits = np.unpackbits(
+        np.invert(words.numpy()).view(np.uint8), axis=1, count=vocab_size, bitorder="little"
+    )
+    return torch.from_numpy(bits.view(np.bool_))
+
+
+def unpack_with_torch(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = (words.unsqueeze(-1) >> shifts) & 1
+    return (bits == 0).flatten(1)[:, :vocab_size]
