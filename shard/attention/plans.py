@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from pytgi_shard.attention.reference import ReferenceLayout
+    from pytgi_shard.attention.reference import ReferenceGroup, ReferenceLayout
     from pytgi_shard.attention.triton_decode import DecodePlan
 
 
@@ -40,6 +40,8 @@ class DecodeShape:
 class AttentionPlans:
     """Filled lazily by the first layer that needs each plan; empty when the metadata is built."""
 
+    # A mixed forward's groups ([] once found not mixed; None: not looked at yet).
+    reference_groups: list[ReferenceGroup] | None = None
     reference_layout: ReferenceLayout | None = None
     reference_masks: dict[MaskKind, torch.Tensor] = field(default_factory=dict)
     triton_decode: dict[DecodeShape, DecodePlan] = field(default_factory=dict)

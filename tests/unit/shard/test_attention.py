@@ -96,6 +96,29 @@ def test_decode(block_size: int, window: int | None, heads: int, kv_heads: int) 
     run_case([6, 0, 31, 15, 2], [1, 1, 1, 1, 1], heads, kv_heads, block_size, window, seed=7)
 
 
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_rows_beside_prompt_chunks(window: int | None) -> None:
+    # Chunked prefill: running requests' decode rows mixed with chunks over long cached contexts.
+    run_case([20, 0, 5, 40, 3, 0], [1, 13, 1, 1, 6, 1], 4, 2, 4, window, seed=11)
+
+
+def test_a_mixed_forward_attends_in_two_groups_planned_once() -> None:
+    """Decode rows and prompt chunks are attended apart (padded together, each decode row would
+    pay for the chunk's queries), and every layer reuses the split."""
+    meta = AttentionMetadata.build([1, 6, 1], [7, 2, 30], [[1, 2], [3, 4], list(range(5, 13))],
+                                   4, torch.device("cpu"))
+    backend = get_backend("reference")
+    caches = torch.zeros(13, 4, 1, 4), torch.zeros(13, 4, 1, 4)
+    q, kv = torch.randn(8, 2, 4), torch.randn(8, 1, 4)
+    first = backend.forward(q, kv, kv, *caches, meta, 0.5)
+    groups = meta.plans.reference_groups
+    assert groups is not None and len(groups) == 2
+    assert [g.tokens.tolist() for g in groups] == [[0, 7], [1, 2, 3, 4, 5, 6]]
+    assert [g.meta.max_seqlen_k for g in groups] == [31, 8]
+    assert torch.equal(backend.forward(q, kv, kv, *caches, meta, 0.5), first)
+    assert meta.plans.reference_groups is groups
+
+
 def test_plan_is_shared_across_layers() -> None:
     """Layers reuse one forward's index tensors and masks instead of rebuilding them."""
     meta = AttentionMetadata.build([3, 2], [0, 4], [[1, 2], [3, 4]], 4, torch.device("cpu"))
