@@ -165,11 +165,12 @@ def read_tool_output(text: str) -> ToolOutput:
 
 
 class ToolChatEncoder:
-    """A tool-constrained chat stream: tool-call deltas as OpenAI sends them (the id, type and
-    name once, in the first; then argument fragments), or no_tool's content; the last chunk
-    says "tool_calls" when a call was completed by the grammar."""
+    """A tool-constrained chat stream as OpenAI sends one: the role once, in the first delta;
+    tool calls with their id, type and name once, then argument fragments (accumulators such
+    as the OpenAI SDK's stream helper join every string field they see again); or no_tool's
+    content; the last chunk says "tool_calls" when the grammar completed a call."""
 
-    __slots__ = ("chunks", "include_usage", "input_length", "parser", "call_id")
+    __slots__ = ("chunks", "include_usage", "input_length", "parser", "call_id", "_started")
 
     def __init__(self, chunks: ChatChunks, include_usage: bool, input_length: int) -> None:
         self.chunks = chunks
@@ -177,6 +178,7 @@ class ToolChatEncoder:
         self.input_length = input_length
         self.parser = ToolCallStream()
         self.call_id = new_call_id()
+        self._started = False
 
     def token(self, index: int, ev: Token) -> bytes:
         if ev.token.special:
@@ -189,7 +191,7 @@ class ToolChatEncoder:
         reason = FINISH_REASONS.get(ev.finish_reason, ev.finish_reason)
         if self.parser.is_call and ev.finish_reason == "eos_token":
             reason = "tool_calls"
-        out += self.chunks.delta({"role": "assistant"}, reason)
+        out += self.chunks.delta(self._role({}), reason)
         if self.include_usage:
             out += self.chunks.usage(self.input_length, ev.generated_tokens)
         return out + DONE
@@ -198,14 +200,19 @@ class ToolChatEncoder:
         return error_chunk(err) + DONE
 
     def _render(self, deltas: list[Delta]) -> bytes:
-        return b"".join(self.chunks.delta(self._delta(d)) for d in deltas)
+        return b"".join(self.chunks.delta(self._role(self._delta(d))) for d in deltas)
+
+    def _role(self, delta: dict[str, object]) -> dict[str, object]:
+        if self._started:
+            return delta
+        self._started = True
+        return {"role": "assistant", **delta}
 
     def _delta(self, d: Delta) -> dict[str, object]:
         if d.kind == "content":
-            return {"role": "assistant", "content": d.text}
+            return {"content": d.text}
         if d.kind == "call":
             call = {"index": 0, "id": self.call_id, "type": "function",
                     "function": {"name": d.text, "arguments": ""}}
-            return {"role": "assistant", "content": None, "tool_calls": [call]}
-        return {"role": "assistant",
-                "tool_calls": [{"index": 0, "function": {"arguments": d.text}}]}
+            return {"content": None, "tool_calls": [call]}
+        return {"tool_calls": [{"index": 0, "function": {"arguments": d.text}}]}

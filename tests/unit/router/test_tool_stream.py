@@ -126,6 +126,8 @@ def test_the_encoder_streams_tool_calls_as_openai_does() -> None:
     n = len(pieces) + 1
     assert events[-2]["usage"] == {"prompt_tokens": 7, "completion_tokens": n, "total_tokens": 7 + n}
     chunks = [e["choices"][0] for e in events[:-2]]
+    assert chunks[0]["delta"]["role"] == "assistant"  # once: accumulators join repeated strings
+    assert not any("role" in c["delta"] for c in chunks[1:])
     first = chunks[0]["delta"]["tool_calls"][0]
     assert first["id"].startswith("call_") and first["type"] == "function"
     assert first["function"] == {"name": "get_weather", "arguments": ""}
