@@ -59,7 +59,7 @@ class StoppingCriteria:
         """Takes `text` as already seen (a resumed request's earlier output): a stop sequence
         may begin in it and end in the next token's text."""
         window = self._tail + text
-        self._tail = window[len(window) - self._keep :] if self._keep else ""
+        self._tail = window[-self._keep :] if self._keep else ""
 
     def matches(self, text: str) -> bool:
         """Whether a stop sequence ends inside `text` (the new text, appended to what came
@@ -70,7 +70,7 @@ class StoppingCriteria:
         window = self._tail + text
         if any(s in window for s in self.stop_sequences):
             return True
-        self._tail = window[len(window) - self._keep :] if self._keep else ""
+        self._tail = window[-self._keep :] if self._keep else ""
         return False
 
 

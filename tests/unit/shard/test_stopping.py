@@ -108,3 +108,16 @@ def test_matches_keeps_the_tail_between_texts() -> None:
     stop = StoppingCriteria(10, (), ["abc"])
     assert [stop.matches(t) for t in ["xa", "", "b", "c"]] == [False, False, False, True]
     assert not StoppingCriteria(10, ()).matches("abc")
+
+
+def test_a_long_stop_sequence_spanning_short_texts_is_found() -> None:
+    """The kept tail is the last (longest stop - 1) characters even while fewer have been seen:
+    a stop sequence longer than the text so far must still match once the text holds it (a
+    negative slice start once kept only the last 3 characters of "egegUnto")."""
+    stopping = StoppingCriteria(40, [], ["UntoUntoUnto"])
+    texts = ["eg", "eg", "Unto", "Unto"]
+    assert [stopping.matches(t) for t in texts] == [False] * 4
+    assert stopping.matches("Unto")
+    primed = StoppingCriteria(40, [], ["UntoUntoUnto"])
+    primed.prime("egUnto")
+    assert not primed.matches("Un") and primed.matches("toUnto")
