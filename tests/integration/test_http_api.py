@@ -330,7 +330,8 @@ def test_http_level_errors_in_json(url: str) -> None:
 
     check(httpx.post(f"{url}/generate", content=chunked()), 413, "payload_too_large")
     tools = {"messages": [{"role": "user", "content": "x"}],
-             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}
+             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+             "tool_choice": "g"}
     check(post(url, "/v1/chat/completions", tools), 422, "tool_error")
     check(post(url, "/v1/chat/completions", {"messages": []}), 422, "validation")
     check(post(url, "/v1/completions", {"prompt": "x", "suffix": "y"}), 422,
