@@ -6,6 +6,12 @@ xgrammar by measurement: bench/grammar_libraries.py) compiles it against the mod
 into an LLMatcher; each request gets a deep copy of its grammar's compiled matcher (~10 us: the
 grammar and lexer are shared), advanced by every token it samples.
 
+Why llguidance (bench/results/cpu/grammar_libraries.json, 128k vocabulary, this CPU): a
+20-property schema compiles in ~2 ms (xgrammar: ~500 ms cold); masks cost ~20 us per token at
+the median and ~0.4 ms for a batch of 64 (xgrammar: ~17 ms); it enforces every JSON-Schema
+feature measured or refuses it by name (xgrammar silently ignored allOf); and it imports
+neither torch nor numpy, so the router validates schemas with the same library.
+
 Compiling a 20-property schema costs ~2 ms on the CPU, so it runs where the request arrives
 (Batch.from_pb, before the forward), once per distinct grammar: the cache is an LRU keyed by the
 grammar's type and text. The vocabulary's own preparation (~0.7 s at 128k tokens) starts in the

@@ -39,7 +39,8 @@ class GrammarRow:
 
 @dataclass(frozen=True, slots=True)
 class _PendingMasks:
-    """Masks being computed for `rows` (in that order): [len(rows), vocab] bool, True = banned."""
+    """Masks being computed for `rows` (in that order): on the CPU [len(rows), vocab] bool, True
+    where banned; for an accelerator the int32 bitmask words (see BatchGrammar._on_device)."""
 
     rows: tuple[GrammarRow, ...]
     banned: Future[torch.Tensor]
@@ -98,17 +99,28 @@ class BatchGrammar:
     def banned(self) -> tuple[torch.Tensor | None, torch.Tensor]:
         """(constrained row indices or None for all rows, [rows, vocab] bool banned tokens) for
         the current step; waits for the worker when it is still computing them."""
+        return self.index, self._on_device(self._current_masks())
+
+    def _current_masks(self) -> torch.Tensor:
+        """The pending masks of the batch's constrained rows, in row order."""
         parts = self.pending
         current = tuple(r for r in self.rows if r is not None)
         if len(parts) == 1 and parts[0].rows == current:
-            return self.index, parts[0].banned.result()
+            return parts[0].banned.result()
         position = {id(r): (p, i) for p, part in enumerate(parts) for i, r in enumerate(part.rows)}
         results = [part.banned.result() for part in parts]
         offsets = np.cumsum([0] + [len(part.rows) for part in parts])
         stacked = torch.cat(results) if len(results) > 1 else results[0]
         picks = [int(offsets[position[id(r)][0]]) + position[id(r)][1] for r in current]
         pick = torch.tensor(picks, dtype=torch.long, device=stacked.device)
-        return self.index, stacked.index_select(0, pick)
+        return stacked.index_select(0, pick)
+
+    def _on_device(self, masks: torch.Tensor) -> torch.Tensor:
+        """On an accelerator the worker leaves the bitmask words (32x smaller than the banned
+        tokens): they travel, and are unpacked there, on the engine's thread and stream."""
+        if self.device.type == "cpu":
+            return masks
+        return unpack_with_torch(masks.to(self.device, non_blocking=True), self.compiler.vocab_size)
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Feeds each constrained row its new token (tokens[row], for every row of the batch)
@@ -164,13 +176,15 @@ def _advance_and_mask(
 def _masks(
     rows: Sequence[GrammarRow], compiler: GrammarCompiler, device: torch.device
 ) -> torch.Tensor:
-    """[len(rows), vocab] bool, True where a token is not allowed next."""
+    """The rows' next-token masks: banned tokens on the CPU, bitmask words otherwise."""
     words = np.zeros((len(rows), compiler.mask_width), dtype=np.int32)
     pairs = [(_matcher(row), i) for i, row in enumerate(rows)]
     compiler.worker.executor.unsafe_compute_mask_ptr(
         pairs, words.ctypes.data, words.shape[1] * 4, len(rows)
     )
-    return banned_tokens(torch.from_numpy(words), compiler.vocab_size, device)
+    if device.type == "cpu":
+        return unpack_on_host(words, compiler.vocab_size)
+    return torch.from_numpy(words)
 
 
 def _matcher(row: GrammarRow) -> llguidance.LLMatcher:
@@ -180,23 +194,15 @@ def _matcher(row: GrammarRow) -> llguidance.LLMatcher:
     return row.matcher
 
 
-def banned_tokens(words: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
+def unpack_on_host(words: np.ndarray, vocab_size: int) -> torch.Tensor:
     """Bitmask words (bit i of word w: token 32 w + i allowed) to [rows, vocab_size] bool, True
-    where banned. On the CPU numpy unpacks the bits (~1 byte written per token); on an
-    accelerator the words (32x smaller) travel and are unpacked there."""
-    if device.type == "cpu":
-        return unpack_on_host(words, vocab_size)
-    return unpack_with_torch(words.to(device, non_blocking=True), vocab_size)
-
-
-def unpack_on_host(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    bits = np.unpackbits(
-        np.invert(words.numpy()).view(np.uint8), axis=1, count=vocab_size, bitorder="little"
-    )
+    where banned; numpy unpacks the bits (~1 byte written per token)."""
+    bits = np.unpackbits(np.invert(words).view(np.uint8), axis=1, count=vocab_size, bitorder="little")
     return torch.from_numpy(bits.view(np.bool_))
 
 
 def unpack_with_torch(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """unpack_on_host with tensor ops, on the words' device."""
     shifts = torch.arange(32, dtype=torch.int32, device=words.device)
     bits = (words.unsqueeze(-1) >> shifts) & 1
     return (bits == 0).flatten(1)[:, :vocab_size]
