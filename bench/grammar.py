@@ -1,0 +1,210 @@
+"""Structured output at full speed: a batch of 64 constrained requests against the same batch
+unconstrained, on the CPU, through the shard's Engine in-process (no router, no gRPC).
+
+    python -m pytgi_bench.grammar --out bench/results/cpu/grammar.json
+
+The model is a random 4-layer Llama (hidden 256, the "cpu-small" shape) over a 128,256-token
+byte-level BPE vocabulary (Llama 3's size, trained offline by bench/grammar_libraries.py), so
+every step masks 64 x 128k logits; `--tokenizer-source launcher/demo_model` takes the demo
+model's 4,096-token vocabulary instead. Each constrained request follows a JSON schema: an array of
+20-property objects (bench/grammar_libraries.SCHEMA_20), at least 100 of them, so that no
+request completes it within --new-tokens. The same 64 prompts run unconstrained
+and constrained in alternating rounds; tokens/s counts generated tokens over the Prefill and
+every Decode. A second constrained batch with the same schema must compile nothing (the
+compiler's cache counts hits and misses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pytgi_bench.grammar_libraries import SCHEMA_20, build_tokenizer
+from pytgi_bench.model_builder import LlamaShape, build_random_llama
+from pytgi_proto import generate_pb2 as pb
+
+SHAPE = LlamaShape("grammar-cpu-small-128k", 256, 768, 4, 4, 2)
+# At least 100 objects: no request can complete it within --new-tokens, so both batches keep
+# all 64 rows for the same number of steps.
+SCHEMA: dict[str, Any] = {"type": "array", "items": SCHEMA_20, "minItems": 100}
+FIRST_PLAIN_ID = 3
+
+
+def build_model(root: Path, tokenizer_source: Path | None = None) -> Path:
+    """The random Llama over the 128k vocabulary, or over `tokenizer_source`'s (built once
+    under `root`)."""
+    if tokenizer_source is not None:
+        return build_random_llama(root / f"grammar-{tokenizer_source.name}", SHAPE, tokenizer_source)
+    source = root / "bpe-128k"
+    if not (source / "tokenizer.json").is_file():
+        source.mkdir(parents=True, exist_ok=True)
+        build_tokenizer(source / "tokenizer.json")
+        (source / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+            "eos_token": "</s>", "pad_token": "<pad>",
+        }))  # fmt: skip
+    return build_random_llama(root / SHAPE.name, SHAPE, source)
+
+
+def batch(batch_id: int, size: int, input_len: int, new_tokens: int, vocab: int, block: int,
+          constrained: bool) -> pb.Batch:  # fmt: skip
+    per = math.ceil((input_len + new_tokens) / block)
+    schema = json.dumps(SCHEMA)
+    requests = []
+    for i in range(size):
+        params = pb.NextTokenChooserParameters()
+        if constrained:
+            params.grammar, params.grammar_type = schema, pb.GRAMMAR_TYPE_JSON
+        requests.append(pb.Request(
+            id=i,
+            input_ids=[FIRST_PLAIN_ID + (7 * i + 13 * j) % (vocab - FIRST_PLAIN_ID)
+                       for j in range(input_len)],
+            parameters=params,
+            stopping_parameters=pb.StoppingCriteriaParameters(max_new_tokens=new_tokens),
+            blocks=list(range(1 + i * per, 1 + (i + 1) * per)),
+        ))  # fmt: skip
+    return pb.Batch(id=batch_id, requests=requests, size=size)
+
+
+def run(engine: Any, request: pb.Batch) -> dict[str, Any]:
+    """Prefill then Decode until every request finished: tokens, seconds, early finishes."""
+    start = time.perf_counter()
+    response = engine.prefill(pb.PrefillRequest(batch=request))
+    tokens = len(response.generations)
+    finished = [g for g in response.generations if g.HasField("generated_text")]
+    cached = response.batch if response.HasField("batch") else None
+    decode_start = time.perf_counter()
+    steps = 0
+    while cached is not None:
+        out = engine.decode(pb.DecodeRequest(batches=[cached]))
+        tokens += len(out.generations)
+        finished += [g for g in out.generations if g.HasField("generated_text")]
+        cached = out.batch if out.HasField("batch") else None
+        steps += 1
+    end = time.perf_counter()
+    max_new = request.requests[0].stopping_parameters.max_new_tokens
+    return {
+        "seconds": end - start,
+        "tokens": tokens,
+        "tokens_per_s": tokens / (end - start),
+        "decode_ms_per_step": (end - decode_start) * 1e3 / max(steps, 1),
+        "ended_before_max_new_tokens": sum(
+            g.generated_text.generated_tokens < max_new for g in finished
+        ),
+        "example": finished[0].generated_text.text[:160] if finished else "",
+    }
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from pytgi_shard.settings import ShardSettings
+    from pytgi_shard.startup import load_engine
+
+    model = build_model(args.root, args.tokenizer_source)
+    settings = ShardSettings(model_path=model, block_size=args.block, overlap=args.overlap)
+    engine = load_engine(settings)
+    total = args.batch * (args.input_len + args.new_tokens)
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=args.batch * args.input_len,
+                                   max_batch_total_tokens=total + args.block * args.batch))
+    vocab = engine.model.vocab_size
+    compiler = engine.grammars
+    cold = _cold_compile_ms(engine)
+
+    def one(batch_id: int, constrained: bool) -> dict[str, Any]:
+        return run(engine, batch(batch_id, args.batch, args.input_len, args.new_tokens, vocab,
+                                 args.block, constrained))  # fmt: skip
+
+    one(1, False)  # warm: first-touch allocations, thread pools
+    first = (compiler.stats.hits, compiler.stats.misses)
+    one(2, True)
+    after_first = (compiler.stats.hits, compiler.stats.misses)
+    rounds: dict[str, list[dict[str, Any]]] = {"unconstrained": [], "constrained": []}
+    for r in range(args.rounds):
+        rounds["unconstrained"].append(one(10 + 2 * r, False))
+        rounds["constrained"].append(one(11 + 2 * r, True))
+    after_second = (compiler.stats.hits, compiler.stats.misses)
+    summary = {k: _median(v) for k, v in rounds.items()}
+    ratio = summary["constrained"]["tokens_per_s"] / summary["unconstrained"]["tokens_per_s"]
+    return {
+        "batch": args.batch, "input_len": args.input_len, "new_tokens": args.new_tokens,
+        "vocab": vocab, "overlap": engine.overlap, "rounds": rounds, "median": summary,
+        "constrained_over_unconstrained": round(ratio, 3),
+        "compile_cold_ms": round(cold, 2),
+        "cache": {
+            "first_batch": {"hits": after_first[0] - first[0], "misses": after_first[1] - first[1]},
+            "later_batches": {"hits": after_second[0] - after_first[0],
+                              "misses": after_second[1] - after_first[1]},
+        },
+    }  # fmt: skip
+
+
+def _cold_compile_ms(engine: Any) -> float:
+    """The schema compiled by a fresh compiler over the engine's vocabulary (no cache)."""
+    from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
+    from pytgi_shard.grammar_worker import MaskWorker
+
+    detokenizer = engine.detokenizer
+    fresh = GrammarCompiler(detokenizer.tokenizer.to_str(), engine.model.vocab_size,
+                            sorted(detokenizer.eos_ids), MaskWorker())  # fmt: skip
+    assert fresh.tokenizer is not None  # prepared before the clock starts
+    spec = GrammarSpec(pb.GRAMMAR_TYPE_JSON, json.dumps(SCHEMA))
+    start = time.perf_counter()
+    fresh.compile(spec)
+    elapsed = (time.perf_counter() - start) * 1e3
+    fresh.worker.shutdown()
+    return elapsed
+
+
+def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("seconds", "tokens", "tokens_per_s", "decode_ms_per_step", "ended_before_max_new_tokens")
+    return {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
+
+
+def table(result: dict[str, Any]) -> str:
+    m = result["median"]
+    lines = ["| batch 64, CPU | tokens/s | decode ms/step | tokens | ended early |",
+             "|---|---|---|---|---|"]
+    for name in ("unconstrained", "constrained"):
+        r = m[name]
+        lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {r['decode_ms_per_step']:.1f} | "
+                     f"{r['tokens']:.0f} | {r['ended_before_max_new_tokens']:.0f} |")
+    cache = result["cache"]
+    lines.append(f"\nconstrained / unconstrained: {result['constrained_over_unconstrained']}x "
+                 f"(target >= 0.9); schema compiled cold in {result['compile_cold_ms']} ms; "
+                 f"first constrained batch: {cache['first_batch']}; every later batch with the "
+                 f"same schema: {cache['later_batches']}")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--root", type=Path, default=Path("build/bench-models"))
+    parser.add_argument("--tokenizer-source", type=Path, default=None,
+                        help="a model directory whose tokenizer to use instead of the 128k BPE")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--block", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    result = measure(args)
+    command = "python -m pytgi_bench.grammar " + shlex.join(argv if argv is not None else sys.argv[1:])
+    result["command"] = command
+    print(command)
+    print(table(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
