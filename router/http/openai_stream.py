@@ -19,13 +19,19 @@ def _head(env: Envelope, kind: str) -> str:
 
 
 class ChatChunks:
-    """`chat.completion.chunk` events of one chat stream."""
+    """`chat.completion.chunk` events of one chat stream.
 
-    __slots__ = ("_head", "logprobs")
+    The role is in the first delta only, as OpenAI (and vLLM) send it: TGI repeats it in every
+    chunk, and clients that merge deltas by concatenating their strings (the OpenAI SDK's
+    `.stream()` helper) then report the role as "assistantassistant...".
+    """
+
+    __slots__ = ("_head", "logprobs", "_role")
 
     def __init__(self, env: Envelope, logprobs: bool) -> None:
         self._head = _head(env, "chat.completion.chunk")
         self.logprobs = logprobs
+        self._role = '"role":"assistant",'
 
     def token(
         self, token: TokenInfo, top: list[TokenInfo], finish_reason: str | None = None
@@ -36,8 +42,9 @@ class ChatChunks:
             lp = json.dumps(chat_logprobs([token], [top]), separators=(",", ":"),
                             ensure_ascii=False)
         fr = "null" if finish_reason is None else f'"{FINISH_REASONS.get(finish_reason, finish_reason)}"'
+        role, self._role = self._role, ""
         return (
-            f'data: {self._head},"choices":[{{"index":0,"delta":{{"role":"assistant",'
+            f'data: {self._head},"choices":[{{"index":0,"delta":{{{role}'
             f'"content":{_quote(text)}}},"logprobs":{lp},"finish_reason":{fr}}}],'
             '"usage":null}\n\n'
         ).encode()

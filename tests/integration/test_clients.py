@@ -101,6 +101,15 @@ def test_openai_sdk(url: str, reference: dict) -> None:
     assert choice.message.content.rstrip("\ufffd") == streamed
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
+    # The SDK's stream helper merges the deltas into one message (a role repeated in every
+    # chunk came out as "assistantassistant...").
+    with client.chat.completions.stream(model="tgi", messages=messages, max_tokens=N,
+                                        temperature=0) as helper:
+        for _ in helper:
+            pass
+        # (get_final_completion refuses a "length" finish: read the merged snapshot.)
+        merged = helper.current_completion_snapshot.choices[0].message
+    assert merged.role == "assistant" and merged.content == choice.message.content
 
     comp = client.completions.create(model="tgi", prompt=[PROMPT, "Hello"], max_tokens=N,
                                      temperature=0)

@@ -210,8 +210,11 @@ def test_openai_objects_parse_with_the_sdk_types() -> None:
     chunks = ChatChunks(env, logprobs=False)
     first = ChatCompletionChunk.model_validate(sse_json(chunks.token(TOK, [])))
     assert first.choices[0].delta.content == TOK.text and first.choices[0].finish_reason is None
+    assert first.choices[0].delta.role == "assistant"
     last = ChatCompletionChunk.model_validate(sse_json(chunks.token(EOS, [], "length")))
     assert last.choices[0].delta.content == "" and last.choices[0].finish_reason == "length"
+    # The role once, as OpenAI sends it: the SDK's stream helper joins repeated strings.
+    assert last.choices[0].delta.role is None
     usage = ChatCompletionChunk.model_validate(sse_json(chunks.usage(3, 2)))
     assert usage.choices == [] and usage.usage is not None and usage.usage.total_tokens == 5
 
