@@ -28,6 +28,8 @@ class AttentionBackend(ABC):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Writes k/v to the caches at meta.slot_mapping, then attends; returns [T, Hq, D].
 
@@ -35,7 +37,8 @@ class AttentionBackend(ABC):
         head h reads KV head h // (Hq // Hkv)); caches [num_blocks, block_size, Hkv, D].
         Request i's new tokens sit at positions seqlens_k[i] - q_len .. seqlens_k[i] - 1 of its
         context and attend causally to every earlier position (within `sliding_window` tokens,
-        the query's own included, when given).
+        the query's own included, when given). `softcap` (Gemma 2) bounds each scaled score s as
+        softcap * tanh(s / softcap) before the softmax.
         """
 
 

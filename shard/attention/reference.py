@@ -115,6 +115,24 @@ def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return gathered.view(batch, num_blocks * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
 
 
+def _softcapped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    softcap: float,
+) -> torch.Tensor:
+    """SDPA with Gemma 2's bounded scores, softcap * tanh(q.k * scale / softcap): SDPA has no
+    hook between the product and the softmax, so the scores are materialised (the ops and their
+    order are transformers' eager attention's; the softmax in float32 as there)."""
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, values)
+
+
 class ReferenceAttention(AttentionBackend):
     name = "reference"
 
@@ -153,17 +171,20 @@ class ReferenceAttention(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None = None,
+        *,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
         groups = self._groups(meta)
         if not groups:
-            return self._attend(q, key_cache, value_cache, meta, scale, sliding_window)
+            return self._attend(q, key_cache, value_cache, meta, scale, sliding_window, softcap)
         out = torch.empty_like(q)
         for g in groups:
             part = self._attend(
-                q.index_select(0, g.tokens), key_cache, value_cache, g.meta, scale, sliding_window
+                q.index_select(0, g.tokens), key_cache, value_cache, g.meta, scale,
+                sliding_window, softcap,
             )
             out.index_copy_(0, g.tokens, part)
         return out
@@ -176,6 +197,7 @@ class ReferenceAttention(AttentionBackend):
         meta: AttentionMetadata,
         scale: float,
         sliding_window: int | None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         """Attention of `q` (the new tokens of `meta`'s requests, their K/V already written)."""
         num_tokens, num_heads, head_dim = q.shape
@@ -199,7 +221,10 @@ class ReferenceAttention(AttentionBackend):
                 .transpose(1, 2)
                 .reshape(batch, num_kv_heads, max_q * group, head_dim)
             )
-        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+        if softcap is None:
+            out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask, scale=scale)
+        else:
+            out = _softcapped_attention(grouped, keys, values, mask, scale, softcap)
         if max_q == 1:
             return out.reshape(num_tokens, num_heads, head_dim)
         out = (

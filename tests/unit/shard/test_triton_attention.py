@@ -83,12 +83,14 @@ def fresh_meta(meta: AttentionMetadata) -> AttentionMetadata:
     )
 
 
-def reference(case: Case, window: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def reference(
+    case: Case, window: int | None, softcap: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The reference backend in fp32 on copies: (output, key cache, value cache)."""
     kc, vc = case.key_cache.float().clone(), case.value_cache.float().clone()
     out = get_backend("reference").forward(
         case.q.float(), case.k.float(), case.v.float(), kc, vc, fresh_meta(case.meta),
-        case.q.shape[-1] ** -0.5, window,
+        case.q.shape[-1] ** -0.5, window, softcap=softcap,
     )
     return out, kc, vc
 
@@ -219,14 +221,18 @@ def softcapped(case: Case, softcap: float, window: int | None) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("cached", "new", "window"),
-    [([30, 3, 0], [1, 1, 1], None), ([30, 3, 0], [1, 1, 1], 6), ([9, 0], [7, 20], 8)],
+    [([30, 3, 0], [1, 1, 1], None), ([30, 3, 0], [1, 1, 1], 6), ([9, 0], [7, 20], 8),
+     ([12, 5, 0], [1, 6, 1], 5)],  # mixed: the reference attends in two groups
 )
 def test_softcap(cached: list[int], new: list[int], window: int | None) -> None:
     case = make_case(cached, new, 4, 2, 4, seed=17)
     # Large scores so the cap bites: tanh saturates where plain softmax would not.
     case.q *= 4
+    capped_reference = reference(case, window, softcap=2.0)[0]
     out = run_triton(case, window, num_splits=2, softcap=2.0)
-    torch.testing.assert_close(out, softcapped(case, 2.0, window), atol=2e-5, rtol=2e-5)
+    expected = softcapped(case, 2.0, window)  # after the writes
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(capped_reference, expected, atol=2e-5, rtol=2e-5)
     uncapped = reference(case, window)[0]
     assert not torch.allclose(out, uncapped, atol=1e-2)
 
