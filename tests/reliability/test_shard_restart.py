@@ -67,6 +67,9 @@ class InFlight:
             assert not thread.is_alive(), "a request in flight hung after its shard died"
 
 
+CACHED_PROMPT = "Paged attention stores keys and values in fixed-size blocks. " * 3
+
+
 def test_a_killed_shard_restarts_the_group_and_the_router_reconnects(
     tiny_model: Callable[..., Path],
 ) -> None:
@@ -75,6 +78,10 @@ def test_a_killed_shard_restarts_the_group_and_the_router_reconnects(
                         "--max-input-tokens", "100")
     try:
         url = launcher.wait_ready().url
+        # A prompt of several KV blocks, now in the router's prefix cache.
+        cached_body = {"inputs": CACHED_PROMPT, "parameters": {"max_new_tokens": 8}}
+        before = httpx.post(f"{url}/generate", json=cached_body, timeout=60)
+        assert before.status_code == 200, before.text
         router = child_pid(launcher, "router")
         ranks = [child_pid(launcher, f"shard {r}") for r in (0, 1)]
         flight = InFlight(url)
@@ -95,6 +102,10 @@ def test_a_killed_shard_restarts_the_group_and_the_router_reconnects(
         ok = httpx.post(f"{url}/generate", timeout=60,
                         json={"inputs": "Hello", "parameters": {"max_new_tokens": 5}})
         assert ok.status_code == 200 and ok.json()["generated_text"] is not None
+        # The new shards' KV memory holds nothing of the old cache: the router dropped its
+        # prefix cache with them, so the same prompt is computed again, to the same tokens.
+        after = httpx.post(f"{url}/generate", json=cached_body, timeout=60)
+        assert after.status_code == 200 and after.json() == before.json()
         # The same router process; a new process for every rank of the group.
         assert child_pid(launcher, "router", latest=True) == router and alive(router)
         new_ranks = [child_pid(launcher, f"shard {r}", latest=True) for r in (0, 1)]
