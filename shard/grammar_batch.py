@@ -17,6 +17,7 @@ BatchGrammar at all, so free requests pay nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from pytgi_shard.grammar import GrammarCompiler, GrammarSpec, new_matcher
+from pytgi_shard.grammar_masks import bias_on_host, unpack_with_torch
 
 
 class GrammarRow:
@@ -38,12 +40,20 @@ class GrammarRow:
 
 
 @dataclass(frozen=True, slots=True)
+class _Masks:
+    """Computed masks: on the CPU the [rows, vocab] float32 bias (0 allowed, -inf banned) and
+    the buffer it lives in; for an accelerator the int32 bitmask words (BatchGrammar._on_device)."""
+
+    masks: torch.Tensor
+    buffer: np.ndarray | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class _PendingMasks:
-    """Masks being computed for `rows` (in that order): on the CPU [len(rows), vocab] bool, True
-    where banned; for an accelerator the int32 bitmask words (see BatchGrammar._on_device)."""
+    """Masks being computed for `rows` (in that order)."""
 
     rows: tuple[GrammarRow, ...]
-    banned: Future[torch.Tensor]
+    banned: Future[_Masks]
 
 
 class BatchGrammar:
@@ -61,6 +71,8 @@ class BatchGrammar:
         self.compiler = compiler
         self.device = device
         self.constrained = [row for row, r in enumerate(rows) if r is not None]
+        # The buffer of the masks handed to this step's sampling, given back at `advance`.
+        self._applied: np.ndarray | None = None
         # Row indices of the constrained rows; None when every row is constrained.
         self.index: torch.Tensor | None = None
         if len(self.constrained) < len(rows):
@@ -97,18 +109,24 @@ class BatchGrammar:
         return cls(rows, [_PendingMasks(out, future)], compiler, device)
 
     def banned(self) -> tuple[torch.Tensor | None, torch.Tensor]:
-        """(constrained row indices or None for all rows, [rows, vocab] bool banned tokens) for
-        the current step; waits for the worker when it is still computing them."""
-        return self.index, self._on_device(self._current_masks())
+        """(constrained row indices or None for all rows, their masks: on the CPU a [rows,
+        vocab] float32 bias, elsewhere [rows, vocab] bool banned tokens; sampling.ban_tokens)
+        for the current step; waits for the worker when it is still computing them."""
+        start = time.perf_counter()
+        masks = self._current_masks()
+        self.compiler.worker.timings.wait_s += time.perf_counter() - start
+        return self.index, self._on_device(masks)
 
     def _current_masks(self) -> torch.Tensor:
         """The pending masks of the batch's constrained rows, in row order."""
         parts = self.pending
         current = tuple(r for r in self.rows if r is not None)
         if len(parts) == 1 and parts[0].rows == current:
-            return parts[0].banned.result()
+            result = parts[0].banned.result()
+            self._applied = result.buffer
+            return result.masks
         position = {id(r): (p, i) for p, part in enumerate(parts) for i, r in enumerate(part.rows)}
-        results = [part.banned.result() for part in parts]
+        results = [part.banned.result().masks for part in parts]
         offsets = np.cumsum([0] + [len(part.rows) for part in parts])
         stacked = torch.cat(results) if len(results) > 1 else results[0]
         picks = [int(offsets[position[id(r)][0]]) + position[id(r)][1] for r in current]
@@ -124,13 +142,18 @@ class BatchGrammar:
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Feeds each constrained row its new token (tokens[row], for every row of the batch)
-        and starts computing the next masks."""
+        and starts computing the next masks. The step that applied the current masks is over:
+        their buffer is free again."""
+        start = time.perf_counter()
+        worker = self.compiler.worker
+        if self._applied is not None:
+            worker.buffers.give_back(self._applied)
+            self._applied = None
         rows = tuple(r for r in self.rows if r is not None)
         taken = [tokens[row] for row in self.constrained]
-        future = self.compiler.worker.pool.submit(
-            _advance_and_mask, rows, taken, self.compiler, self.device
-        )
+        future = worker.pool.submit(_advance_and_mask, rows, taken, self.compiler, self.device)
         self.pending = [_PendingMasks(rows, future)]
+        worker.timings.handoff_s += time.perf_counter() - start
 
     def filter(self, indices: Sequence[int]) -> BatchGrammar | None:
         rows = [self.rows[i] for i in indices]
@@ -157,7 +180,7 @@ def _first_masks(
     work: list[tuple[GrammarRow, llguidance.LLMatcher, Sequence[int]]],
     compiler: GrammarCompiler,
     device: torch.device,
-) -> torch.Tensor:
+) -> _Masks:
     for row, compiled, generated in work:
         row.matcher = new_matcher(compiled, generated)
     return _masks([row for row, _, _ in work], compiler, device)
@@ -165,26 +188,31 @@ def _first_masks(
 
 def _advance_and_mask(
     rows: tuple[GrammarRow, ...], tokens: list[int], compiler: GrammarCompiler, device: torch.device
-) -> torch.Tensor:
-    for row, token in zip(rows, tokens, strict=True):
-        # A refused token (never one the mask allowed) leaves the matcher in its error state,
-        # whose mask allows only EOS.
-        _matcher(row).consume_token(token)
+) -> _Masks:
+    # One call for the batch (GIL released). A refused token (never one the mask allowed)
+    # leaves its matcher in the error state, whose mask allows only EOS.
+    start = time.perf_counter()
+    pairs = [(_matcher(row), token) for row, token in zip(rows, tokens, strict=True)]
+    compiler.worker.executor.consume_token_par(pairs)
+    compiler.worker.timings.consume_s += time.perf_counter() - start
+    compiler.worker.timings.steps += 1
     return _masks(list(rows), compiler, device)
 
 
-def _masks(
-    rows: Sequence[GrammarRow], compiler: GrammarCompiler, device: torch.device
-) -> torch.Tensor:
-    """The rows' next-token masks: banned tokens on the CPU, bitmask words otherwise."""
+def _masks(rows: Sequence[GrammarRow], compiler: GrammarCompiler, device: torch.device) -> _Masks:
+    """The rows' next-token masks: the bias on the CPU, the bitmask words otherwise."""
+    worker = compiler.worker
+    start = time.perf_counter()
     words = np.zeros((len(rows), compiler.mask_width), dtype=np.int32)
     pairs = [(_matcher(row), i) for i, row in enumerate(rows)]
-    compiler.worker.executor.unsafe_compute_mask_ptr(
-        pairs, words.ctypes.data, words.shape[1] * 4, len(rows)
-    )
-    if device.type == "cpu":
-        return unpack_on_host(words, compiler.vocab_size)
-    return torch.from_numpy(words)
+    worker.executor.unsafe_compute_mask_ptr(pairs, words.ctypes.data, words.shape[1] * 4, len(rows))
+    computed = time.perf_counter()
+    worker.timings.mask_s += computed - start
+    if device.type != "cpu":
+        return _Masks(torch.from_numpy(words))
+    bias, buffer = bias_on_host(words, compiler.vocab_size, worker.buffers)
+    worker.timings.convert_s += time.perf_counter() - computed
+    return _Masks(bias, buffer)
 
 
 def _matcher(row: GrammarRow) -> llguidance.LLMatcher:
@@ -192,17 +220,3 @@ def _matcher(row: GrammarRow) -> llguidance.LLMatcher:
     if row.matcher is None:
         raise RuntimeError("a grammar row was advanced before its matcher was built")
     return row.matcher
-
-
-def unpack_on_host(words: np.ndarray, vocab_size: int) -> torch.Tensor:
-    """Bitmask words (bit i of word w: token 32 w + i allowed) to [rows, vocab_size] bool, True
-    where banned; numpy unpacks the bits (~1 byte written per token)."""
-    bits = np.unpackbits(np.invert(words).view(np.uint8), axis=1, count=vocab_size, bitorder="little")
-    return torch.from_numpy(bits.view(np.bool_))
-
-
-def unpack_with_torch(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """unpack_on_host with tensor ops, on the words' device."""
-    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
-    bits = (words.unsqueeze(-1) >> shifts) & 1
-    return (bits == 0).flatten(1)[:, :vocab_size]

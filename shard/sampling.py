@@ -241,14 +241,21 @@ class NextTokenChooser:
         return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
 
 
-def ban_tokens(scores: torch.Tensor, rows: torch.Tensor | None, banned: torch.Tensor) -> None:
-    """-inf where `banned` ([len(rows), vocab] bool) is True, in the listed rows (None: every
-    row): one masked fill over the constrained rows, whatever their number."""
-    banned = banned.to(scores.device, non_blocking=True)
-    if rows is None:
-        scores.masked_fill_(banned, NEG_INF)
+def ban_tokens(scores: torch.Tensor, rows: torch.Tensor | None, masks: torch.Tensor) -> None:
+    """The constrained rows' grammar masks applied to the listed rows (None: every row), in one
+    op whatever their number. `masks` ([len(rows), vocab]) is either a float32 bias, 0.0 where
+    allowed and -inf where banned (the CPU's: adding is vectorised there, a masked fill is not;
+    shard/grammar_masks.py), or bool, True where banned (an accelerator's)."""
+    masks = masks.to(scores.device, non_blocking=True)
+    if masks.dtype != torch.bool:
+        if rows is None:
+            scores.add_(masks)
+        else:
+            scores.index_add_(0, rows, masks)
+    elif rows is None:
+        scores.masked_fill_(masks, NEG_INF)
     else:
-        scores.index_copy_(0, rows, scores.index_select(0, rows).masked_fill_(banned, NEG_INF))
+        scores.index_copy_(0, rows, scores.index_select(0, rows).masked_fill_(masks, NEG_INF))
 
 
 def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:
