@@ -1,0 +1,117 @@
+"""pytgi's own GPT-style models (GPT-2, GPT-BigCode, GPT-NeoX, Falcon, OPT, BLOOM, MPT) against
+transformers on tiny random checkpoints built here from transformers' config classes, through the
+paged cache (test_models.py's harness: a flat prefill across block boundaries, a mixed step, decode
+steps), on one rank and on two (gloo), fp32."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from pytgi_shard.attention.backend import get_backend
+from pytgi_shard.distributed import Dist, init_distributed, single_process
+from pytgi_shard.models import Model, ModelConfig
+from tests.unit.shard.test_models import (
+    CPU,
+    _free_port,
+    assert_matches,
+    hf_logits,
+    paged_logits,
+    sequences,
+)
+
+VOCAB = 96
+
+# Each family's tiny config: every option its decoder has that a served checkpoint uses.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "gpt2": {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 64,
+             "n_inner": 48},
+    "gpt2-scaled": {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4,
+                    "n_positions": 64, "scale_attn_by_inverse_layer_idx": True,
+                    "activation_function": "relu"},
+    "gpt_bigcode": {"model_type": "gpt_bigcode", "n_embd": 32, "n_layer": 2, "n_head": 4,
+                    "n_positions": 64, "multi_query": True},
+    "gpt_bigcode-mha": {"model_type": "gpt_bigcode", "n_embd": 32, "n_layer": 2, "n_head": 4,
+                        "n_positions": 64, "multi_query": False},
+}
+
+
+# model_type -> (module of pytgi_shard.models, class): loaded directly until the registry has them.
+IMPLEMENTATIONS = {"gpt2": ("gpt2", "GPT2"), "gpt_bigcode": ("gpt2", "GPT2")}
+
+
+def load(path: Path, dist: Dist) -> Model:
+    config = ModelConfig.read(path)
+    module, name = IMPLEMENTATIONS[config.model_type]
+    cls = getattr(importlib.import_module(f"pytgi_shard.models.{module}"), name)
+    return cls.load(config, torch.float32, dist, get_backend("reference"))  # type: ignore[no-any-return]
+
+
+def build(path: Path, spec: dict[str, Any], seed: int = 0) -> Path:
+    """A random checkpoint of `spec` in Hugging Face layout (config.json, model.safetensors)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(spec)
+    config = AutoConfig.for_model(spec.pop("model_type"), vocab_size=VOCAB, **spec)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        # Large enough that attention is sharp (a wrong score scale changes the logits well
+        # beyond the tolerance); norms keep their unit weights, biases get some noise.
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gpt-models")
+    return {name: build(root / name, spec) for name, spec in CONFIGS.items()}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_match_transformers(checkpoints: dict[str, Path], name: str) -> None:
+    path = checkpoints[name]
+    model = load(path, single_process(CPU))
+    assert type(model).__module__.startswith("pytgi_shard.models.")
+    assert "transformers" not in type(model).__module__
+    seqs = sequences(model.vocab_size)
+    assert_matches(paged_logits(model, seqs), hf_logits(path, seqs))
+
+
+def _rank_main(rank: int, port: int, paths: list[Path], out_dir: Path) -> None:
+    torch.set_num_threads(1)  # two ranks on a small CI machine: no oversubscription
+    dist = init_distributed(rank, 2, "127.0.0.1", port, CPU)
+    try:
+        results = {path.name: paged_logits(load(path, dist), sequences(VOCAB)) for path in paths}
+        torch.save(results, out_dir / f"rank{rank}.pt")
+    finally:
+        dist.close()
+
+
+def test_two_ranks_match_transformers(checkpoints: dict[str, Path], tmp_path: Path) -> None:
+    """world_size 2 over gloo: every rank returns transformers' logits (heads, MLP and vocabulary
+    split; StarCoder's single KV head replicated)."""
+    paths = list(checkpoints.values())
+    mp.spawn(_rank_main, args=(_free_port(), paths, tmp_path), nprocs=2, join=True)
+    for path in paths:
+        seqs = sequences(VOCAB)
+        expected = hf_logits(path, seqs)
+        for rank in range(2):
+            assert_matches(torch.load(tmp_path / f"rank{rank}.pt")[path.name], expected)
+
+
+def test_learned_positions_bound_the_context(checkpoints: dict[str, Path]) -> None:
+    rank1 = Dist(rank=1, world_size=2, device=CPU, group=None)
+    model = load(checkpoints["gpt_bigcode"], rank1)
+    assert model.learned_positions and model.max_position_embeddings == 64
+    assert (model.num_kv_heads, model.head_dim) == (1, 8)
