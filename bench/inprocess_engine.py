@@ -100,6 +100,12 @@ class InProcessShardClient:
     ) -> generate_pb2.CachedBatch | None:
         return await self._call(self._engine.filter, batch_id, request_ids)
 
+    async def prepare_grammar(
+        self, grammar_type: int, grammar: str, timeout: float | None = None
+    ) -> bool:
+        request = generate_pb2.PrepareGrammarRequest(grammar_type=grammar_type, grammar=grammar)  # type: ignore[arg-type]
+        return await asyncio.wrap_future(self._engine.prepare_grammar(request))
+
     async def close(self) -> None:
         self._thread.shutdown(wait=True)
 

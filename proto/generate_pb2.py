@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0egenerate.proto\x12\x11pytgi.generate.v1\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"\r\n\x0bInfoRequest\"\xc8\x02\n\x0cInfoResponse\x12\x18\n\x10requires_padding\x18\x01 \x01(\x08\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x18\n\x0bwindow_size\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tspeculate\x18\x05 \x01(\r\x12\x18\n\x10support_chunking\x18\x06 \x01(\x08\x12\x1a\n\x12use_prefix_caching\x18\x07 \x01(\x08\x12\x16\n\x0e\x61ttention_impl\x18\x08 \x01(\t\x12\x12\n\nblock_size\x18\t \x01(\r\x12\x12\n\nmodel_type\x18\n \x01(\t\x12\x12\n\nworld_size\x18\x0b \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x0c \x01(\r\x12\x12\n\nvocab_size\x18\r \x01(\rB\x0e\n\x0c_window_size\"\x19\n\x17ServiceDiscoveryRequest\"(\n\x18ServiceDiscoveryResponse\x12\x0c\n\x04urls\x18\x01 \x03(\t\"+\n\x11\x43learCacheRequest\x12\x0f\n\x02id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x05\n\x03_id\"\x14\n\x12\x43learCacheResponse\"\x94\x02\n\x1aNextTokenChooserParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\ttypical_p\x18\x04 \x01(\x02\x12\x11\n\tdo_sample\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\twatermark\x18\x08 \x01(\x08\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0f\n\x07grammar\x18\n \x01(\t\x12\x34\n\x0cgrammar_type\x18\x0b \x01(\x0e\x32\x1e.pytgi.generate.v1.GrammarType\"f\n\x1aStoppingCriteriaParameters\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_sequences\x18\x02 \x03(\t\x12\x18\n\x10ignore_eos_token\x18\x03 \x01(\x08\"\x81\x03\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06inputs\x18\x02 \x01(\t\x12\x10\n\x08truncate\x18\x03 \x01(\r\x12\x41\n\nparameters\x18\x04 \x01(\x0b\x32-.pytgi.generate.v1.NextTokenChooserParameters\x12J\n\x13stopping_parameters\x18\x05 \x01(\x0b\x32-.pytgi.generate.v1.StoppingCriteriaParameters\x12\x18\n\x10prefill_logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x07 \x01(\r\x12\x11\n\tinput_ids\x18\x08 \x03(\r\x12\x0e\n\x06\x62locks\x18\t \x03(\r\x12\r\n\x05slots\x18\n \x03(\r\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\r \x01(\x08\x12\x11\n\tcache_len\x18\x0e \x01(\r\x12\x11\n\tchunk_len\x18\x0f \x01(\r\x12\x15\n\rgenerated_ids\x18\x10 \x03(\r\"0\n\nBlockGrant\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x02 \x03(\r\"w\n\x05\x42\x61tch\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x08requests\x18\x02 \x03(\x0b\x32\x1a.pytgi.generate.v1.Request\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x12\n\nmax_blocks\x18\x05 \x01(\r\"h\n\x0b\x43\x61\x63hedBatch\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0e\x63urrent_tokens\x18\x05 \x01(\r\"\x8b\x01\n\rGeneratedText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.pytgi.generate.v1.FinishReason\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"J\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\r\n\x05texts\x18\x03 \x03(\t\x12\x12\n\nis_special\x18\x04 \x03(\x08\"\xff\x01\n\nGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x31\n\x0eprefill_tokens\x18\x02 \x01(\x0b\x32\x19.pytgi.generate.v1.Tokens\x12)\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.pytgi.generate.v1.Tokens\x12=\n\x0egenerated_text\x18\x04 \x01(\x0b\x32 .pytgi.generate.v1.GeneratedTextH\x00\x88\x01\x01\x12-\n\ntop_tokens\x18\x05 \x03(\x0b\x32\x19.pytgi.generate.v1.TokensB\x11\n\x0f_generated_text\";\n\x12\x46ilterBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\"D\n\x13\x46ilterBatchResponse\x12-\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatch\"\xb4\x01\n\x0ePrefillRequest\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x18.pytgi.generate.v1.Batch\x12\x39\n\x0c\x63\x61\x63hed_batch\x18\x02 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatchH\x00\x88\x01\x01\x12-\n\x06grants\x18\x03 \x03(\x0b\x32\x1d.pytgi.generate.v1.BlockGrantB\x0f\n\r_cached_batch\"\xe2\x01\n\x0fPrefillResponse\x12\x32\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x1d.pytgi.generate.v1.Generation\x12\x32\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"o\n\rDecodeRequest\x12/\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x1e.pytgi.generate.v1.CachedBatch\x12-\n\x06grants\x18\x02 \x03(\x0b\x32\x1d.pytgi.generate.v1.BlockGrant\"\xe1\x01\n\x0e\x44\x65\x63odeResponse\x12\x32\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x1d.pytgi.generate.v1.Generation\x12\x32\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"\x97\x01\n\rWarmupRequest\x12\x1a\n\x12max_prefill_tokens\x18\x01 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\x12\x1e\n\x16max_batch_total_tokens\x18\x05 \x01(\r\"\x90\x01\n\x0eWarmupResponse\x12\"\n\x1amax_supported_total_tokens\x18\x01 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r*S\n\x0bGrammarType\x12\x15\n\x11GRAMMAR_TYPE_NONE\x10\x00\x12\x15\n\x11GRAMMAR_TYPE_JSON\x10\x01\x12\x16\n\x12GRAMMAR_TYPE_REGEX\x10\x02*f\n\x0c\x46inishReason\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x00\x12\x1b\n\x17\x46INISH_REASON_EOS_TOKEN\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x32\xc5\x05\n\x15TextGenerationService\x12G\n\x04Info\x12\x1e.pytgi.generate.v1.InfoRequest\x1a\x1f.pytgi.generate.v1.InfoResponse\x12M\n\x06Health\x12 .pytgi.generate.v1.HealthRequest\x1a!.pytgi.generate.v1.HealthResponse\x12k\n\x10ServiceDiscovery\x12*.pytgi.generate.v1.ServiceDiscoveryRequest\x1a+.pytgi.generate.v1.ServiceDiscoveryResponse\x12Y\n\nClearCache\x12$.pytgi.generate.v1.ClearCacheRequest\x1a%.pytgi.generate.v1.ClearCacheResponse\x12\\\n\x0b\x46ilterBatch\x12%.pytgi.generate.v1.FilterBatchRequest\x1a&.pytgi.generate.v1.FilterBatchResponse\x12M\n\x06Warmup\x12 .pytgi.generate.v1.WarmupRequest\x1a!.pytgi.generate.v1.WarmupResponse\x12P\n\x07Prefill\x12!.pytgi.generate.v1.PrefillRequest\x1a\".pytgi.generate.v1.PrefillResponse\x12M\n\x06\x44\x65\x63ode\x12 .pytgi.generate.v1.DecodeRequest\x1a!.pytgi.generate.v1.DecodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0egenerate.proto\x12\x11pytgi.generate.v1\"\x0f\n\rHealthRequest\"\x10\n\x0eHealthResponse\"\r\n\x0bInfoRequest\"\xc8\x02\n\x0cInfoResponse\x12\x18\n\x10requires_padding\x18\x01 \x01(\x08\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x03 \x01(\t\x12\x18\n\x0bwindow_size\x18\x04 \x01(\rH\x00\x88\x01\x01\x12\x11\n\tspeculate\x18\x05 \x01(\r\x12\x18\n\x10support_chunking\x18\x06 \x01(\x08\x12\x1a\n\x12use_prefix_caching\x18\x07 \x01(\x08\x12\x16\n\x0e\x61ttention_impl\x18\x08 \x01(\t\x12\x12\n\nblock_size\x18\t \x01(\r\x12\x12\n\nmodel_type\x18\n \x01(\t\x12\x12\n\nworld_size\x18\x0b \x01(\r\x12\x1f\n\x17max_position_embeddings\x18\x0c \x01(\r\x12\x12\n\nvocab_size\x18\r \x01(\rB\x0e\n\x0c_window_size\"\x19\n\x17ServiceDiscoveryRequest\"(\n\x18ServiceDiscoveryResponse\x12\x0c\n\x04urls\x18\x01 \x03(\t\"+\n\x11\x43learCacheRequest\x12\x0f\n\x02id\x18\x01 \x01(\x04H\x00\x88\x01\x01\x42\x05\n\x03_id\"\x14\n\x12\x43learCacheResponse\"\x94\x02\n\x1aNextTokenChooserParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_k\x18\x02 \x01(\r\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x11\n\ttypical_p\x18\x04 \x01(\x02\x12\x11\n\tdo_sample\x18\x05 \x01(\x08\x12\x0c\n\x04seed\x18\x06 \x01(\x04\x12\x1a\n\x12repetition_penalty\x18\x07 \x01(\x02\x12\x11\n\twatermark\x18\x08 \x01(\x08\x12\x19\n\x11\x66requency_penalty\x18\t \x01(\x02\x12\x0f\n\x07grammar\x18\n \x01(\t\x12\x34\n\x0cgrammar_type\x18\x0b \x01(\x0e\x32\x1e.pytgi.generate.v1.GrammarType\"^\n\x15PrepareGrammarRequest\x12\x34\n\x0cgrammar_type\x18\x01 \x01(\x0e\x32\x1e.pytgi.generate.v1.GrammarType\x12\x0f\n\x07grammar\x18\x02 \x01(\t\"(\n\x16PrepareGrammarResponse\x12\x0e\n\x06\x63\x61\x63hed\x18\x01 \x01(\x08\"f\n\x1aStoppingCriteriaParameters\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x16\n\x0estop_sequences\x18\x02 \x03(\t\x12\x18\n\x10ignore_eos_token\x18\x03 \x01(\x08\"\x81\x03\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0e\n\x06inputs\x18\x02 \x01(\t\x12\x10\n\x08truncate\x18\x03 \x01(\r\x12\x41\n\nparameters\x18\x04 \x01(\x0b\x32-.pytgi.generate.v1.NextTokenChooserParameters\x12J\n\x13stopping_parameters\x18\x05 \x01(\x0b\x32-.pytgi.generate.v1.StoppingCriteriaParameters\x12\x18\n\x10prefill_logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_n_tokens\x18\x07 \x01(\r\x12\x11\n\tinput_ids\x18\x08 \x03(\r\x12\x0e\n\x06\x62locks\x18\t \x03(\r\x12\r\n\x05slots\x18\n \x03(\r\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\r \x01(\x08\x12\x11\n\tcache_len\x18\x0e \x01(\r\x12\x11\n\tchunk_len\x18\x0f \x01(\r\x12\x15\n\rgenerated_ids\x18\x10 \x03(\r\"0\n\nBlockGrant\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x02 \x03(\r\"w\n\x05\x42\x61tch\x12\n\n\x02id\x18\x01 \x01(\x04\x12,\n\x08requests\x18\x02 \x03(\x0b\x32\x1a.pytgi.generate.v1.Request\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x12\n\nmax_blocks\x18\x05 \x01(\r\"h\n\x0b\x43\x61\x63hedBatch\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\x12\x0c\n\x04size\x18\x03 \x01(\r\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x16\n\x0e\x63urrent_tokens\x18\x05 \x01(\r\"\x8b\x01\n\rGeneratedText\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x18\n\x10generated_tokens\x18\x02 \x01(\r\x12\x36\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1f.pytgi.generate.v1.FinishReason\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"J\n\x06Tokens\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\r\n\x05texts\x18\x03 \x03(\t\x12\x12\n\nis_special\x18\x04 \x03(\x08\"\xff\x01\n\nGeneration\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x31\n\x0eprefill_tokens\x18\x02 \x01(\x0b\x32\x19.pytgi.generate.v1.Tokens\x12)\n\x06tokens\x18\x03 \x01(\x0b\x32\x19.pytgi.generate.v1.Tokens\x12=\n\x0egenerated_text\x18\x04 \x01(\x0b\x32 .pytgi.generate.v1.GeneratedTextH\x00\x88\x01\x01\x12-\n\ntop_tokens\x18\x05 \x03(\x0b\x32\x19.pytgi.generate.v1.TokensB\x11\n\x0f_generated_text\";\n\x12\x46ilterBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x13\n\x0brequest_ids\x18\x02 \x03(\x04\"D\n\x13\x46ilterBatchResponse\x12-\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatch\"\xb4\x01\n\x0ePrefillRequest\x12\'\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x18.pytgi.generate.v1.Batch\x12\x39\n\x0c\x63\x61\x63hed_batch\x18\x02 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatchH\x00\x88\x01\x01\x12-\n\x06grants\x18\x03 \x03(\x0b\x32\x1d.pytgi.generate.v1.BlockGrantB\x0f\n\r_cached_batch\"\xe2\x01\n\x0fPrefillResponse\x12\x32\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x1d.pytgi.generate.v1.Generation\x12\x32\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"o\n\rDecodeRequest\x12/\n\x07\x62\x61tches\x18\x01 \x03(\x0b\x32\x1e.pytgi.generate.v1.CachedBatch\x12-\n\x06grants\x18\x02 \x03(\x0b\x32\x1d.pytgi.generate.v1.BlockGrant\"\xe1\x01\n\x0e\x44\x65\x63odeResponse\x12\x32\n\x0bgenerations\x18\x01 \x03(\x0b\x32\x1d.pytgi.generate.v1.Generation\x12\x32\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x1e.pytgi.generate.v1.CachedBatchH\x00\x88\x01\x01\x12\x12\n\nforward_ns\x18\x03 \x01(\x04\x12\x11\n\tdecode_ns\x18\x04 \x01(\x04\x12\x10\n\x08total_ns\x18\x05 \x01(\x04\x12\x16\n\tconcat_ns\x18\x06 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_batchB\x0c\n\n_concat_ns\"\x97\x01\n\rWarmupRequest\x12\x1a\n\x12max_prefill_tokens\x18\x01 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x04 \x01(\r\x12\x1e\n\x16max_batch_total_tokens\x18\x05 \x01(\r\"\x90\x01\n\x0eWarmupResponse\x12\"\n\x1amax_supported_total_tokens\x18\x01 \x01(\r\x12\x18\n\x10max_input_tokens\x18\x02 \x01(\r\x12\x18\n\x10max_total_tokens\x18\x03 \x01(\r\x12\x12\n\nnum_blocks\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r*S\n\x0bGrammarType\x12\x15\n\x11GRAMMAR_TYPE_NONE\x10\x00\x12\x15\n\x11GRAMMAR_TYPE_JSON\x10\x01\x12\x16\n\x12GRAMMAR_TYPE_REGEX\x10\x02*f\n\x0c\x46inishReason\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x00\x12\x1b\n\x17\x46INISH_REASON_EOS_TOKEN\x10\x01\x12\x1f\n\x1b\x46INISH_REASON_STOP_SEQUENCE\x10\x02\x32\xac\x06\n\x15TextGenerationService\x12G\n\x04Info\x12\x1e.pytgi.generate.v1.InfoRequest\x1a\x1f.pytgi.generate.v1.InfoResponse\x12M\n\x06Health\x12 .pytgi.generate.v1.HealthRequest\x1a!.pytgi.generate.v1.HealthResponse\x12k\n\x10ServiceDiscovery\x12*.pytgi.generate.v1.ServiceDiscoveryRequest\x1a+.pytgi.generate.v1.ServiceDiscoveryResponse\x12Y\n\nClearCache\x12$.pytgi.generate.v1.ClearCacheRequest\x1a%.pytgi.generate.v1.ClearCacheResponse\x12\\\n\x0b\x46ilterBatch\x12%.pytgi.generate.v1.FilterBatchRequest\x1a&.pytgi.generate.v1.FilterBatchResponse\x12M\n\x06Warmup\x12 .pytgi.generate.v1.WarmupRequest\x1a!.pytgi.generate.v1.WarmupResponse\x12P\n\x07Prefill\x12!.pytgi.generate.v1.PrefillRequest\x1a\".pytgi.generate.v1.PrefillResponse\x12M\n\x06\x44\x65\x63ode\x12 .pytgi.generate.v1.DecodeRequest\x1a!.pytgi.generate.v1.DecodeResponse\x12\x65\n\x0ePrepareGrammar\x12(.pytgi.generate.v1.PrepareGrammarRequest\x1a).pytgi.generate.v1.PrepareGrammarResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRAMMARTYPE']._serialized_start=3263
-  _globals['_GRAMMARTYPE']._serialized_end=3346
-  _globals['_FINISHREASON']._serialized_start=3348
-  _globals['_FINISHREASON']._serialized_end=3450
+  _globals['_GRAMMARTYPE']._serialized_start=3401
+  _globals['_GRAMMARTYPE']._serialized_end=3484
+  _globals['_FINISHREASON']._serialized_start=3486
+  _globals['_FINISHREASON']._serialized_end=3588
   _globals['_HEALTHREQUEST']._serialized_start=37
   _globals['_HEALTHREQUEST']._serialized_end=52
   _globals['_HEALTHRESPONSE']._serialized_start=54
@@ -53,38 +53,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CLEARCACHERESPONSE']._serialized_end=552
   _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_start=555
   _globals['_NEXTTOKENCHOOSERPARAMETERS']._serialized_end=831
-  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_start=833
-  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_end=935
-  _globals['_REQUEST']._serialized_start=938
-  _globals['_REQUEST']._serialized_end=1323
-  _globals['_BLOCKGRANT']._serialized_start=1325
-  _globals['_BLOCKGRANT']._serialized_end=1373
-  _globals['_BATCH']._serialized_start=1375
-  _globals['_BATCH']._serialized_end=1494
-  _globals['_CACHEDBATCH']._serialized_start=1496
-  _globals['_CACHEDBATCH']._serialized_end=1600
-  _globals['_GENERATEDTEXT']._serialized_start=1603
-  _globals['_GENERATEDTEXT']._serialized_end=1742
-  _globals['_TOKENS']._serialized_start=1744
-  _globals['_TOKENS']._serialized_end=1818
-  _globals['_GENERATION']._serialized_start=1821
-  _globals['_GENERATION']._serialized_end=2076
-  _globals['_FILTERBATCHREQUEST']._serialized_start=2078
-  _globals['_FILTERBATCHREQUEST']._serialized_end=2137
-  _globals['_FILTERBATCHRESPONSE']._serialized_start=2139
-  _globals['_FILTERBATCHRESPONSE']._serialized_end=2207
-  _globals['_PREFILLREQUEST']._serialized_start=2210
-  _globals['_PREFILLREQUEST']._serialized_end=2390
-  _globals['_PREFILLRESPONSE']._serialized_start=2393
-  _globals['_PREFILLRESPONSE']._serialized_end=2619
-  _globals['_DECODEREQUEST']._serialized_start=2621
-  _globals['_DECODEREQUEST']._serialized_end=2732
-  _globals['_DECODERESPONSE']._serialized_start=2735
-  _globals['_DECODERESPONSE']._serialized_end=2960
-  _globals['_WARMUPREQUEST']._serialized_start=2963
-  _globals['_WARMUPREQUEST']._serialized_end=3114
-  _globals['_WARMUPRESPONSE']._serialized_start=3117
-  _globals['_WARMUPRESPONSE']._serialized_end=3261
-  _globals['_TEXTGENERATIONSERVICE']._serialized_start=3453
-  _globals['_TEXTGENERATIONSERVICE']._serialized_end=4162
+  _globals['_PREPAREGRAMMARREQUEST']._serialized_start=833
+  _globals['_PREPAREGRAMMARREQUEST']._serialized_end=927
+  _globals['_PREPAREGRAMMARRESPONSE']._serialized_start=929
+  _globals['_PREPAREGRAMMARRESPONSE']._serialized_end=969
+  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_start=971
+  _globals['_STOPPINGCRITERIAPARAMETERS']._serialized_end=1073
+  _globals['_REQUEST']._serialized_start=1076
+  _globals['_REQUEST']._serialized_end=1461
+  _globals['_BLOCKGRANT']._serialized_start=1463
+  _globals['_BLOCKGRANT']._serialized_end=1511
+  _globals['_BATCH']._serialized_start=1513
+  _globals['_BATCH']._serialized_end=1632
+  _globals['_CACHEDBATCH']._serialized_start=1634
+  _globals['_CACHEDBATCH']._serialized_end=1738
+  _globals['_GENERATEDTEXT']._serialized_start=1741
+  _globals['_GENERATEDTEXT']._serialized_end=1880
+  _globals['_TOKENS']._serialized_start=1882
+  _globals['_TOKENS']._serialized_end=1956
+  _globals['_GENERATION']._serialized_start=1959
+  _globals['_GENERATION']._serialized_end=2214
+  _globals['_FILTERBATCHREQUEST']._serialized_start=2216
+  _globals['_FILTERBATCHREQUEST']._serialized_end=2275
+  _globals['_FILTERBATCHRESPONSE']._serialized_start=2277
+  _globals['_FILTERBATCHRESPONSE']._serialized_end=2345
+  _globals['_PREFILLREQUEST']._serialized_start=2348
+  _globals['_PREFILLREQUEST']._serialized_end=2528
+  _globals['_PREFILLRESPONSE']._serialized_start=2531
+  _globals['_PREFILLRESPONSE']._serialized_end=2757
+  _globals['_DECODEREQUEST']._serialized_start=2759
+  _globals['_DECODEREQUEST']._serialized_end=2870
+  _globals['_DECODERESPONSE']._serialized_start=2873
+  _globals['_DECODERESPONSE']._serialized_end=3098
+  _globals['_WARMUPREQUEST']._serialized_start=3101
+  _globals['_WARMUPREQUEST']._serialized_end=3252
+  _globals['_WARMUPRESPONSE']._serialized_start=3255
+  _globals['_WARMUPRESPONSE']._serialized_end=3399
+  _globals['_TEXTGENERATIONSERVICE']._serialized_start=3591
+  _globals['_TEXTGENERATIONSERVICE']._serialized_end=4403
 # @@protoc_insertion_point(module_scope)

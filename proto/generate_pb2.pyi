@@ -113,6 +113,20 @@ class NextTokenChooserParameters(_message.Message):
     grammar_type: GrammarType
     def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., typical_p: _Optional[float] = ..., do_sample: _Optional[bool] = ..., seed: _Optional[int] = ..., repetition_penalty: _Optional[float] = ..., watermark: _Optional[bool] = ..., frequency_penalty: _Optional[float] = ..., grammar: _Optional[str] = ..., grammar_type: _Optional[_Union[GrammarType, str]] = ...) -> None: ...
 
+class PrepareGrammarRequest(_message.Message):
+    __slots__ = ("grammar_type", "grammar")
+    GRAMMAR_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    grammar_type: GrammarType
+    grammar: str
+    def __init__(self, grammar_type: _Optional[_Union[GrammarType, str]] = ..., grammar: _Optional[str] = ...) -> None: ...
+
+class PrepareGrammarResponse(_message.Message):
+    __slots__ = ("cached",)
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    cached: bool
+    def __init__(self, cached: _Optional[bool] = ...) -> None: ...
+
 class StoppingCriteriaParameters(_message.Message):
     __slots__ = ("max_new_tokens", "stop_sequences", "ignore_eos_token")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]

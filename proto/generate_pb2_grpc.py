@@ -74,6 +74,11 @@ class TextGenerationServiceStub:
                 request_serializer=generate__pb2.DecodeRequest.SerializeToString,
                 response_deserializer=generate__pb2.DecodeResponse.FromString,
                 _registered_method=True)
+        self.PrepareGrammar = channel.unary_unary(
+                '/pytgi.generate.v1.TextGenerationService/PrepareGrammar',
+                request_serializer=generate__pb2.PrepareGrammarRequest.SerializeToString,
+                response_deserializer=generate__pb2.PrepareGrammarResponse.FromString,
+                _registered_method=True)
 
 
 class TextGenerationServiceServicer:
@@ -135,6 +140,14 @@ class TextGenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrepareGrammar(self, request, context):
+        """Compiles a constrained request's grammar into the shard's cache before the router queues the
+        request, off the engine's steps; answered once it is compiled (INVALID_ARGUMENT if refused).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TextGenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -177,6 +190,11 @@ def add_TextGenerationServiceServicer_to_server(servicer, server):
                     servicer.Decode,
                     request_deserializer=generate__pb2.DecodeRequest.FromString,
                     response_serializer=generate__pb2.DecodeResponse.SerializeToString,
+            ),
+            'PrepareGrammar': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareGrammar,
+                    request_deserializer=generate__pb2.PrepareGrammarRequest.FromString,
+                    response_serializer=generate__pb2.PrepareGrammarResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +413,33 @@ class TextGenerationService:
             '/pytgi.generate.v1.TextGenerationService/Decode',
             generate__pb2.DecodeRequest.SerializeToString,
             generate__pb2.DecodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareGrammar(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pytgi.generate.v1.TextGenerationService/PrepareGrammar',
+            generate__pb2.PrepareGrammarRequest.SerializeToString,
+            generate__pb2.PrepareGrammarResponse.FromString,
             options,
             channel_credentials,
             insecure,

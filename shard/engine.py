@@ -8,8 +8,9 @@ with the same seeds, so every rank's answer is the same and rank 0's is used.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from typing import NamedTuple, TypeVar, cast
+from typing import Any, NamedTuple, TypeVar, cast
 
 import torch
 from opentelemetry import trace
@@ -25,7 +26,7 @@ from pytgi_shard.distributed import Dist
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
 from pytgi_shard.generation import choose_tokens, emit_generations, prefill_tokens
-from pytgi_shard.grammar import GrammarCompiler
+from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
 from pytgi_shard.grammar_worker import MaskWorker
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.lookahead import Lookahead, Lookaheads
@@ -133,6 +134,22 @@ class Engine:
         if m.sliding_window is not None:
             out.window_size = m.sliding_window
         return out
+
+    def prepare_grammar(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
+        """PrepareGrammar: the grammar compiled into the cache off the engine's thread (the
+        compile pool); True when it was cached already. InvalidRequest (raised, or from the
+        future) for a missing or refused grammar."""
+        params = generate_pb2.NextTokenChooserParameters(
+            grammar=request.grammar, grammar_type=request.grammar_type
+        )
+        spec = GrammarSpec.from_pb(params)
+        if spec is None:
+            raise InvalidRequest("PrepareGrammar needs a grammar")
+        compiling = self.grammars.prepare(spec)
+        cached = compiling.done()
+        prepared: Future[bool] = Future()
+        compiling.add_done_callback(lambda done: _settle(prepared, done, cached))
+        return prepared
 
     @torch.inference_mode()
     def health(self) -> None:
@@ -422,3 +439,12 @@ def resume_texts(batch: Batch, detokenizer: Detokenizer) -> None:
         if r.resumed and r.complete:
             r.stopping.prime(detokenizer.catch_up(r.text))
             r.resumed = 0
+
+
+def _settle(prepared: Future[bool], done: Future[Any], cached: bool) -> None:
+    """`prepared` answers `cached` once `done` compiled, or fails as it did."""
+    error = done.exception()
+    if error is not None:
+        prepared.set_exception(error)
+    else:
+        prepared.set_result(cached)

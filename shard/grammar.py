@@ -12,10 +12,16 @@ the median and ~0.4 ms for a batch of 64 (xgrammar: ~17 ms); it enforces every J
 feature measured or refuses it by name (xgrammar silently ignored allOf); and it imports
 neither torch nor numpy, so the router validates schemas with the same library.
 
-Compiling a 20-property schema costs ~2 ms on the CPU, so it runs where the request arrives
-(Batch.from_pb, before the forward), once per distinct grammar: the cache is an LRU keyed by the
-grammar's type and text. The vocabulary's own preparation (~0.7 s at 128k tokens) starts in the
-mask worker when the engine is built, so the first constrained request does not pay it.
+Compiling costs ~2-5 ms for the usual schemas and 100 ms or more for very large ones, so it
+happens off the step: the router sends PrepareGrammar for every constrained request before the
+request joins its queue, and `prepare` compiles it in the worker's compile pool (one request's
+grammar compiling never delays a running batch's steps); the request is scheduled once every
+rank answered. Batch.from_pb then finds it in the cache (a hit); a request that reaches a shard
+unprepared (a shard restarted in between, or a client of the shard that skips the RPC) is
+compiled there, on the step, as before. The cache is an LRU keyed by the grammar's type and
+text, and a grammar being compiled is compiled once, whoever asks for it meanwhile. The
+vocabulary's own preparation (~0.7 s at 128k tokens) starts in the mask worker when the engine
+is built, so the first constrained request does not pay it.
 """
 
 from __future__ import annotations
@@ -101,6 +107,8 @@ class GrammarCompiler:
         self.capacity = capacity
         self.stats = CompileStats()
         self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
+        # Grammars being compiled in the compile pool, by whoever asked first.
+        self._compiling: dict[GrammarSpec, Future[llguidance.LLMatcher]] = {}
         self._lock = threading.Lock()
         self._tokenizer: Future[llguidance.LLTokenizer] = worker.pool.submit(
             _tokenizer, tokenizer_json, vocab_size, sorted(eos_ids)
@@ -116,19 +124,53 @@ class GrammarCompiler:
         """int32 words per row of a token bitmask (one bit per token of the llguidance vocab)."""
         return (self.tokenizer.vocab_size + 31) // 32
 
+    def prepare(self, spec: GrammarSpec) -> Future[llguidance.LLMatcher]:
+        """`spec` compiled into the cache in the compile pool (PrepareGrammar); done at once
+        when it is cached already. The future raises InvalidRequest for a refused grammar."""
+        with self._lock:
+            compiled = self._cached(spec)
+            if compiled is None:
+                running = self._compiling.get(spec)
+                if running is None:
+                    running = self.worker.compile_pool.submit(self._compile_now, spec)
+                    self._compiling[spec] = running
+                return running
+        done: Future[llguidance.LLMatcher] = Future()
+        done.set_result(compiled)
+        return done
+
     def compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
-        """The compiled matcher of `spec` (to be copied, never advanced): from the cache, or
-        compiled now; InvalidRequest when llguidance refuses the grammar."""
+        """The compiled matcher of `spec` (to be copied, never advanced): from the cache, from
+        a compilation under way, or compiled now; InvalidRequest when llguidance refuses it."""
         with self._lock:
-            compiled = self._cache.get(spec)
-            if compiled is not None:
-                self._cache.move_to_end(spec)
-                self.stats.hits += 1
-                return compiled
-        compiled = llguidance.LLMatcher(self.tokenizer, grammar_source(spec), log_level=0)
-        if compiled.is_error():
-            raise InvalidRequest(f"invalid grammar: {_first_line(compiled.get_error())}")
+            compiled = self._cached(spec)
+            running = self._compiling.get(spec) if compiled is None else None
+        if compiled is not None:
+            return compiled
+        if running is not None:
+            return running.result()
+        return self._compile_now(spec)
+
+    def _cached(self, spec: GrammarSpec) -> llguidance.LLMatcher | None:
+        """The cached matcher (a hit, counted), or None; the caller holds the lock."""
+        compiled = self._cache.get(spec)
+        if compiled is not None:
+            self._cache.move_to_end(spec)
+            self.stats.hits += 1
+        return compiled
+
+    def _compile_now(self, spec: GrammarSpec) -> llguidance.LLMatcher:
+        try:
+            compiled = llguidance.LLMatcher(self.tokenizer, grammar_source(spec), log_level=0)
+            if compiled.is_error():
+                raise InvalidRequest(f"invalid grammar: {_first_line(compiled.get_error())}")
+        except BaseException:
+            with self._lock:
+                self._compiling.pop(spec, None)
+            raise
         with self._lock:
+            # Cached in the same breath as it stops being "compiling": nobody compiles it twice.
+            self._compiling.pop(spec, None)
             self.stats.misses += 1
             self._cache[spec] = compiled
             while len(self._cache) > self.capacity:

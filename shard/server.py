@@ -1,4 +1,4 @@
-"""The shard's gRPC server: the eight RPCs of generate.proto, plus grpc.health.v1 and reflection.
+"""The shard's gRPC server: the nine RPCs of generate.proto, plus grpc.health.v1 and reflection.
 
 grpc.health.v1 follows the engine (shard/serving_state.py): NOT_SERVING until Warmup and after an
 unrecoverable error. Reflection is on for unix sockets, off over TCP unless --grpc-reflection;
@@ -116,6 +116,14 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
 
     async def Decode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._run(context, self.engine.decode, request)
+
+    async def PrepareGrammar(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Compiles off the engine thread (shard/grammar.py): steps run on meanwhile."""
+        try:
+            cached = await asyncio.wrap_future(self.engine.prepare_grammar(request))
+        except InvalidRequest as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return generate_pb2.PrepareGrammarResponse(cached=cached)
 
 
 async def _abort(

@@ -18,6 +18,7 @@ from itertools import count
 
 from opentelemetry import trace
 
+from pytgi_proto import generate_pb2
 from pytgi_router.core.batch_state import request_pb
 from pytgi_router.core.capacity import (
     ShardInfo,
@@ -39,7 +40,7 @@ from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
 from pytgi_router.core.scheduler import Scheduler
-from pytgi_router.core.shard_client import ShardClient
+from pytgi_router.core.shard_client import GrammarRefused, ShardCallError, ShardClient
 from pytgi_router.core.shard_probe import ShardProbe
 from pytgi_router.core.step_plan import Budgets
 from pytgi_router.metrics import Metrics
@@ -74,6 +75,9 @@ class Infer:
         self._down = False
         self._idle = asyncio.Event()
         self._idle.set()
+        # Constrained entries whose grammar the shards are compiling (PrepareGrammar): they
+        # join the queue once it is ready, so no step compiles it.
+        self._preparing: dict[asyncio.Task[None], Entry] = {}
         # /health's Health RPC: one in flight at a time, its answer reused for health_cache_s.
         self._probe = ShardProbe(self._health_rpc, settings.health_cache_s)
 
@@ -147,6 +151,11 @@ class Infer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for task, entry in list(self._preparing.items()):
+            task.cancel()
+            entry.stream.fail(error)
+            self._release(entry)
+        self._preparing.clear()
         scheduler = self._scheduler
         if scheduler is not None:
             for entry in scheduler.queue.drain():
@@ -185,10 +194,45 @@ class Infer:
             entry.trace_context = span_context
         self._in_flight += 1
         self._idle.clear()
+        if pb.parameters.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE:
+            task = asyncio.get_running_loop().create_task(self._prepare_then_queue(entry))
+            self._preparing[task] = entry
+            task.add_done_callback(lambda done: self._preparing.pop(done, None))
+        else:
+            self._queue(scheduler, entry)
+        return stream
+
+    def _queue(self, scheduler: Scheduler, entry: Entry) -> None:
         scheduler.queue.append(entry)
         self.metrics.queue_size.set(len(scheduler.queue))
         scheduler.notify()
-        return stream
+
+    async def _prepare_then_queue(self, entry: Entry) -> None:
+        """A constrained entry joins the queue once every shard compiled its grammar
+        (PrepareGrammar, off the shards' steps: the running batches go on meanwhile). A
+        refusal is the request's 422, a failed call its generation error."""
+        scheduler = self._scheduler
+        params = entry.pb.parameters
+        try:
+            await self.client.prepare_grammar(
+                params.grammar_type, params.grammar, self.settings.shard_step_timeout_s
+            )
+        except GrammarRefused as err:
+            self._end(entry, ValidationError(str(err)))
+            return
+        except ShardCallError as err:
+            self._end(entry, GenerationError(str(err)))
+            return
+        if entry.stream.closed:  # cancelled meanwhile: its permit is back already
+            return
+        if scheduler is None or scheduler is not self._scheduler or self._stopping:
+            self._end(entry, GenerationError("the shards were lost"))
+            return
+        self._queue(scheduler, entry)
+
+    def _end(self, entry: Entry, error: InferError) -> None:
+        entry.stream.fail(error)
+        self._release(entry)
 
     def _check_schedulable(self, request: ValidRequest) -> None:
         """Defence in depth behind validation: a request no batch could ever hold would block

@@ -45,6 +45,10 @@ class ShardCallError(Exception):
     "Request failed during generation: "."""
 
 
+class GrammarRefused(ShardCallError):
+    """A shard refused a grammar in PrepareGrammar (INVALID_ARGUMENT): the request's 422."""
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, grpc.aio.AioRpcError):
         return err.details() or err.code().name.lower()
@@ -200,6 +204,23 @@ class ShardClient:
             timeout,
         )
         return response.batch if response.HasField("batch") else None
+
+    async def prepare_grammar(
+        self, grammar_type: int, grammar: str, timeout: float | None = None
+    ) -> bool:
+        """Every rank compiles the grammar into its cache (answered once compiled); True when
+        rank 0 had it already. GrammarRefused when a rank refuses it."""
+        request = generate_pb2.PrepareGrammarRequest(grammar_type=grammar_type, grammar=grammar)  # type: ignore[arg-type]
+        try:
+            response = await self._all("PrepareGrammar", request, timeout)
+        except ShardCallError as err:
+            cause = err.__cause__
+            if isinstance(cause, grpc.aio.AioRpcError) and (
+                cause.code() == grpc.StatusCode.INVALID_ARGUMENT
+            ):
+                raise GrammarRefused(cause.details() or "invalid grammar") from cause
+            raise
+        return bool(response.cached)
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)
