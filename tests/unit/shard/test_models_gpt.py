@@ -38,11 +38,38 @@ CONFIGS: dict[str, dict[str, Any]] = {
                     "n_positions": 64, "multi_query": True},
     "gpt_bigcode-mha": {"model_type": "gpt_bigcode", "n_embd": 32, "n_layer": 2, "n_head": 4,
                         "n_positions": 64, "multi_query": False},
+    "gpt_neox": {"model_type": "gpt_neox", "hidden_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "intermediate_size": 48, "rotary_pct": 0.5,
+                 "max_position_embeddings": 64, "use_parallel_residual": True},
+    "gpt_neox-sequential": {"model_type": "gpt_neox", "hidden_size": 32, "num_hidden_layers": 2,
+                            "num_attention_heads": 4, "intermediate_size": 48, "rotary_pct": 1.0,
+                            "max_position_embeddings": 64, "use_parallel_residual": False,
+                            "attention_bias": False},
+    # Falcon-7B style: multi-query, one shared norm before the parallel attention and MLP.
+    "falcon-7b": {"model_type": "falcon", "hidden_size": 32, "num_hidden_layers": 2,
+                  "num_attention_heads": 4, "multi_query": True, "parallel_attn": True,
+                  "max_position_embeddings": 64},
+    # Falcon-40B style: grouped KV heads (2, one per rank), ln_attn and ln_mlp.
+    "falcon-40b": {"model_type": "falcon", "hidden_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_kv_heads": 2, "new_decoder_architecture": True,
+                   "bias": True, "max_position_embeddings": 64},
+    # Falcon 2 style: one KV head in the new architecture (replicated), one norm.
+    "falcon-11b": {"model_type": "falcon", "hidden_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_kv_heads": 1, "new_decoder_architecture": True,
+                   "num_ln_in_parallel_attn": 1, "ffn_hidden_size": 40,
+                   "max_position_embeddings": 64, "tie_word_embeddings": False},
+    # Neither: per-head interleaved q/k/v, sequential residual.
+    "falcon-mha": {"model_type": "falcon", "hidden_size": 32, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "multi_query": False, "parallel_attn": False,
+                   "max_position_embeddings": 64},
 }
 
 
 # model_type -> (module of pytgi_shard.models, class): loaded directly until the registry has them.
-IMPLEMENTATIONS = {"gpt2": ("gpt2", "GPT2"), "gpt_bigcode": ("gpt2", "GPT2")}
+IMPLEMENTATIONS = {
+    "gpt2": ("gpt2", "GPT2"), "gpt_bigcode": ("gpt2", "GPT2"), "gpt_neox": ("gpt_neox", "GPTNeoX"),
+    "falcon": ("falcon", "Falcon"),
+}
 
 
 def load(path: Path, dist: Dist) -> Model:
