@@ -60,10 +60,67 @@ LLAMA_FAMILY: dict[str, dict] = {
     },
 }
 
+_SMALL = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "max_position_embeddings": 256,
+}
+# The other families of the Llama-style decoder (shard/models/llama.py), each with the features
+# that set it apart switched on and made to bite: windows shorter than the test prompts, soft caps
+# the scores reach, head_dim independent of hidden_size, multipliers far from 1.
+DECODER_FAMILIES: dict[str, dict] = {
+    "gemma": {
+        **_SMALL, "architectures": ["GemmaForCausalLM"], "model_type": "gemma",
+        "num_key_value_heads": 1, "head_dim": 32,
+    },
+    "gemma2": {
+        **_SMALL, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "num_hidden_layers": 3, "head_dim": 24, "query_pre_attn_scalar": 20,
+        "sliding_window": 5, "attn_logit_softcapping": 1.0, "final_logit_softcapping": 3.0,
+    },
+    "gemma3_text": {
+        **_SMALL, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "num_hidden_layers": 3, "head_dim": 16, "query_pre_attn_scalar": 16,
+        "sliding_window": 5, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+    },
+    "qwen3": {
+        **_SMALL, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "head_dim": 32, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+    },
+    "phi3": {
+        **_SMALL, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+        "original_max_position_embeddings": 64, "sliding_window": 6,
+        "partial_rotary_factor": 0.5,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0, 1.2, 1.5, 2.0],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0]},
+    },
+    "starcoder2": {
+        **_SMALL, "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2",
+        "use_bias": True, "sliding_window": 5, "norm_epsilon": 1e-5,
+        "hidden_act": "gelu_pytorch_tanh",
+    },
+    "granite": {
+        **_SMALL, "architectures": ["GraniteForCausalLM"], "model_type": "granite",
+        "embedding_multiplier": 2.0, "residual_multiplier": 0.5, "attention_multiplier": 0.1,
+        "logits_scaling": 4.0,
+    },
+    "cohere": {
+        **_SMALL, "architectures": ["CohereForCausalLM"], "model_type": "cohere",
+        "use_qk_norm": True, "logit_scale": 0.5, "tie_word_embeddings": True,
+    },
+}
+
 FALLBACK: dict[str, dict] = {
     "gpt2": {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_inner": 128,
+    },
+    # An architecture only the transformers fallback serves (partial rotary, parallel residual).
+    "phi": {
+        "architectures": ["PhiForCausalLM"], "model_type": "phi",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "max_position_embeddings": 256, "partial_rotary_factor": 0.5,
     },
 }
 
@@ -101,10 +158,11 @@ def write_tokenizer(path: Path, tok: Tokenizer, max_len: int) -> None:
 
 
 def build_model(path: Path, family: str, *, seed: int = 0, shard_size: str | None = None) -> Path:
-    """Writes a tiny random model of `family` (a key of LLAMA_FAMILY or FALLBACK) to `path`."""
+    """Writes a tiny random model of `family` (a key of LLAMA_FAMILY, DECODER_FAMILIES or
+    FALLBACK) to `path`."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    spec = dict(LLAMA_FAMILY.get(family) or FALLBACK[family])
+    spec = dict(LLAMA_FAMILY.get(family) or DECODER_FAMILIES.get(family) or FALLBACK[family])
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(_CORPUS)
     bos, eos, pad = tok.token_to_id(BOS), tok.token_to_id(EOS), tok.token_to_id(PAD)
@@ -120,6 +178,9 @@ def build_model(path: Path, family: str, *, seed: int = 0, shard_size: str | Non
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0.0, 0.08)
+            elif family in DECODER_FAMILIES:
+                # Norm weights and biases away from their init (Gemma's (1 + w) starts at w = 0).
+                p.add_(torch.randn_like(p) * 0.2)
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(path, safe_serialization=True, **kwargs)
     GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad).save_pretrained(path)
@@ -131,6 +192,6 @@ if __name__ == "__main__":
     import sys
 
     out = Path(sys.argv[1])
-    for fam in [*LLAMA_FAMILY, *FALLBACK]:
+    for fam in [*LLAMA_FAMILY, *DECODER_FAMILIES, *FALLBACK]:
         build_model(out / fam, fam)
         print("built", out / fam)
