@@ -76,6 +76,48 @@ def load_qkv(
     return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
 
 
+def load_fused_qkv(
+    weights: Weights, name: str, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool
+) -> ColumnParallelLinear:
+    """A checkpoint's fused [q; k; v] projection (Phi-3's qkv_proj), sliced per rank as
+    load_qkv slices the separate ones: this rank's query heads, then its KV-head block."""
+    dist = weights.dist
+    if num_heads % dist.world_size != 0:
+        raise ValueError(
+            f"{num_heads} attention heads do not split evenly over {dist.world_size} shards"
+        )
+    index, parts = kv_head_partition(num_kv_heads, dist)
+    q_rows = num_heads * head_dim // dist.world_size
+    kv_rows = num_kv_heads * head_dim // parts
+    k_start = num_heads * head_dim
+    v_start = k_start + num_kv_heads * head_dim
+    ranges = [
+        (dist.rank * q_rows, (dist.rank + 1) * q_rows),
+        (k_start + index * kv_rows, k_start + (index + 1) * kv_rows),
+        (v_start + index * kv_rows, v_start + (index + 1) * kv_rows),
+    ]
+
+    def read(suffix: str) -> torch.Tensor:
+        return torch.cat([weights.get_range(f"{name}.{suffix}", 0, a, b) for a, b in ranges])
+
+    return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
+
+
+def load_fused_column(weights: Weights, name: str, parts: int, bias: bool) -> ColumnParallelLinear:
+    """A checkpoint's `parts` equal projections stacked in one tensor (Phi-3's gate_up_proj),
+    each split across ranks: this rank's slice of each, in order, as load_packed gives them."""
+    dist = weights.dist
+    world = dist.world_size
+
+    def read(suffix: str) -> torch.Tensor:
+        return torch.cat([
+            weights.get_part(f"{name}.{suffix}", 0, p * world + dist.rank, parts * world)
+            for p in range(parts)
+        ])
+
+    return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
+
+
 class RowParallelLinear(nn.Module):
     """y = sum over ranks of x_rank @ W_rank^T, plus the bias once (rank 0 adds it)."""
 

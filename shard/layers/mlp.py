@@ -1,4 +1,5 @@
-"""The gated feed-forward block (SwiGLU in the Llama family), tensor-parallel."""
+"""The feed-forward blocks, tensor-parallel: gated (SwiGLU in the Llama family, GeGLU in Gemma;
+gate and up as two tensors or Phi-3's fused gate_up_proj) and plain (StarCoder2: up, act, down)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi_shard.layers.layernorm import triton_kernels_on
-from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear
+from pytgi_shard.layers.linear import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    load_fused_column,
+)
 from pytgi_shard.weights import Weights
 
 ACTIVATIONS: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType({
@@ -18,6 +23,14 @@ ACTIVATIONS: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = MappingProxy
     "gelu": F.gelu,
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
 })
+
+
+def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name not in ACTIVATIONS:
+        raise ValueError(
+            f"activation {name!r} is not supported (supported: {', '.join(ACTIVATIONS)})"
+        )
+    return ACTIVATIONS[name]
 
 
 class GatedMLP(nn.Module):
@@ -38,17 +51,20 @@ class GatedMLP(nn.Module):
         self.kernel_act = kernel_act
 
     @classmethod
-    def load(cls, weights: Weights, prefix: str, hidden_act: str, bias: bool) -> GatedMLP:
-        if hidden_act not in ACTIVATIONS:
-            raise ValueError(
-                f"activation {hidden_act!r} is not supported (supported: {', '.join(ACTIVATIONS)})"
+    def load(
+        cls, weights: Weights, prefix: str, hidden_act: str, bias: bool, fused: bool = False
+    ) -> GatedMLP:
+        """gate_proj and up_proj of `prefix`, or its fused gate_up_proj when `fused`."""
+        act = activation(hidden_act)
+        if fused:
+            gate_up = load_fused_column(weights, f"{prefix}.gate_up_proj", 2, bias)
+        else:
+            gate_up = ColumnParallelLinear.load_packed(
+                weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias
             )
-        gate_up = ColumnParallelLinear.load_packed(
-            weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias
-        )
         down = RowParallelLinear.load(weights, f"{prefix}.down_proj", bias)
         kernel_act = hidden_act if triton_kernels_on(weights.dist.device) else None
-        return cls(gate_up, down, ACTIVATIONS[hidden_act], kernel_act)
+        return cls(gate_up, down, act, kernel_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up(x)
@@ -58,3 +74,32 @@ class GatedMLP(nn.Module):
             return self.down(gated_activation(gate_up, self.kernel_act))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down(self.act(gate) * up)
+
+
+class PlainMLP(nn.Module):
+    """down(act(up(x))), no gate (StarCoder2's c_fc / c_proj): up column-, down row-parallel."""
+
+    def __init__(
+        self,
+        up: ColumnParallelLinear,
+        down: RowParallelLinear,
+        act: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.up = up
+        self.down = down
+        self.act = act
+
+    @classmethod
+    def load(
+        cls, weights: Weights, up: str, down: str, hidden_act: str, bias: bool
+    ) -> PlainMLP:
+        """`up` and `down` are the two projections' full names (c_fc, c_proj in StarCoder2)."""
+        return cls(
+            ColumnParallelLinear.load(weights, up, bias),
+            RowParallelLinear.load(weights, down, bias),
+            activation(hidden_act),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))

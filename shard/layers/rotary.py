@@ -2,7 +2,8 @@
 
 Supported `rope_scaling` types: default (none), linear (Code Llama style position interpolation),
 dynamic (NTK-aware, base grows past max_position_embeddings), llama3 (per-frequency smoothing),
-yarn (NTK-by-parts with attention temperature). cos/sin are computed for the batch's positions on
+yarn (NTK-by-parts with attention temperature), longrope (Phi-3's per-frequency factors, `su`
+and Phi-3's `yarn` being older names for it). cos/sin are computed for the batch's positions on
 the fly: one outer product per forward, shared by every layer, with no table to outgrow.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
+SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "su")
 
 
 def default_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -76,6 +77,38 @@ def yarn_inv_freq(
     return interpolation * (1 - keep) + extrapolation * keep, float(attention_factor)
 
 
+def longrope_inv_freq(
+    dim: int, base: float, max_position_embeddings: int, scaling: Mapping[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, float, int]:
+    """LongRoPE (Phi-3): (short, long inverse frequencies, attention factor, original context).
+
+    Each frequency is divided by its own factor: `short_factor` within the context the model was
+    pretrained on, `long_factor` beyond it. The attention factor follows from the context growth
+    max_position_embeddings / original, as transformers computes it.
+    """
+    original = scaling.get("original_max_position_embeddings")
+    if original:
+        factor = max_position_embeddings / int(original)
+    else:
+        original, factor = max_position_embeddings, float(scaling.get("factor") or 1.0)
+    original = int(original)
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+        )
+    shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+
+    def inv_freq(factors: Any) -> torch.Tensor:
+        ext = torch.tensor(factors, dtype=torch.float32)
+        if ext.shape != (dim // 2,):
+            raise ValueError(f"longrope factors have {ext.numel()} entries for {dim // 2}")
+        return 1.0 / (ext * base**shape)
+
+    short, long = inv_freq(scaling["short_factor"]), inv_freq(scaling["long_factor"])
+    return short, long, float(attention_factor), original
+
+
 def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
     if not scaling:
         return "default"
@@ -102,12 +135,17 @@ class RotaryEmbedding:
         self.max_position_embeddings = max_position_embeddings
         self.attention_scaling = 1.0
         self.dynamic_factor: float | None = None
+        # LongRoPE: the long-context frequencies, taken by positions at or past `long_from`.
+        self.long_inv_freq: torch.Tensor | None = None
+        self.long_from = 0
         try:
-            self.inv_freq = self._inv_freq(rope_type, scaling or {}).to(device)
+            self.inv_freq = self._inv_freq(rope_type, scaling or {}, device).to(device)
         except KeyError as e:
             raise ValueError(f"rope_scaling of type {rope_type!r} lacks the key {e}") from e
 
-    def _inv_freq(self, rope_type: str, params: Mapping[str, Any]) -> torch.Tensor:
+    def _inv_freq(
+        self, rope_type: str, params: Mapping[str, Any], device: torch.device
+    ) -> torch.Tensor:
         dim, base, max_position_embeddings = self.dim, self.base, self.max_position_embeddings
         inv_freq = default_inv_freq(dim, base)
         if rope_type == "linear":
@@ -120,6 +158,11 @@ class RotaryEmbedding:
             inv_freq, self.attention_scaling = yarn_inv_freq(
                 dim, base, max_position_embeddings, params
             )
+        elif rope_type in ("longrope", "su"):
+            inv_freq, long, self.attention_scaling, self.long_from = longrope_inv_freq(
+                dim, base, max_position_embeddings, params
+            )
+            self.long_inv_freq = long.to(device)
         return inv_freq
 
     def _dynamic_inv_freq(self, positions: torch.Tensor) -> torch.Tensor:
@@ -141,7 +184,14 @@ class RotaryEmbedding:
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos and sin [num_tokens, dim / 2] (YaRN's temperature folded in)."""
-        if self.dynamic_factor is None:
+        if self.long_inv_freq is not None:
+            # Per token, as the dynamic scaling: a position past the original context rotates
+            # with the long factors (transformers switches the whole sequence once it is longer,
+            # which for one sequence decoding token by token is the same).
+            beyond = (positions >= self.long_from).unsqueeze(-1)
+            inv_freq = torch.where(beyond, self.long_inv_freq, self.inv_freq)
+            freqs = positions.float().unsqueeze(-1) * inv_freq
+        elif self.dynamic_factor is None:
             freqs = positions.float().unsqueeze(-1) * self.inv_freq
         else:
             freqs = positions.float().unsqueeze(-1) * self._dynamic_inv_freq(positions)
@@ -169,3 +219,31 @@ def apply_rotary(x: torch.Tensor, both_cos: torch.Tensor, signed_sin: torch.Tens
     """
     x1, x2 = x.chunk(2, dim=-1)
     return x * both_cos + torch.cat((x2, x1), dim=-1) * signed_sin
+
+
+def interleaved_rotation_tables(
+    cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """rotation_tables for the interleaved layout (Cohere: dimension 2i pairs with 2i + 1)."""
+    both_cos = cos.repeat_interleave(2, dim=-1).unsqueeze(1).to(dtype)
+    signed_sin = torch.stack((-sin, sin), dim=-1).flatten(-2).unsqueeze(1).to(dtype)
+    return both_cos, signed_sin
+
+
+def apply_interleaved_rotary(
+    x: torch.Tensor, both_cos: torch.Tensor, signed_sin: torch.Tensor
+) -> torch.Tensor:
+    """Rotates x [num_tokens, heads, dim] whose rotation pairs are adjacent dimensions:
+    [x0 * cos - x1 * sin, x1 * cos + x0 * sin, ...] with interleaved_rotation_tables' factors."""
+    swapped = torch.stack((x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    return x * both_cos + swapped * signed_sin
+
+
+def apply_partial_rotary(
+    x: torch.Tensor, both_cos: torch.Tensor, signed_sin: torch.Tensor
+) -> torch.Tensor:
+    """Rotates only the first `both_cos.shape[-1]` dimensions of each head (Phi-4-mini's
+    partial_rotary_factor); the rest pass through."""
+    rotary_dim = both_cos.shape[-1]
+    rotated = apply_rotary(x[..., :rotary_dim], both_cos, signed_sin)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)

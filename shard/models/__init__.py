@@ -1,4 +1,9 @@
-"""Model loading: our tensor-parallel Llama family, or any other causal LM via transformers.
+"""Model loading: the registry of pytgi's own tensor-parallel models, or any other causal LM via
+transformers on one shard.
+
+MODELS maps config.json's model_type to the loader of its implementation; adding an
+architecture is one model file or decoder configuration (llama_config.py), one line here and one
+test entry. Anything not in the table runs through transformers, which cannot shard.
 
 Loading is safe by default: safetensors only (no pickle is ever opened), a model that needs
 its own Python code (config.json `auto_map`) is refused unless --trust-remote-code asks for it,
@@ -10,22 +15,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import torch
 
 from pytgi_shard.attention.backend import get_backend
 from pytgi_shard.distributed import Dist
-from pytgi_shard.models.llama import Llama
-from pytgi_shard.models.llama_config import FAMILY_DEFAULTS
+from pytgi_shard.models.cohere_config import cohere_config
+from pytgi_shard.models.gemma_config import gemma2_config, gemma3_text_config, gemma_config
+from pytgi_shard.models.granite_config import granite_config
+from pytgi_shard.models.llama import Llama, ModelLoader
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.models.phi3_config import phi3_config
 from pytgi_shard.models.quantization import check_not_quantized
+from pytgi_shard.models.starcoder2_config import starcoder2_config
 from pytgi_shard.weights import find_weight_files
 
-__all__ = ["Model", "ModelConfig", "get_model"]
+__all__ = ["MODELS", "Model", "ModelConfig", "get_model"]
 
 log = logging.getLogger(__name__)
+
+# model_type -> the loader of pytgi's own, tensor-parallel implementation.
+MODELS: Mapping[str, ModelLoader] = MappingProxyType({
+    "llama": Llama.load,
+    "mistral": Llama.load,
+    "qwen2": Llama.load,
+    "qwen3": Llama.load,
+    "gemma": Llama.loader(gemma_config),
+    "gemma2": Llama.loader(gemma2_config),
+    "gemma3_text": Llama.loader(gemma3_text_config),
+    "phi3": Llama.loader(phi3_config),
+    "starcoder2": Llama.loader(starcoder2_config),
+    "granite": Llama.loader(granite_config),
+    "cohere": Llama.loader(cohere_config),
+})
 
 
 def check_remote_code(
@@ -57,18 +82,24 @@ def get_model(
 ) -> Model:
     """Loads the model of `config` (its directory's config.json, read once) for this rank.
 
-    llama, mistral and qwen2 run on our tensor-parallel implementation; anything else runs
-    through transformers on a single shard.
+    A model_type in MODELS runs on pytgi's own tensor-parallel implementation; anything else
+    runs through transformers on a single shard.
     """
     model_path, model_type = config.path, config.model_type
     check_not_quantized(model_path, config.raw)
     find_weight_files(model_path)  # safetensors or a clear refusal, before anything loads
     backend = get_backend(attention)
-    if model_type in FAMILY_DEFAULTS:
+    loader = MODELS.get(model_type)
+    if loader is not None:
         if config.raw.get("auto_map"):
             log.warning("%s names custom code (auto_map): not run, %s is served by pytgi's own "
                         "implementation", model_path, model_type)
-        return Llama.load(config, dtype, dist, backend)
+        return loader(config, dtype, dist, backend)
+    if dist.world_size > 1:
+        raise ValueError(
+            f"Sharded {model_type} is not supported: only pytgi's own implementations shard "
+            f"({', '.join(sorted(MODELS))}); use --num-shard 1"
+        )
     # Imported only when needed: transformers takes seconds to import.
     check_remote_code(model_path, config.raw, trust_remote_code)
     from pytgi_shard.models.transformers_model import TransformersModel

@@ -176,7 +176,9 @@ def test_apply_rotary_matches_transformers(dtype: torch.dtype) -> None:
 
 
 def test_rotary_config_errors() -> None:
-    with pytest.raises(ValueError, match="rope_scaling type 'longrope' is not supported"):
+    with pytest.raises(ValueError, match="rope_scaling type 'mrope' is not supported"):
+        RotaryEmbedding(64, 1e4, 128, {"rope_type": "mrope", "factor": 2.0}, CPU)
+    with pytest.raises(ValueError, match="'longrope' lacks the key 'short_factor'"):
         RotaryEmbedding(64, 1e4, 128, {"rope_type": "longrope", "factor": 2.0}, CPU)
     with pytest.raises(ValueError, match="'llama3' lacks the key 'low_freq_factor'"):
         RotaryEmbedding(64, 1e4, 128, {"rope_type": "llama3", "factor": 8.0}, CPU)

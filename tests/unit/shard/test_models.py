@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from pytgi_shard.attention import AttentionMetadata
 from pytgi_shard.distributed import Dist, init_distributed, single_process
 from pytgi_shard.kv_cache import KVCache
-from pytgi_shard.models import Model, ModelConfig, get_model
+from pytgi_shard.models import MODELS, Model, ModelConfig, get_model
 
 CPU = torch.device("cpu")
 PROMPT_LENS = [7, 3, 12]
@@ -188,10 +188,14 @@ def test_two_ranks_match_one(tiny_model: Callable[..., Path], tmp_path: Path) ->
                 torch.testing.assert_close(g, e, atol=1e-5, rtol=0)
 
 
-def test_sharded_fallback_model_is_refused(tiny_model: Callable[..., Path]) -> None:
+def test_sharded_fallback_model_is_refused_naming_the_registry(tmp_path: Path) -> None:
+    """An architecture outside the registry cannot shard; the refusal lists what can."""
+    (tmp_path / "config.json").write_text('{"model_type": "olmo"}')
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
     rank0 = Dist(rank=0, world_size=2, device=CPU, group=None)
-    with pytest.raises(ValueError, match="Sharded gpt2 is not supported: only llama, mistral"):
-        get_model(ModelConfig.read(tiny_model("gpt2")), dtype=torch.float32, dist=rank0)
+    with pytest.raises(ValueError, match="Sharded olmo is not supported") as refusal:
+        get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=rank0)
+    assert all(name in str(refusal.value) for name in MODELS)
 
 
 def test_heads_must_divide_by_world_size(tiny_model: Callable[..., Path]) -> None:
