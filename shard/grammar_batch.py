@@ -6,8 +6,9 @@ Each constrained row holds its request's llguidance matcher. Once a step's token
 each matcher its token and computes every constrained row's bitmask of allowed next tokens
 (llguidance's batch entry point, which releases the GIL) while the engine answers the router and
 the next forward runs. The next step's `banned` waits for that work and returns the rows' masks,
-which sampling applies to the logits in one masked fill before anything else, wherever the
-logits came from (a forward, a look-ahead, a CUDA graph).
+which sampling applies to the logits in one op before anything else (on the CPU a float32 bias
+added, on an accelerator a masked fill: shard/grammar_masks.py), wherever the logits came from
+(a forward, a look-ahead, a CUDA graph).
 
 Rows move between batches (filter, concatenate) while their masks may still be on the way: a
 row is a `GrammarRow` whose identity survives the moves, and the pending masks are matched back

@@ -9,7 +9,9 @@ words into that bias (numpy unpacks the bits and multiplies them into the bit pa
 in a reused buffer: a fresh 32 MB array would be mmapped and page-faulted each step), and the
 engine's thread adds it. Adding 0.0 leaves every finite logit as it was (-0.0 becomes +0.0,
 which no later operation can tell apart) and -inf + x is -inf: the same scores as the masked
-fill for every finite logit. On an accelerator the words travel (32x smaller than the bias)
+fill for every finite logit (a NaN logit stays NaN, where the fill made a banned one -inf: a
+model that emits NaN could then pick a banned token, which its matcher refuses, ending the
+request with EOS as for any refused token). On an accelerator the words travel (32x smaller than the bias)
 and are unpacked there into banned tokens, where masked_fill_ is fast.
 """
 
