@@ -30,6 +30,7 @@ class AttentionBackend(ABC):
         sliding_window: int | None = None,
         *,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Writes k/v to the caches at meta.slot_mapping, then attends; returns [T, Hq, D].
 
@@ -39,6 +40,8 @@ class AttentionBackend(ABC):
         context and attend causally to every earlier position (within `sliding_window` tokens,
         the query's own included, when given). `softcap` (Gemma 2) bounds each scaled score s as
         softcap * tanh(s / softcap) before the softmax.
+        `alibi_slopes` (BLOOM, MPT) [Hq] float32 adds slope_h * (key position - query position)
+        to head h's scaled scores; None leaves the scores as they are, at no cost.
         """
 
 

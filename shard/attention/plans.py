@@ -21,10 +21,13 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class MaskKind:
     """Which reference mask: layers of one forward may differ in sliding window (Qwen2's mixed
-    layers), and the mask is laid out for the query heads each KV head serves (`group`)."""
+    layers), and the mask is laid out for the query heads each KV head serves (`group`); with
+    ALiBi it is the additive bias of those slopes."""
 
     sliding_window: int | None
     group: int
+    # ALiBi's per-head slopes when the mask carries the bias too (a float mask then).
+    alibi: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,22 @@ def _softcapped_attention(
     return torch.matmul(weights, values)
 
 
+def _alibi_bias(
+    mask: torch.Tensor, layout: ReferenceLayout, slopes: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """ALiBi as an additive mask [B, Hkv, max_q * group, context]: slope_h * (j - query position)
+    where `mask` (the grouped boolean mask) allows key j, -inf elsewhere. Relative to the query,
+    the bias differs from BLOOM's slope * j by a constant per row, which the softmax ignores."""
+    batch, _, rows, context = mask.shape
+    max_q = layout.query_pos.shape[1]
+    group = rows // max_q
+    j = torch.arange(context, device=mask.device).view(1, 1, -1)
+    rel = (j - layout.query_pos.unsqueeze(-1)).float()  # [B, max_q, context]
+    per_head = slopes.float().view(1, -1, 1, group, 1)  # [1, Hkv, 1, group, 1]
+    bias = (rel.view(batch, 1, max_q, 1, context) * per_head).reshape(batch, -1, rows, context)
+    return bias.masked_fill(~mask, float("-inf")).to(dtype)
+
+
 class ReferenceAttention(AttentionBackend):
     name = "reference"
 
@@ -155,6 +171,23 @@ class ReferenceAttention(AttentionBackend):
             meta.plans.reference_masks[kind] = mask
         return mask
 
+    def _plan_alibi(
+        self,
+        meta: AttentionMetadata,
+        layout: ReferenceLayout,
+        sliding_window: int | None,
+        mask: torch.Tensor,
+        slopes: torch.Tensor,
+        dtype: torch.dtype,
+    ) -> torch.Tensor:
+        """ALiBi's additive mask for these slopes, once per forward (every layer shares them)."""
+        group = mask.shape[2] // layout.query_pos.shape[1]
+        kind = MaskKind(sliding_window, group, tuple(float(s) for s in slopes.tolist()))
+        bias = meta.plans.reference_masks.get(kind)
+        if bias is None:
+            bias = meta.plans.reference_masks[kind] = _alibi_bias(mask, layout, slopes, dtype)
+        return bias
+
     def _groups(self, meta: AttentionMetadata) -> list[ReferenceGroup]:
         groups = meta.plans.reference_groups
         if groups is None:
@@ -173,18 +206,23 @@ class ReferenceAttention(AttentionBackend):
         sliding_window: int | None = None,
         *,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        if softcap is not None and alibi_slopes is not None:
+            raise ValueError("soft-capping and ALiBi together are not supported")
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
         value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
         groups = self._groups(meta)
         if not groups:
-            return self._attend(q, key_cache, value_cache, meta, scale, sliding_window, softcap)
+            return self._attend(
+                q, key_cache, value_cache, meta, scale, sliding_window, softcap, alibi_slopes
+            )
         out = torch.empty_like(q)
         for g in groups:
             part = self._attend(
                 q.index_select(0, g.tokens), key_cache, value_cache, g.meta, scale,
-                sliding_window, softcap,
+                sliding_window, softcap, alibi_slopes,
             )
             out.index_copy_(0, g.tokens, part)
         return out
@@ -198,6 +236,7 @@ class ReferenceAttention(AttentionBackend):
         scale: float,
         sliding_window: int | None,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of `q` (the new tokens of `meta`'s requests, their K/V already written)."""
         num_tokens, num_heads, head_dim = q.shape
@@ -209,6 +248,8 @@ class ReferenceAttention(AttentionBackend):
         keys = _gather(key_cache, layout.blocks)
         values = _gather(value_cache, layout.blocks)
         mask = self._plan_mask(meta, layout, sliding_window, group)
+        if alibi_slopes is not None:
+            mask = self._plan_alibi(meta, layout, sliding_window, mask, alibi_slopes, q.dtype)
 
         if max_q == 1:
             # Decode: one token per request, already in request order.

@@ -73,8 +73,10 @@ class TritonAttention(AttentionBackend):
         sliding_window: int | None = None,
         *,
         softcap: float | None = None,
+        alibi_slopes: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """See AttentionBackend.forward; `softcap` caps scores as softcap * tanh(s / softcap)."""
+        """See AttentionBackend.forward; `softcap` caps scores as softcap * tanh(s / softcap),
+        `alibi_slopes` [Hq] adds slope * (key position - query position)."""
         write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.max_seqlen_q == 1:
             if q.shape[0] != meta.batch_size:
@@ -85,9 +87,9 @@ class TritonAttention(AttentionBackend):
             plan = self._decode_plan(meta, q, k.shape[1])
             return paged_decode(
                 q, key_cache, value_cache, meta.block_tables, meta.seqlens_k, plan, scale,
-                sliding_window, softcap,
+                sliding_window, softcap, alibi_slopes=alibi_slopes,
             )
         return paged_prefill(
             q, key_cache, value_cache, meta.block_tables, meta.seqlens_k, meta.cu_seqlens_q,
-            meta.max_seqlen_q, scale, sliding_window, softcap,
+            meta.max_seqlen_q, scale, sliding_window, softcap, alibi_slopes=alibi_slopes,
         )

@@ -63,10 +63,11 @@ def _decode_split_kernel(
     stride_cb, stride_co, stride_ch, stride_cd,
     stride_tb, stride_tn,
     stride_ot, stride_oh, stride_od,
-    scale, softcap, window, head_dim,
+    scale, softcap, window, head_dim, alibi_ptr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -96,6 +97,11 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
     table = block_tables_ptr + req * stride_tb
     head_offset = kv_head * stride_ch
+    # ALiBi: each query head's slope, in the scores' base 2 (zeros without ALiBi, never added).
+    slopes = tl.zeros([BLOCK_G], dtype=tl.float32)
+    if HAS_ALIBI:
+        slopes = tl.load(alibi_ptr + heads, mask=g_mask, other=0.0).to(tl.float32)
+        slopes = slopes * 1.4426950408889634
     for tile in range(tile_lo, tile_hi):
         pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = (pos < seqlen) & (pos >= start)
@@ -111,6 +117,9 @@ def _decode_split_kernel(
         )
         qk = tl.dot(q, k_t.to(q.dtype), input_precision=PRECISION)
         scores = scaled_scores(qk, scale, softcap, HAS_SOFTCAP)
+        if HAS_ALIBI:
+            # slope * (key position - the query's position, seqlen - 1).
+            scores = scores + slopes[:, None] * (pos - (seqlen - 1)).to(tl.float32)[None, :]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v.to(q.dtype), PRECISION)
 
@@ -190,11 +199,13 @@ def paged_decode(
     sliding_window: int | None = None,
     softcap: float | None = None,
     config: DecodeConfig | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one query per request (q [batch, Hq, D]) over its paged context; [batch, Hq, D].
 
     seqlens_k[i] counts request i's context including the new token, whose K/V must already be in
     the cache. No host synchronisation and no value-dependent shapes: capturable.
+    alibi_slopes: [Hq] float32, or None.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[2]
@@ -212,9 +223,11 @@ def paged_decode(
         out if plan.part_lse is None else plan.part_lse,
         *q.stride(), *key_cache.stride(), *block_tables.stride(), *out.stride(),
         scale, softcap or 0.0, sliding_window or 0, head_dim,
+        out if alibi_slopes is None else alibi_slopes,
         BLOCK_SIZE=key_cache.shape[1], GROUP=group, NUM_SPLITS=splits,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n, BLOCK_D=block_d,
         HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None,
+        HAS_ALIBI=alibi_slopes is not None,
         PRECISION=dot_precision(q.dtype == torch.float32),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

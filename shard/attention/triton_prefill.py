@@ -52,9 +52,10 @@ def prefill_config(device: torch.device) -> PrefillConfig:
 @triton.jit
 def _attend_tiles(
     acc, m_i, l_i, q, q_pos, n_lo, n_hi, key_cache_ptr, value_cache_ptr, table, head_offset,
-    stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap, window,
+    stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap, window, slope,
     BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Keys n_lo..n_hi (n_lo a multiple of BLOCK_N); MASKED applies causality, n_hi and window."""
     for start_n in range(n_lo, n_hi, BLOCK_N):
@@ -83,6 +84,10 @@ def _attend_tiles(
                         mask=d_mask[None, :], other=0.0)
         qk = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PRECISION)
         scores = scaled_scores(qk, scale, softcap, HAS_SOFTCAP)
+        if HAS_ALIBI:
+            # slope * (key position - query position), in the scores' base 2.
+            rel = (pos[None, :] - q_pos[:, None]).to(tl.float32)
+            scores = scores + rel * (slope * 1.4426950408889634)
         if MASKED:
             allowed = valid[None, :] & (pos[None, :] <= q_pos[:, None])
             if HAS_WINDOW:
@@ -100,10 +105,11 @@ def _prefill_kernel(
     stride_cb, stride_co, stride_ch, stride_cd,
     stride_tb, stride_tn,
     stride_ot, stride_oh, stride_od,
-    scale, softcap, window, head_dim,
+    scale, softcap, window, head_dim, alibi_ptr,
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     # The last query blocks of a request see the most keys: launch them first.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -136,19 +142,22 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table = block_tables_ptr + req * stride_tb
     head_offset = (head // GROUP) * stride_ch
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(alibi_ptr + head).to(tl.float32)
     if not HAS_WINDOW:
         acc, m_i, l_i = _attend_tiles(
             acc, m_i, l_i, q, q_pos, lo, full_hi, key_cache_ptr, value_cache_ptr, table,
             head_offset, stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap,
-            window, BLOCK_SIZE=BLOCK_SIZE, MASKED=False, HAS_WINDOW=HAS_WINDOW,
-            HAS_SOFTCAP=HAS_SOFTCAP, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+            window, slope, BLOCK_SIZE=BLOCK_SIZE, MASKED=False, HAS_WINDOW=HAS_WINDOW,
+            HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
         )
         lo = full_hi
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, q_pos, lo, hi, key_cache_ptr, value_cache_ptr, table,
         head_offset, stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap,
-        window, BLOCK_SIZE=BLOCK_SIZE, MASKED=True, HAS_WINDOW=HAS_WINDOW,
-        HAS_SOFTCAP=HAS_SOFTCAP, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
+        window, slope, BLOCK_SIZE=BLOCK_SIZE, MASKED=True, HAS_WINDOW=HAS_WINDOW,
+        HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_N=BLOCK_N, PRECISION=PRECISION,
     )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :] * stride_od
@@ -167,10 +176,11 @@ def paged_prefill(
     sliding_window: int | None = None,
     softcap: float | None = None,
     config: PrefillConfig | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the flat new tokens q [T, Hq, D] over their paged contexts; [T, Hq, D].
 
-    The new tokens' K/V must already be in the cache.
+    The new tokens' K/V must already be in the cache. alibi_slopes: [Hq] float32, or None.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[2]
@@ -184,10 +194,13 @@ def paged_prefill(
         q, key_cache, value_cache, block_tables, seqlens_k, cu_seqlens_q, out,
         *q.stride(), *key_cache.stride(), *block_tables.stride(), *out.stride(),
         scale, softcap or 0.0, sliding_window or 0, head_dim,
+        # Without ALiBi the pointer is never read; `out` stands in for it.
+        out if alibi_slopes is None else alibi_slopes,
         BLOCK_SIZE=key_cache.shape[1], GROUP=num_heads // num_kv_heads,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None,
+        HAS_ALIBI=alibi_slopes is not None,
         PRECISION=dot_precision(q.dtype == torch.float32),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
