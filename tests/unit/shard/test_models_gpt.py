@@ -62,13 +62,27 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "falcon-mha": {"model_type": "falcon", "hidden_size": 32, "num_hidden_layers": 2,
                    "num_attention_heads": 4, "multi_query": False, "parallel_attn": False,
                    "max_position_embeddings": 64},
+    "opt": {"model_type": "opt", "hidden_size": 32, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "ffn_dim": 48, "max_position_embeddings": 64},
+    # OPT-350m style: post-norm, embeddings narrower than the hidden states (project_in/out).
+    "opt-350m": {"model_type": "opt", "hidden_size": 32, "num_hidden_layers": 2,
+                 "num_attention_heads": 4, "ffn_dim": 48, "max_position_embeddings": 64,
+                 "do_layer_norm_before": False, "word_embed_proj_dim": 16},
+    # Six heads: slopes beyond a power of two (three per rank).
+    "bloom": {"model_type": "bloom", "hidden_size": 48, "n_layer": 2, "n_head": 6},
+    "bloom-post-norm-residual": {"model_type": "bloom", "hidden_size": 32, "n_layer": 2,
+                                 "n_head": 4, "apply_residual_connection_post_layernorm": True},
+    # (transformers' MPT ignores alibi_bias_max and expansion_ratio: the defaults are held here)
+    "mpt": {"model_type": "mpt", "d_model": 32, "n_layers": 2, "n_heads": 4, "max_seq_len": 64,
+            "attn_config": {"clip_qkv": 0.6, "softmax_scale": 0.5}},
 }
 
 
 # model_type -> (module of pytgi_shard.models, class): loaded directly until the registry has them.
 IMPLEMENTATIONS = {
     "gpt2": ("gpt2", "GPT2"), "gpt_bigcode": ("gpt2", "GPT2"), "gpt_neox": ("gpt_neox", "GPTNeoX"),
-    "falcon": ("falcon", "Falcon"),
+    "falcon": ("falcon", "Falcon"), "opt": ("opt", "OPT"), "bloom": ("bloom", "Bloom"),
+    "mpt": ("mpt", "MPT"),
 }
 
 
