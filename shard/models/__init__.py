@@ -22,12 +22,18 @@ import torch
 
 from pytgi_shard.attention.backend import get_backend
 from pytgi_shard.distributed import Dist
+from pytgi_shard.models.bloom import Bloom
 from pytgi_shard.models.cohere_config import cohere_config
+from pytgi_shard.models.falcon import Falcon
 from pytgi_shard.models.gemma_config import gemma2_config, gemma3_text_config, gemma_config
+from pytgi_shard.models.gpt2 import GPT2
+from pytgi_shard.models.gpt_neox import GPTNeoX
 from pytgi_shard.models.granite_config import granite_config
 from pytgi_shard.models.llama import Llama, ModelLoader
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.models.mpt import MPT
+from pytgi_shard.models.opt import OPT
 from pytgi_shard.models.phi3_config import phi3_config
 from pytgi_shard.models.quantization import check_not_quantized
 from pytgi_shard.models.starcoder2_config import starcoder2_config
@@ -50,6 +56,13 @@ MODELS: Mapping[str, ModelLoader] = MappingProxyType({
     "starcoder2": Llama.loader(starcoder2_config),
     "granite": Llama.loader(granite_config),
     "cohere": Llama.loader(cohere_config),
+    "gpt2": GPT2.load,
+    "gpt_bigcode": GPT2.load,
+    "gpt_neox": GPTNeoX.load,
+    "falcon": Falcon.load,
+    "opt": OPT.load,
+    "bloom": Bloom.load,
+    "mpt": MPT.load,
 })
 
 

@@ -5,7 +5,6 @@ steps), on one rank and on two (gloo), fp32."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from pytgi_shard.attention.backend import get_backend
 from pytgi_shard.distributed import Dist, init_distributed, single_process
-from pytgi_shard.models import Model, ModelConfig
+from pytgi_shard.models import Model, ModelConfig, get_model
 from tests.unit.shard.test_models import (
     CPU,
     _free_port,
@@ -78,19 +76,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-# model_type -> (module of pytgi_shard.models, class): loaded directly until the registry has them.
-IMPLEMENTATIONS = {
-    "gpt2": ("gpt2", "GPT2"), "gpt_bigcode": ("gpt2", "GPT2"), "gpt_neox": ("gpt_neox", "GPTNeoX"),
-    "falcon": ("falcon", "Falcon"), "opt": ("opt", "OPT"), "bloom": ("bloom", "Bloom"),
-    "mpt": ("mpt", "MPT"),
-}
-
-
 def load(path: Path, dist: Dist) -> Model:
-    config = ModelConfig.read(path)
-    module, name = IMPLEMENTATIONS[config.model_type]
-    cls = getattr(importlib.import_module(f"pytgi_shard.models.{module}"), name)
-    return cls.load(config, torch.float32, dist, get_backend("reference"))  # type: ignore[no-any-return]
+    return get_model(ModelConfig.read(path), dtype=torch.float32, dist=dist)
 
 
 def build(path: Path, spec: dict[str, Any], seed: int = 0) -> Path:
