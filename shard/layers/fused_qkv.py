@@ -3,7 +3,7 @@
 Checkpoints fuse the three projections in one tensor, in one of two layouts:
 
 - stacked: all query heads, then the key heads, then the value heads (GPT-2's c_attn,
-  StarCoder's multi-query c_attn, Falcon-7B's query_key_value, MPT's Wqkv);
+  StarCoder's multi-query c_attn, Falcon-7B's query_key_value, MPT's Wqkv, Phi-3's qkv_proj);
 - grouped: for each KV head, its `group` query heads, then its key, then its value head
   (Falcon-40B's new decoder architecture); one query head per group is the per-head interleaved
   layout of GPT-NeoX, BLOOM and GPT-BigCode without multi-query.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pytgi_shard.layers.linear import ColumnParallelLinear, kv_head_partition
+from pytgi_shard.layers.linear import ColumnParallelLinear, head_partition
 from pytgi_shard.weights import Weights
 
 
@@ -45,10 +45,7 @@ def _rows(weights: Weights, name: str, start: int, stop: int, transposed: bool) 
 
 
 def _check_heads(heads: HeadShape, weights: Weights) -> tuple[int, int]:
-    world = weights.dist.world_size
-    if heads.num_heads % world != 0:
-        raise ValueError(f"{heads.num_heads} attention heads do not split evenly over {world} shards")
-    return kv_head_partition(heads.num_kv_heads, weights.dist)
+    return head_partition(heads.num_heads, heads.num_kv_heads, weights.dist)
 
 
 def load_stacked_qkv(

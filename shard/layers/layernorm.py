@@ -1,6 +1,7 @@
 """The decoders' norms, each with the residual add folded in: RMSNorm (Llama; Gemma's `(1 + w)`
-form), LayerNorm with or without bias (StarCoder2, Cohere), and the per-head LayerNorm of
-Cohere's q/k norm."""
+form), LayerNorm with or without bias or affine weight (StarCoder2, Cohere, GPT-2, OPT, BLOOM,
+NeoX, Falcon, MPT), and the per-head LayerNorm of Cohere's q/k norm. Replicated on every rank: the
+hidden states they normalise are whole on each rank."""
 
 from __future__ import annotations
 
@@ -73,19 +74,30 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """(x - mean) / std * weight (+ bias), computed in float32 and cast back: StarCoder2 (with
-    bias) and Cohere (without), with the same residual-add interface as RMSNorm."""
+    """(x - mean) / sqrt(var + eps) * weight + bias, the statistics in float32 (as trained) and
+    cast back, with the same residual-add interface as RMSNorm.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> None:
+    Without a bias (Cohere, MPT) nothing is added; without a weight (OPT's
+    layer_norm_elementwise_affine=False) the normalised value is the output. Weight and bias are
+    kept in float32 so no forward converts them.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight.float(), requires_grad=False)
+        self.weight = None if weight is None else nn.Parameter(weight.float(), requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias.float(), requires_grad=False)
         self.eps = eps
 
     @classmethod
-    def load(cls, weights: Weights, prefix: str, eps: float, bias: bool) -> LayerNorm:
-        b = weights.get_tensor(f"{prefix}.bias") if bias else None
-        return cls(weights.get_tensor(f"{prefix}.weight"), b, eps)
+    def load(
+        cls, weights: Weights, prefix: str, eps: float, bias: bool = True, affine: bool = True
+    ) -> LayerNorm:
+        """`prefix`.weight and .bias; neither when not `affine`, no bias when not `bias`."""
+        w = weights.get_tensor(f"{prefix}.weight") if affine else None
+        b = weights.get_tensor(f"{prefix}.bias") if affine and bias else None
+        return cls(w, b, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = (x.shape[-1],)

@@ -57,48 +57,27 @@ def kv_head_partition(num_kv_heads: int, dist: Dist) -> tuple[int, int]:
     )
 
 
+def head_partition(num_heads: int, num_kv_heads: int, dist: Dist) -> tuple[int, int]:
+    """kv_head_partition, once the query heads are known to split evenly over the ranks."""
+    if num_heads % dist.world_size != 0:
+        raise ValueError(
+            f"{num_heads} attention heads do not split evenly over {dist.world_size} shards"
+        )
+    return kv_head_partition(num_kv_heads, dist)
+
+
 def load_qkv(
     weights: Weights, prefix: str, num_heads: int, num_kv_heads: int, bias: bool
 ) -> ColumnParallelLinear:
-    """q_proj, k_proj and v_proj of `prefix` fused into one column-parallel projection."""
-    if num_heads % weights.dist.world_size != 0:
-        raise ValueError(
-            f"{num_heads} attention heads do not split evenly over {weights.dist.world_size} shards"
-        )
-    index, parts = kv_head_partition(num_kv_heads, weights.dist)
+    """q_proj, k_proj and v_proj of `prefix` fused into one column-parallel projection (fused
+    checkpoint tensors: layers/fused_qkv.py)."""
+    index, parts = head_partition(num_heads, num_kv_heads, weights.dist)
 
     def read(suffix: str) -> torch.Tensor:
         q = weights.get_sharded(f"{prefix}.q_proj.{suffix}", dim=0)
         k = weights.get_part(f"{prefix}.k_proj.{suffix}", 0, index, parts)
         v = weights.get_part(f"{prefix}.v_proj.{suffix}", 0, index, parts)
         return torch.cat([q, k, v], dim=0)
-
-    return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
-
-
-def load_fused_qkv(
-    weights: Weights, name: str, num_heads: int, num_kv_heads: int, head_dim: int, bias: bool
-) -> ColumnParallelLinear:
-    """A checkpoint's fused [q; k; v] projection (Phi-3's qkv_proj), sliced per rank as
-    load_qkv slices the separate ones: this rank's query heads, then its KV-head block."""
-    dist = weights.dist
-    if num_heads % dist.world_size != 0:
-        raise ValueError(
-            f"{num_heads} attention heads do not split evenly over {dist.world_size} shards"
-        )
-    index, parts = kv_head_partition(num_kv_heads, dist)
-    q_rows = num_heads * head_dim // dist.world_size
-    kv_rows = num_kv_heads * head_dim // parts
-    k_start = num_heads * head_dim
-    v_start = k_start + num_kv_heads * head_dim
-    ranges = [
-        (dist.rank * q_rows, (dist.rank + 1) * q_rows),
-        (k_start + index * kv_rows, k_start + (index + 1) * kv_rows),
-        (v_start + index * kv_rows, v_start + (index + 1) * kv_rows),
-    ]
-
-    def read(suffix: str) -> torch.Tensor:
-        return torch.cat([weights.get_range(f"{name}.{suffix}", 0, a, b) for a, b in ranges])
 
     return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
 

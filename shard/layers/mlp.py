@@ -1,5 +1,7 @@
 """The feed-forward blocks, tensor-parallel: gated (SwiGLU in the Llama family, GeGLU in Gemma;
-gate and up as two tensors or Phi-3's fused gate_up_proj) and plain (StarCoder2: up, act, down)."""
+gate and up as two tensors or Phi-3's fused gate_up_proj) and plain, down(act(up(x))) (StarCoder2,
+GPT-2, OPT, BLOOM, NeoX, Falcon, MPT). up is column-parallel (each rank a slice of the
+intermediate features), down row-parallel (the partial sums all-reduced)."""
 
 from __future__ import annotations
 
@@ -18,10 +20,21 @@ from pytgi_shard.layers.linear import (
 )
 from pytgi_shard.weights import Weights
 
+
+def _tanh_gelu(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+# transformers' activation names (config hidden_act / activation_function) as checkpoints use
+# them; gelu_new, gelu_fast and gelu_pytorch_tanh are all the tanh approximation.
 ACTIVATIONS: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType({
     "silu": F.silu,
     "gelu": F.gelu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": _tanh_gelu,
+    "gelu_fast": _tanh_gelu,
+    "gelu_pytorch_tanh": _tanh_gelu,
+    "relu": F.relu,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
 })
 
 
@@ -63,7 +76,12 @@ class GatedMLP(nn.Module):
                 weights, [f"{prefix}.gate_proj", f"{prefix}.up_proj"], bias
             )
         down = RowParallelLinear.load(weights, f"{prefix}.down_proj", bias)
-        kernel_act = hidden_act if triton_kernels_on(weights.dist.device) else None
+        kernel_act = None
+        if triton_kernels_on(weights.dist.device):
+            from pytgi_shard.layers.triton_activation import KERNEL_ACTIVATIONS
+
+            # An activation the kernel lacks (relu, quick_gelu) stays on the eager path.
+            kernel_act = hidden_act if hidden_act in KERNEL_ACTIVATIONS else None
         return cls(gate_up, down, act, kernel_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,7 +95,7 @@ class GatedMLP(nn.Module):
 
 
 class PlainMLP(nn.Module):
-    """down(act(up(x))), no gate (StarCoder2's c_fc / c_proj): up column-, down row-parallel."""
+    """down(act(up(x))), no gate: up column-, down row-parallel."""
 
     def __init__(
         self,
@@ -92,9 +110,10 @@ class PlainMLP(nn.Module):
 
     @classmethod
     def load(
-        cls, weights: Weights, up: str, down: str, hidden_act: str, bias: bool
+        cls, weights: Weights, up: str, down: str, hidden_act: str, bias: bool = True
     ) -> PlainMLP:
-        """`up` and `down` are the two projections' full names (c_fc, c_proj in StarCoder2)."""
+        """From nn.Linear checkpoints: `up` and `down` are the two projections' full names
+        (c_fc and c_proj in StarCoder2), prefixes of .weight/.bias."""
         return cls(
             ColumnParallelLinear.load(weights, up, bias),
             RowParallelLinear.load(weights, down, bias),

@@ -21,18 +21,16 @@ from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.alibi import rank_alibi_slopes
-from pytgi_shard.layers.dense_mlp import DenseMLP
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_grouped_qkv
-from pytgi_shard.layers.layer_norm import LayerNorm
+from pytgi_shard.layers.layernorm import LayerNorm
 from pytgi_shard.layers.linear import RowParallelLinear
 from pytgi_shard.layers.lm_head import ParallelLMHead
-from pytgi_shard.layers.self_attention import SelfAttention
-from pytgi_shard.models.model import Model
-from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.layers.mlp import PlainMLP
+from pytgi_shard.layers.self_attention import Rotation, SelfAttention
+from pytgi_shard.models.decoder_model import DecoderModel
 from pytgi_shard.weights import Weights
 
 
@@ -78,23 +76,25 @@ class BloomBlock(nn.Module):
             config.heads, weights, layer_idx, backend, alibi_slopes=slopes,
         )
         # BLOOM's gelu is the tanh approximation.
-        self.mlp = DenseMLP.load(
+        self.mlp = PlainMLP.load(
             weights, f"{prefix}.mlp.dense_h_to_4h", f"{prefix}.mlp.dense_4h_to_h", "gelu_new"
         )
         self.residual_after_norm = config.residual_after_norm
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         normed = self.input_layernorm(x)
         residual = normed if self.residual_after_norm else x
-        x = self.self_attention(normed, None, kv_cache, meta) + residual
+        x = self.self_attention(normed, rotation, kv_cache, meta) + residual
         normed = self.post_attention_layernorm(x)
         residual = normed if self.residual_after_norm else x
         return self.mlp(normed) + residual
 
 
-class Bloom(nn.Module, Model):
+class Bloom(DecoderModel[BloomConfig]):
     def __init__(self, config: BloomConfig, weights: Weights, backend: AttentionBackend) -> None:
-        super().__init__()
+        super().__init__(config, weights, backend)
         dist = weights.dist
         root = "transformer." if "transformer.word_embeddings.weight" in weights else ""
         embed = f"{root}word_embeddings.weight"
@@ -103,43 +103,23 @@ class Bloom(nn.Module, Model):
             weights, f"{root}word_embeddings_layernorm", config.eps
         )
         slopes = rank_alibi_slopes(config.heads.num_heads, dist)
-        self.h = nn.ModuleList(
+        self.layers = nn.ModuleList(
             BloomBlock(config, weights, f"{root}h.{i}", i, backend, slopes)
             for i in range(config.num_layers)
         )
         self.ln_f = LayerNorm.load(weights, f"{root}ln_f", config.eps)
         self.lm_head = ParallelLMHead.load(weights, embed)
-        self.num_layers = config.num_layers
-        self.num_kv_heads = config.heads.num_kv_heads // dist.world_size
-        self.head_dim = config.heads.head_dim
-        self.vocab_size = weights.shape(embed)[0]
-        self.dtype = weights.dtype
-        self.device = dist.device
-        self.model_type = "bloom"
-        self.max_position_embeddings = config.max_position_embeddings
+        self.set_shapes(
+            "bloom", config.heads, config.num_layers, weights, embed,
+            config.max_position_embeddings,
+        )
 
     @classmethod
-    def load(
-        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
-    ) -> Bloom:
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(BloomConfig.from_dict(config.raw), weights, backend)
-        finally:
-            weights.close()
+    def read_config(cls, raw: Mapping[str, Any]) -> BloomConfig:
+        return BloomConfig.from_dict(raw)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden = self.word_embeddings_layernorm(self.word_embeddings(input_ids))
-        for block in self.h:
-            hidden = block(hidden, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.word_embeddings_layernorm(self.word_embeddings(input_ids))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(hidden))

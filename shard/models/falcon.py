@@ -23,18 +23,16 @@ from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
-from pytgi_shard.layers.dense_mlp import DenseMLP
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_grouped_qkv, load_stacked_qkv
-from pytgi_shard.layers.layer_norm import LayerNorm
-from pytgi_shard.layers.linear import RowParallelLinear, kv_head_partition
+from pytgi_shard.layers.layernorm import LayerNorm
+from pytgi_shard.layers.linear import RowParallelLinear
 from pytgi_shard.layers.lm_head import ParallelLMHead
-from pytgi_shard.layers.rotary import RotaryEmbedding, rotation_tables
+from pytgi_shard.layers.mlp import PlainMLP
+from pytgi_shard.layers.rotary import RotaryEmbedding
 from pytgi_shard.layers.self_attention import Rotation, SelfAttention
-from pytgi_shard.models.model import Model
-from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.models.decoder_model import DecoderModel
 from pytgi_shard.weights import Weights
 
 
@@ -113,7 +111,7 @@ class FalconDecoderLayer(nn.Module):
             RowParallelLinear.load(weights, f"{attn}.dense", config.bias),
             config.heads, weights, layer_idx, backend, rotary_dim=config.heads.head_dim,
         )
-        self.mlp = DenseMLP.load(
+        self.mlp = PlainMLP.load(
             weights, f"{prefix}.mlp.dense_h_to_4h", f"{prefix}.mlp.dense_4h_to_h",
             config.activation, config.bias,
         )
@@ -132,13 +130,12 @@ class FalconDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Falcon(nn.Module, Model):
+class Falcon(DecoderModel[FalconConfig]):
     def __init__(self, config: FalconConfig, weights: Weights, backend: AttentionBackend) -> None:
-        super().__init__()
-        dist = weights.dist
+        super().__init__(config, weights, backend)
         embed = "transformer.word_embeddings.weight"
         self.word_embeddings = VocabParallelEmbedding.load(weights, embed)
-        self.h = nn.ModuleList(
+        self.layers = nn.ModuleList(
             FalconDecoderLayer(config, weights, f"transformer.h.{i}", i, backend)
             for i in range(config.num_layers)
         )
@@ -148,41 +145,19 @@ class Falcon(nn.Module, Model):
         self.lm_head = ParallelLMHead.load(weights, head)
         self.rotary = RotaryEmbedding(
             config.heads.head_dim, config.rope_theta, config.max_position_embeddings,
-            config.rope_scaling, dist.device,
+            config.rope_scaling, weights.dist.device,
         )
-        kv_heads = config.heads.num_kv_heads
-        self.num_layers = config.num_layers
-        self.num_kv_heads = kv_heads // kv_head_partition(kv_heads, dist)[1]
-        self.head_dim = config.heads.head_dim
-        self.vocab_size = weights.shape(head)[0]
-        self.dtype = weights.dtype
-        self.device = dist.device
-        self.model_type = "falcon"
-        self.max_position_embeddings = config.max_position_embeddings
+        self.set_shapes(
+            "falcon", config.heads, config.num_layers, weights, head,
+            config.max_position_embeddings,
+        )
 
     @classmethod
-    def load(
-        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
-    ) -> Falcon:
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(FalconConfig.from_dict(config.raw), weights, backend)
-        finally:
-            weights.close()
+    def read_config(cls, raw: Mapping[str, Any]) -> FalconConfig:
+        return FalconConfig.from_dict(raw)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden = self.word_embeddings(input_ids)
-        rotation = rotation_tables(*self.rotary.cos_sin(positions), hidden.dtype)
-        for layer in self.h:
-            hidden = layer(hidden, rotation, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.word_embeddings(input_ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(hidden))

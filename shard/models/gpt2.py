@@ -21,19 +21,17 @@ from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.conv1d import load_conv1d_column, load_conv1d_row
-from pytgi_shard.layers.dense_mlp import DenseMLP, activation
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_grouped_qkv, load_stacked_qkv
-from pytgi_shard.layers.layer_norm import LayerNorm
-from pytgi_shard.layers.linear import RowParallelLinear, kv_head_partition
+from pytgi_shard.layers.layernorm import LayerNorm
+from pytgi_shard.layers.linear import RowParallelLinear
 from pytgi_shard.layers.lm_head import ParallelLMHead
+from pytgi_shard.layers.mlp import PlainMLP, activation
 from pytgi_shard.layers.positions import LearnedPositions
-from pytgi_shard.layers.self_attention import SelfAttention
-from pytgi_shard.models.model import Model
-from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.layers.self_attention import Rotation, SelfAttention
+from pytgi_shard.models.decoder_model import DecoderModel
 from pytgi_shard.weights import Weights
 
 # transformers' GPT2Config / GPTBigCodeConfig defaults for keys a config.json may omit.
@@ -92,7 +90,7 @@ class GPT2Block(nn.Module):
         if config.model_type == "gpt2":
             qkv = load_stacked_qkv(weights, f"{prefix}.attn.c_attn", heads, True, transposed=True)
             out = load_conv1d_row(weights, f"{prefix}.attn.c_proj")
-            self.mlp = DenseMLP(
+            self.mlp = PlainMLP(
                 load_conv1d_column(weights, f"{prefix}.mlp.c_fc"),
                 load_conv1d_row(weights, f"{prefix}.mlp.c_proj"),
                 activation(config.activation),
@@ -103,26 +101,27 @@ class GPT2Block(nn.Module):
             else:
                 qkv = load_grouped_qkv(weights, f"{prefix}.attn.c_attn", heads, True)
             out = RowParallelLinear.load(weights, f"{prefix}.attn.c_proj", True)
-            self.mlp = DenseMLP.load(
+            self.mlp = PlainMLP.load(
                 weights, f"{prefix}.mlp.c_fc", f"{prefix}.mlp.c_proj", config.activation
             )
         self.attn = SelfAttention(qkv, out, heads, weights, layer_idx, backend, scale=scale)
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), None, kv_cache, meta)
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), rotation, kv_cache, meta)
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT2(nn.Module, Model):
+class GPT2(DecoderModel[GPT2Config]):
     learned_positions = True
 
     def __init__(self, config: GPT2Config, weights: Weights, backend: AttentionBackend) -> None:
-        super().__init__()
-        dist = weights.dist
+        super().__init__(config, weights, backend)
         root = "transformer." if "transformer.wte.weight" in weights else ""
         self.wte = VocabParallelEmbedding.load(weights, f"{root}wte.weight")
         self.wpe = LearnedPositions.load(weights, f"{root}wpe.weight")
-        self.h = nn.ModuleList(
+        self.layers = nn.ModuleList(
             GPT2Block(config, weights, f"{root}h.{i}", i, backend)
             for i in range(config.num_layers)
         )
@@ -130,38 +129,17 @@ class GPT2(nn.Module, Model):
         untied = not config.tie_word_embeddings and "lm_head.weight" in weights
         head = "lm_head.weight" if untied else f"{root}wte.weight"
         self.lm_head = ParallelLMHead.load(weights, head)
-        self.num_layers = config.num_layers
-        kv_heads = config.heads.num_kv_heads
-        self.num_kv_heads = kv_heads // kv_head_partition(kv_heads, dist)[1]
-        self.head_dim = config.heads.head_dim
-        self.vocab_size = weights.shape(head)[0]
-        self.dtype = weights.dtype
-        self.device = dist.device
-        self.model_type = config.model_type
-        self.max_position_embeddings = self.wpe.max_positions
+        self.set_shapes(
+            config.model_type, config.heads, config.num_layers, weights, head,
+            self.wpe.max_positions,
+        )
 
     @classmethod
-    def load(
-        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
-    ) -> GPT2:
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(GPT2Config.from_dict(config.raw), weights, backend)
-        finally:
-            weights.close()
+    def read_config(cls, raw: Mapping[str, Any]) -> GPT2Config:
+        return GPT2Config.from_dict(raw)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden = self.wte(input_ids) + self.wpe(positions)
-        for block in self.h:
-            hidden = block(hidden, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.wte(input_ids) + self.wpe(positions)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(hidden))

@@ -21,18 +21,16 @@ from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
-from pytgi_shard.layers.dense_mlp import DenseMLP
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_grouped_qkv
-from pytgi_shard.layers.layer_norm import LayerNorm
+from pytgi_shard.layers.layernorm import LayerNorm
 from pytgi_shard.layers.linear import RowParallelLinear
 from pytgi_shard.layers.lm_head import ParallelLMHead
-from pytgi_shard.layers.rotary import RotaryEmbedding, rotation_tables
+from pytgi_shard.layers.mlp import PlainMLP
+from pytgi_shard.layers.rotary import RotaryEmbedding
 from pytgi_shard.layers.self_attention import Rotation, SelfAttention
-from pytgi_shard.models.model import Model
-from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.models.decoder_model import DecoderModel
 from pytgi_shard.weights import Weights
 
 
@@ -88,7 +86,7 @@ class GPTNeoXLayer(nn.Module):
             RowParallelLinear.load(weights, f"{prefix}.attention.dense", bias),
             config.heads, weights, layer_idx, backend, rotary_dim=config.rotary_dim,
         )
-        self.mlp = DenseMLP.load(
+        self.mlp = PlainMLP.load(
             weights, f"{prefix}.mlp.dense_h_to_4h", f"{prefix}.mlp.dense_4h_to_h", config.activation
         )
         self.parallel_residual = config.parallel_residual
@@ -103,12 +101,11 @@ class GPTNeoXLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class GPTNeoX(nn.Module, Model):
+class GPTNeoX(DecoderModel[GPTNeoXConfig]):
     def __init__(
         self, config: GPTNeoXConfig, weights: Weights, backend: AttentionBackend
     ) -> None:
-        super().__init__()
-        dist = weights.dist
+        super().__init__(config, weights, backend)
         self.embed_in = VocabParallelEmbedding.load(weights, "gpt_neox.embed_in.weight")
         self.layers = nn.ModuleList(
             GPTNeoXLayer(config, weights, f"gpt_neox.layers.{i}", i, backend)
@@ -118,40 +115,19 @@ class GPTNeoX(nn.Module, Model):
         self.embed_out = ParallelLMHead.load(weights, "embed_out.weight")
         self.rotary = RotaryEmbedding(
             config.rotary_dim, config.rope_theta, config.max_position_embeddings,
-            config.rope_scaling, dist.device,
+            config.rope_scaling, weights.dist.device,
         )
-        self.num_layers = config.num_layers
-        self.num_kv_heads = config.heads.num_kv_heads // dist.world_size
-        self.head_dim = config.heads.head_dim
-        self.vocab_size = weights.shape("embed_out.weight")[0]
-        self.dtype = weights.dtype
-        self.device = dist.device
-        self.model_type = "gpt_neox"
-        self.max_position_embeddings = config.max_position_embeddings
+        self.set_shapes(
+            "gpt_neox", config.heads, config.num_layers, weights, "embed_out.weight",
+            config.max_position_embeddings,
+        )
 
     @classmethod
-    def load(
-        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
-    ) -> GPTNeoX:
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(GPTNeoXConfig.from_dict(config.raw), weights, backend)
-        finally:
-            weights.close()
+    def read_config(cls, raw: Mapping[str, Any]) -> GPTNeoXConfig:
+        return GPTNeoXConfig.from_dict(raw)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden = self.embed_in(input_ids)
-        rotation = rotation_tables(*self.rotary.cos_sin(positions), hidden.dtype)
-        for layer in self.layers:
-            hidden = layer(hidden, rotation, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.embed_in(input_ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.embed_out(self.final_layer_norm(hidden))

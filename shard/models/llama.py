@@ -27,11 +27,11 @@ from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
+from pytgi_shard.layers.fused_qkv import HeadShape, load_stacked_qkv
 from pytgi_shard.layers.layernorm import HeadLayerNorm, LayerNorm, RMSNorm, triton_kernels_on
 from pytgi_shard.layers.linear import (
     RowParallelLinear,
     kv_head_partition,
-    load_fused_qkv,
     load_qkv,
 )
 from pytgi_shard.layers.lm_head import ParallelLMHead
@@ -44,6 +44,7 @@ from pytgi_shard.layers.rotary import (
     interleaved_rotation_tables,
     rotation_tables,
 )
+from pytgi_shard.models.decoder_model import with_weights
 from pytgi_shard.models.llama_config import LlamaConfig, NormKind
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
@@ -94,9 +95,8 @@ class LlamaAttention(nn.Module):
         world = weights.dist.world_size
         heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
         if config.fused_qkv:
-            self.qkv = load_fused_qkv(
-                weights, f"{prefix}.qkv_proj", heads, kv_heads, config.head_dim, config.qkv_bias
-            )
+            shape = HeadShape(heads, kv_heads, config.head_dim)
+            self.qkv = load_stacked_qkv(weights, f"{prefix}.qkv_proj", shape, config.qkv_bias)
         else:
             self.qkv = load_qkv(weights, prefix, heads, kv_heads, config.qkv_bias)
         self.o_proj = RowParallelLinear.load(weights, f"{prefix}.o_proj", config.o_bias)
@@ -303,11 +303,7 @@ class Llama(nn.Module, Model):
         backend: AttentionBackend,
     ) -> Llama:
         """The decoder `decoder` describes, with the weights of the checkpoint at config.path."""
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(decoder, weights, backend)
-        finally:
-            weights.close()
+        return with_weights(config, dtype, dist, lambda weights: cls(decoder, weights, backend))
 
     def _rotations(
         self, positions: torch.Tensor, dtype: torch.dtype

@@ -21,18 +21,16 @@ from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.alibi import rank_alibi_slopes
-from pytgi_shard.layers.dense_mlp import DenseMLP
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_stacked_qkv
-from pytgi_shard.layers.layer_norm import LayerNorm
+from pytgi_shard.layers.layernorm import LayerNorm
 from pytgi_shard.layers.linear import RowParallelLinear
 from pytgi_shard.layers.lm_head import ParallelLMHead
-from pytgi_shard.layers.self_attention import SelfAttention
-from pytgi_shard.models.model import Model
-from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.layers.mlp import PlainMLP
+from pytgi_shard.layers.self_attention import Rotation, SelfAttention
+from pytgi_shard.models.decoder_model import DecoderModel
 from pytgi_shard.weights import Weights
 
 # attn_config options transformers' MPT ignores but a checkpoint might rely on: refused.
@@ -84,59 +82,39 @@ class MPTBlock(nn.Module):
             config.heads, weights, layer_idx, backend,
             scale=config.scale, clip_qkv=config.clip_qkv, alibi_slopes=slopes,
         )
-        self.ffn = DenseMLP.load(
+        self.ffn = PlainMLP.load(
             weights, f"{prefix}.ffn.up_proj", f"{prefix}.ffn.down_proj", "gelu", bias=False
         )
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.attn(self.norm_1(x), None, kv_cache, meta)
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.attn(self.norm_1(x), rotation, kv_cache, meta)
         return x + self.ffn(self.norm_2(x))
 
 
-class MPT(nn.Module, Model):
+class MPT(DecoderModel[MPTConfig]):
     def __init__(self, config: MPTConfig, weights: Weights, backend: AttentionBackend) -> None:
-        super().__init__()
-        dist = weights.dist
+        super().__init__(config, weights, backend)
         embed = "transformer.wte.weight"
         self.wte = VocabParallelEmbedding.load(weights, embed)
-        slopes = rank_alibi_slopes(config.heads.num_heads, dist, config.alibi_bias_max)
-        self.blocks = nn.ModuleList(
+        slopes = rank_alibi_slopes(config.heads.num_heads, weights.dist, config.alibi_bias_max)
+        self.layers = nn.ModuleList(
             MPTBlock(config, weights, f"transformer.blocks.{i}", i, backend, slopes)
             for i in range(config.num_layers)
         )
         self.norm_f = LayerNorm.load(weights, "transformer.norm_f", config.eps, bias=False)
         self.lm_head = ParallelLMHead.load(weights, embed)
-        self.num_layers = config.num_layers
-        self.num_kv_heads = config.heads.num_kv_heads // dist.world_size
-        self.head_dim = config.heads.head_dim
-        self.vocab_size = weights.shape(embed)[0]
-        self.dtype = weights.dtype
-        self.device = dist.device
-        self.model_type = "mpt"
-        self.max_position_embeddings = config.max_position_embeddings
+        self.set_shapes(
+            "mpt", config.heads, config.num_layers, weights, embed, config.max_position_embeddings
+        )
 
     @classmethod
-    def load(
-        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
-    ) -> MPT:
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(MPTConfig.from_dict(config.raw), weights, backend)
-        finally:
-            weights.close()
+    def read_config(cls, raw: Mapping[str, Any]) -> MPTConfig:
+        return MPTConfig.from_dict(raw)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden = self.wte(input_ids)
-        for block in self.blocks:
-            hidden = block(hidden, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.wte(input_ids)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm_f(hidden))

@@ -22,18 +22,16 @@ from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
-from pytgi_shard.layers.dense_mlp import DenseMLP
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape
-from pytgi_shard.layers.layer_norm import LayerNorm
+from pytgi_shard.layers.layernorm import LayerNorm
 from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear, load_qkv
 from pytgi_shard.layers.lm_head import ParallelLMHead
+from pytgi_shard.layers.mlp import PlainMLP
 from pytgi_shard.layers.positions import LearnedPositions
-from pytgi_shard.layers.self_attention import SelfAttention
-from pytgi_shard.models.model import Model
-from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.layers.self_attention import Rotation, SelfAttention
+from pytgi_shard.models.decoder_model import DecoderModel
 from pytgi_shard.weights import Weights
 
 # OPT's learned positions start after two padding rows.
@@ -85,14 +83,16 @@ class OPTDecoderLayer(nn.Module):
             RowParallelLinear.load(weights, f"{prefix}.self_attn.out_proj", bias),
             heads, weights, layer_idx, backend,
         )
-        self.mlp = DenseMLP.load(weights, f"{prefix}.fc1", f"{prefix}.fc2", config.activation, bias)
+        self.mlp = PlainMLP.load(weights, f"{prefix}.fc1", f"{prefix}.fc2", config.activation, bias)
         self.pre_norm = config.pre_norm
 
-    def forward(self, x: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
         if self.pre_norm:
-            x = x + self.self_attn(self.self_attn_layer_norm(x), None, kv_cache, meta)
+            x = x + self.self_attn(self.self_attn_layer_norm(x), rotation, kv_cache, meta)
             return x + self.mlp(self.final_layer_norm(x))
-        x = self.self_attn_layer_norm(x + self.self_attn(x, None, kv_cache, meta))
+        x = self.self_attn_layer_norm(x + self.self_attn(x, rotation, kv_cache, meta))
         return self.final_layer_norm(x + self.mlp(x))
 
 
@@ -101,12 +101,11 @@ def _replicated(weights: Weights, name: str) -> ColumnParallelLinear | None:
     return ColumnParallelLinear(weights.get_tensor(name), None) if name in weights else None
 
 
-class OPT(nn.Module, Model):
+class OPT(DecoderModel[OPTConfig]):
     learned_positions = True
 
     def __init__(self, config: OPTConfig, weights: Weights, backend: AttentionBackend) -> None:
-        super().__init__()
-        dist = weights.dist
+        super().__init__(config, weights, backend)
         root = "model.decoder." if "model.decoder.embed_tokens.weight" in weights else "decoder."
         embed = f"{root}embed_tokens.weight"
         self.embed_tokens = VocabParallelEmbedding.load(weights, embed)
@@ -125,42 +124,22 @@ class OPT(nn.Module, Model):
         )
         head = embed if "lm_head.weight" not in weights else "lm_head.weight"
         self.lm_head = ParallelLMHead.load(weights, head)
-        self.num_layers = config.num_layers
-        self.num_kv_heads = config.heads.num_kv_heads // dist.world_size
-        self.head_dim = config.heads.head_dim
-        self.vocab_size = weights.shape(head)[0]
-        self.dtype = weights.dtype
-        self.device = dist.device
-        self.model_type = "opt"
-        self.max_position_embeddings = self.embed_positions.max_positions
+        self.set_shapes(
+            "opt", config.heads, config.num_layers, weights, head,
+            self.embed_positions.max_positions,
+        )
 
     @classmethod
-    def load(
-        cls, config: ModelConfig, dtype: torch.dtype, dist: Dist, backend: AttentionBackend
-    ) -> OPT:
-        weights = Weights(config.path, dtype, dist)
-        try:
-            return cls(OPTConfig.from_dict(config.raw), weights, backend)
-        finally:
-            weights.close()
+    def read_config(cls, raw: Mapping[str, Any]) -> OPTConfig:
+        return OPTConfig.from_dict(raw)
 
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         if self.project_in is not None:
             hidden = self.project_in(hidden)
-        hidden = hidden + self.embed_positions(positions)
-        for layer in self.layers:
-            hidden = layer(hidden, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
+        return hidden + self.embed_positions(positions)
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.final_layer_norm is not None:
             hidden = self.final_layer_norm(hidden)
         if self.project_out is not None:

@@ -27,6 +27,7 @@ from pytgi_shard.attention.backend import AttentionBackend
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.distributed import Dist
 from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.models import MODELS
 from pytgi_shard.models.model import Model
 
 ATTENTION_NAME = "pytgi_paged"
@@ -91,8 +92,8 @@ def _check_supported(config: PretrainedConfig, dist: Dist) -> None:
     model_type = config.model_type
     if dist.world_size > 1:
         raise ValueError(
-            f"Sharded {model_type} is not supported: only llama, mistral and qwen2 shard; "
-            "use --num-shard 1"
+            f"Sharded {model_type} is not supported: only pytgi's own implementations shard "
+            f"({', '.join(sorted(MODELS))}); use --num-shard 1"
         )
     if getattr(config, "is_encoder_decoder", False):
         raise ValueError(f"{model_type} is an encoder-decoder model; only causal LMs are served")
