@@ -111,11 +111,46 @@ DECODER_FAMILIES: dict[str, dict] = {
     },
 }
 
-FALLBACK: dict[str, dict] = {
+# The GPT-style families on pytgi's own fused-QKV decoders (shard/models/gpt2.py ... mpt.py), in
+# the layout their best-known checkpoints use: multi-query with one KV head (StarCoder,
+# Falcon-7B), partial rotary with a parallel residual (Pythia), OPT's position offset, ALiBi.
+GPT_FAMILIES: dict[str, dict] = {
     "gpt2": {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_inner": 128,
     },
+    "gpt_bigcode": {
+        "architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode",
+        "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 256, "n_inner": 128,
+        "multi_query": True,
+    },
+    "gpt_neox": {
+        "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox",
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "rotary_pct": 0.25, "max_position_embeddings": 256,
+        "use_parallel_residual": True, "tie_word_embeddings": False,
+    },
+    "falcon": {
+        "architectures": ["FalconForCausalLM"], "model_type": "falcon",
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "multi_query": True, "parallel_attn": True, "max_position_embeddings": 256,
+    },
+    "opt": {
+        "architectures": ["OPTForCausalLM"], "model_type": "opt",
+        "hidden_size": 64, "ffn_dim": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "word_embed_proj_dim": 64, "max_position_embeddings": 256,
+    },
+    "bloom": {
+        "architectures": ["BloomForCausalLM"], "model_type": "bloom",
+        "hidden_size": 64, "n_layer": 2, "n_head": 4,
+    },
+    "mpt": {
+        "architectures": ["MptForCausalLM"], "model_type": "mpt",
+        "d_model": 64, "n_layers": 2, "n_heads": 4, "expansion_ratio": 2, "max_seq_len": 256,
+    },
+}
+
+FALLBACK: dict[str, dict] = {
     # An architecture only the transformers fallback serves (partial rotary, parallel residual).
     "phi": {
         "architectures": ["PhiForCausalLM"], "model_type": "phi",
@@ -123,6 +158,10 @@ FALLBACK: dict[str, dict] = {
         "num_attention_heads": 4, "max_position_embeddings": 256, "partial_rotary_factor": 0.5,
     },
 }
+
+
+# Every tiny family by name: pytgi's own (the registry's model types) and the fallback's.
+FAMILIES: dict[str, dict] = {**LLAMA_FAMILY, **DECODER_FAMILIES, **GPT_FAMILIES, **FALLBACK}
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:
@@ -157,12 +196,16 @@ def write_tokenizer(path: Path, tok: Tokenizer, max_len: int) -> None:
     )
 
 
-def build_model(path: Path, family: str, *, seed: int = 0, shard_size: str | None = None) -> Path:
-    """Writes a tiny random model of `family` (a key of LLAMA_FAMILY, DECODER_FAMILIES or
-    FALLBACK) to `path`."""
+def build_model(
+    path: Path, family: str, *, seed: int = 0, shard_size: str | None = None, std: float = 0.08
+) -> Path:
+    """Writes a tiny random model of `family` (a key of FAMILIES) to `path`.
+
+    `std`: of the random matrices. Larger makes attention sharp, so that positions, masks and
+    windows decide the tokens (at 0.08 attention is nearly uniform over the prompt)."""
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-    spec = dict(LLAMA_FAMILY.get(family) or DECODER_FAMILIES.get(family) or FALLBACK[family])
+    spec = dict(FAMILIES[family])
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(_CORPUS)
     bos, eos, pad = tok.token_to_id(BOS), tok.token_to_id(EOS), tok.token_to_id(PAD)
@@ -177,8 +220,8 @@ def build_model(path: Path, family: str, *, seed: int = 0, shard_size: str | Non
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:
-                p.normal_(0.0, 0.08)
-            elif family in DECODER_FAMILIES:
+                p.normal_(0.0, std)
+            elif family not in LLAMA_FAMILY and family not in FALLBACK:
                 # Norm weights and biases away from their init (Gemma's (1 + w) starts at w = 0).
                 p.add_(torch.randn_like(p) * 0.2)
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
@@ -192,6 +235,6 @@ if __name__ == "__main__":
     import sys
 
     out = Path(sys.argv[1])
-    for fam in [*LLAMA_FAMILY, *DECODER_FAMILIES, *FALLBACK]:
+    for fam in FAMILIES:
         build_model(out / fam, fam)
         print("built", out / fam)

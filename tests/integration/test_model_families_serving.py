@@ -1,0 +1,119 @@
+"""Every architecture in the registry served for real: `pytgi-shard serve` processes over gRPC
+(2 ranks for each, 1 rank for a few) driven by the router's core (Infer), greedy tokens equal to
+transformers' `generate` on the same tiny random checkpoint (tests/tiny_models.py).
+
+Two prompts run batched: one across three KV blocks and longer than any family's sliding window,
+one shorter that still crosses a block boundary. The unit tests compare logits in-process
+(tests/unit/shard/test_model_families.py, test_models_gpt.py); this is the served path: config.json
+read by the shard, weights sliced per rank at load, warmup, the paged cache sized from the model,
+prefill and decode steps over gRPC, sampling on the shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from pytgi_router.core.infer import Infer, InferSettings
+from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request_stream import Token
+from pytgi_router.core.shard_client import ShardClient
+from pytgi_router.metrics import Metrics
+from pytgi_shard.models import MODELS
+from tests.hf_reference import hf_greedy
+from tests.shard_process import start_shards
+from tests.tiny_models import EOS, FALLBACK, FAMILIES, build_model
+
+BLOCK = 16  # the shard's default --block-size
+TEXTS = [
+    "Paged attention stores keys and values in fixed-size blocks of the cache, and continuous "
+    "batching adds new requests between decode steps. The quick brown fox",
+    "To be, or not to be, that is the question: def main():",
+]
+MAX_NEW = 10
+# Families also served by a single rank: learned positions, ALiBi, multi-query, soft-capping with
+# alternating windows, the plain Llama.
+ONE_RANK = ["llama", "gpt2", "bloom", "falcon", "gemma2"]
+CASES = [(family, 2) for family in sorted(MODELS)] + [(family, 1) for family in ONE_RANK]
+# Random matrices large enough that attention is sharp: served without rotary positions, ALiBi or
+# a window, the tokens change (tests/tiny_models.py's default leaves attention near uniform).
+STD = 0.3
+
+
+def test_every_registered_architecture_has_a_tiny_model() -> None:
+    """Adding an architecture to the registry means adding its tiny model, so it is served here."""
+    assert set(MODELS) <= set(FAMILIES) - set(FALLBACK)
+
+
+Case = tuple[Path, list[list[int]], list[list[int]]]
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, Case]:
+    """family -> (model, prompts, transformers' greedy tokens), built on first use and shared by
+    the 1- and 2-rank cases."""
+    return {}
+
+
+def case_of(family: str, cases: dict[str, Case], root: Path) -> Case:
+    if family not in cases:
+        path = build_model(root / family, family, std=STD)
+        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        prompts = [tokenizer.encode(text).ids for text in TEXTS]
+        window = FAMILIES[family].get("sliding_window") or 0
+        assert len(prompts[0]) > 2 * BLOCK and len(prompts[0]) > window
+        assert len(prompts[1]) > BLOCK
+        cases[family] = path, prompts, [hf_greedy(path, p, MAX_NEW)[0] for p in prompts]
+    return cases[family]
+
+
+def valid(prompt: list[int]) -> ValidRequest:
+    return ValidRequest(
+        inputs="", input_ids=prompt, truncate=len(prompt), sampling=SamplingParameters(),
+        stopping=StoppingParameters(max_new_tokens=MAX_NEW, ignore_eos_token=True),
+    )
+
+
+async def tokens_of(infer: Infer, prompt: list[int]) -> list[int]:
+    return [e.token.id async for e in infer.submit(valid(prompt)) if isinstance(e, Token)]
+
+
+async def serve(url: str, prompts: list[list[int]]) -> list[list[int]]:
+    """Both prompts at once (one batch), through the router's scheduler."""
+    settings = InferSettings(max_input_tokens=100, max_total_tokens=128)
+    client = await ShardClient.connect(url)
+    infer = Infer(client, settings, Metrics())
+    try:
+        await infer.start()
+        return list(await asyncio.gather(*(tokens_of(infer, p) for p in prompts)))
+    finally:
+        await infer.stop()
+        await client.close()
+
+
+def same_greedy(got: list[int], expected: list[int], eos: int) -> bool:
+    """transformers' generate stops at EOS where the served request (ignore_eos) goes on: the
+    tokens up to it must agree."""
+    if len(expected) < MAX_NEW:
+        assert expected[-1] == eos
+    return got[: len(expected)] == expected and len(got) == MAX_NEW
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("families")
+
+
+@pytest.mark.parametrize(("family", "ranks"), CASES)
+def test_served_greedy_tokens_equal_transformers(
+    cases: dict[str, Case], root: Path, family: str, ranks: int
+) -> None:
+    path, prompts, expected = case_of(family, cases, root)
+    eos = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(EOS)
+    with start_shards(path, world_size=ranks) as shards:
+        got = asyncio.run(serve(shards.urls[0], prompts))
+    for tokens, want in zip(got, expected, strict=True):
+        assert same_greedy(tokens, want, eos), (family, ranks, tokens, want)
