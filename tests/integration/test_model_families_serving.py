@@ -36,8 +36,7 @@ TEXTS = [
 MAX_NEW = 10
 # Families also served by a single rank: learned positions, ALiBi, multi-query, soft-capping with
 # alternating windows, the plain Llama.
-ONE_RANK = ["llama", "gpt2", "bloom", "falcon", "gemma2"]
-CASES = [(family, 2) for family in sorted(MODELS)] + [(family, 1) for family in ONE_RANK]
+CASES = [(family, ranks) for family in sorted(MODELS) for ranks in (1, 2)]
 # Random matrices large enough that attention is sharp: served without rotary positions, ALiBi or
 # a window, the tokens change (tests/tiny_models.py's default leaves attention near uniform).
 STD = 0.3
