@@ -11,7 +11,10 @@ def hf_greedy(model_path: Path, prompt: list[int], max_new: int) -> tuple[list[i
     """Greedy tokens after `prompt` and the logprob of each under the raw logits."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=torch.float32)
+    # Eager attention is transformers' reference: SDPA drops Gemma 2's attention soft-capping.
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, torch_dtype=torch.float32, attn_implementation="eager"
+    )
     out = model.generate(
         torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
         output_logits=True, return_dict_in_generate=True,

@@ -47,7 +47,8 @@ def test_every_registered_architecture_has_a_tiny_model() -> None:
     assert set(MODELS) <= set(FAMILIES) - set(FALLBACK)
 
 
-Case = tuple[Path, list[list[int]], list[list[int]]]
+# (model, prompts, transformers' greedy tokens and their logprobs per prompt)
+Case = tuple[Path, list[list[int]], list[tuple[list[int], list[float]]]]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def case_of(family: str, cases: dict[str, Case], root: Path) -> Case:
         window = FAMILIES[family].get("sliding_window") or 0
         assert len(prompts[0]) > 2 * BLOCK and len(prompts[0]) > window
         assert len(prompts[1]) > BLOCK
-        cases[family] = path, prompts, [hf_greedy(path, p, MAX_NEW)[0] for p in prompts]
+        cases[family] = path, prompts, [hf_greedy(path, p, MAX_NEW) for p in prompts]
     return cases[family]
 
 
@@ -76,11 +77,13 @@ def valid(prompt: list[int]) -> ValidRequest:
     )
 
 
-async def tokens_of(infer: Infer, prompt: list[int]) -> list[int]:
-    return [e.token.id async for e in infer.submit(valid(prompt)) if isinstance(e, Token)]
+async def tokens_of(infer: Infer, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """The served greedy tokens and the logprob the shards report for each."""
+    events = [e async for e in infer.submit(valid(prompt)) if isinstance(e, Token)]
+    return [e.token.id for e in events], [e.token.logprob for e in events]
 
 
-async def serve(url: str, prompts: list[list[int]]) -> list[list[int]]:
+async def serve(url: str, prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
     """Both prompts at once (one batch), through the router's scheduler."""
     settings = InferSettings(max_input_tokens=100, max_total_tokens=128)
     client = await ShardClient.connect(url)
@@ -114,5 +117,8 @@ def test_served_greedy_tokens_equal_transformers(
     eos = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(EOS)
     with start_shards(path, world_size=ranks) as shards:
         got = asyncio.run(serve(shards.urls[0], prompts))
-    for tokens, want in zip(got, expected, strict=True):
+    for (tokens, logprobs), (want, want_logprobs) in zip(got, expected, strict=True):
         assert same_greedy(tokens, want, eos), (family, ranks, tokens, want)
+        # The logits behind them agree too (fp32): each token's logprob under the raw logits.
+        shared = len(want_logprobs)
+        assert logprobs[:shared] == pytest.approx(want_logprobs, abs=1e-3), (family, ranks)
