@@ -15,7 +15,7 @@ class BatchCache:
     def __len__(self) -> int:
         return len(self._batches)
 
-    def __contains__(self, batch_id: int) -> bool:
+    def __contains__(self, batch_id: object) -> bool:
         return batch_id in self._batches
 
     def get(self, batch_id: int) -> Batch:

@@ -25,12 +25,18 @@ from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
-from pytgi_shard.generation import choose_tokens, emit_generations, prefill_tokens
+from pytgi_shard.generation import (
+    choose_tokens,
+    emit_generations,
+    prefill_tokens,
+    resume_texts,
+)
 from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
 from pytgi_shard.grammar_worker import MaskWorker
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.lookahead import Lookahead, Lookaheads
 from pytgi_shard.models.model import Model
+from pytgi_shard.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
 from pytgi_shard.step_inputs import ForwardInputs, chunk_inputs
@@ -177,9 +183,11 @@ class Engine:
         start = time.perf_counter_ns()
         new = Batch.from_pb(request.batch, self.batch_context())
         cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
-        self._check_new_batch(new, cached_id)
-        if cached_id is None and request.grants:
-            raise InvalidRequest("BlockGrants in a Prefill without a cached batch")
+        check_new_batch(
+            new.batch_id, new.request_ids, cached_id,
+            self.cache.get(cached_id).request_ids if cached_id is not None else (),
+            self.cache, len(request.grants),
+        )
         grants: Grants = {}
         if cached_id is not None:
             batches = [self.cache.get(cached_id)]
@@ -239,23 +247,10 @@ class Engine:
                 )
         return step, concat_ns
 
-    def _check_new_batch(self, batch: Batch, cached_id: int | None) -> None:
-        if batch.batch_id in self.cache and batch.batch_id != cached_id:
-            raise InvalidRequest(f"batch {batch.batch_id} already exists in the shard's cache")
-        if cached_id is None:
-            return
-        cached = self.cache.get(cached_id)
-        clash = set(cached.request_ids) & set(batch.request_ids)
-        if clash:
-            raise InvalidRequest(f"requests {sorted(clash)} are already in batch {cached_id}")
-
     def decode(self, request: generate_pb2.DecodeRequest) -> generate_pb2.DecodeResponse:
         start = time.perf_counter_ns()
         ids = [b.id for b in request.batches]
-        if not ids:
-            raise InvalidRequest("Decode needs at least one batch")
-        if len(set(ids)) != len(ids):
-            raise InvalidRequest(f"Decode lists a batch twice: {ids}")
+        check_decode_batches(ids)
         grants = checked_grants(
             request.grants, [self.cache.get(i) for i in ids], self.kv_cache.num_blocks
         )
@@ -430,15 +425,6 @@ class Engine:
         if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
             return nullcontext()
         return self.tracer.start_as_current_span(name)
-
-
-def resume_texts(batch: Batch, detokenizer: Detokenizer) -> None:
-    """Requests resumed after preemption whose sequence is complete read their generated_ids
-    as text (the stop sequences have seen it), before their next token is emitted."""
-    for r in batch.requests:
-        if r.resumed and r.complete:
-            r.stopping.prime(detokenizer.catch_up(r.text))
-            r.resumed = 0
 
 
 def _settle(prepared: Future[bool], done: Future[Any], cached: bool) -> None:

@@ -199,3 +199,12 @@ def _fill_tokens(
     out.logprobs.extend(logprobs)
     out.texts.extend(texts)
     out.is_special.extend(i in special for i in ids)
+
+
+def resume_texts(batch: Batch, detokenizer: Detokenizer) -> None:
+    """Requests resumed after preemption whose sequence is complete read their generated_ids
+    as text (the stop sequences have seen it), before their next token is emitted."""
+    for r in batch.requests:
+        if r.resumed and r.complete:
+            r.stopping.prime(detokenizer.catch_up(r.text))
+            r.resumed = 0

@@ -5,7 +5,7 @@ checks the same, this is the shard's own guard)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.errors import InvalidRequest
@@ -117,3 +117,32 @@ def validate_grants(
             raise InvalidRequest(f"two BlockGrants for request {rid}")
         seen.add(rid)
         validate_blocks(rid, [*blocks_of[rid], *grant.blocks], num_blocks)
+
+
+def check_new_batch(
+    batch_id: int,
+    request_ids: Sequence[int],
+    cached_id: int | None,
+    cached_request_ids: Sequence[int],
+    known_batch_ids: Container[int],
+    grants: int,
+) -> None:
+    """A Prefill's new batch: a fresh id (or the cached batch's own), no request already in the
+    cached batch, and BlockGrants only for a cached batch."""
+    if batch_id in known_batch_ids and batch_id != cached_id:
+        raise InvalidRequest(f"batch {batch_id} already exists in the shard's cache")
+    if cached_id is None:
+        if grants:
+            raise InvalidRequest("BlockGrants in a Prefill without a cached batch")
+        return
+    clash = set(cached_request_ids) & set(request_ids)
+    if clash:
+        raise InvalidRequest(f"requests {sorted(clash)} are already in batch {cached_id}")
+
+
+def check_decode_batches(ids: Sequence[int]) -> None:
+    """A Decode names at least one batch, each once."""
+    if not ids:
+        raise InvalidRequest("Decode needs at least one batch")
+    if len(set(ids)) != len(ids):
+        raise InvalidRequest(f"Decode lists a batch twice: {list(ids)}")
