@@ -12,9 +12,11 @@ request completes it within --new-tokens. The same 64 prompts run unconstrained
 and constrained in alternating rounds; tokens/s counts generated tokens over the Prefill and
 every Decode. A second constrained batch with the same schema must compile nothing (the
 compiler's cache counts hits and misses). The breakdown says where a constrained step's extra
-time goes: in the grammar thread (tokens consumed, llguidance's masks, words to the bias) and on
-the engine's thread (hand-off, waiting for the masks, applying them: timed apart, on a batch's
-logits, against the plain masked fill by a bool it replaces).
+time goes: in the grammar thread (tokens consumed, llguidance's masks) and on the engine's
+thread (hand-off, waiting for the masks, the words to the bias, with the fraction of steps whose
+rows shared masks enough to make the bias per run of rows: shard/grammar_masks.py); then, timed
+apart on a batch of 64 distinct random masks, the words to a per-row bias, its add to the
+logits, and the plain masked fill by a bool it replaces.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -169,26 +172,35 @@ def _cold_compile_ms(engine: Any) -> float:
 
 
 def _apply_ms(rows: int, vocab: int, repeats: int = 20) -> dict[str, float]:
-    """The engine thread's cost of applying a batch's masks (median of `repeats`): the bias add
-    sampling does, and the masked fill by a bool it replaced."""
+    """The engine thread's cost of a batch of distinct masks (median of `repeats`): the words
+    to the per-row bias (no rows sharing a mask), the bias add sampling does, and the masked
+    fill by a bool it replaced."""
     import torch
 
+    from pytgi_shard.grammar_masks import HostBias
     from pytgi_shard.sampling import NEG_INF, ban_tokens
 
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(rows, vocab, generator=g)
-    banned = torch.rand(rows, vocab, generator=g) < 0.9
-    bias = torch.zeros(rows, vocab).masked_fill_(banned, NEG_INF)
+    words = torch.randint(-(2**31), 2**31 - 1, (rows, (vocab + 31) // 32), generator=g)
+    words = words.to(torch.int32)
+    host = HostBias()
+    bias = host(words, vocab).clone()
+    banned = bias == NEG_INF
 
-    def median_ms(masks: torch.Tensor) -> float:
+    def median_ms(run: Callable[[], object]) -> float:
         times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            ban_tokens(scores, None, masks)
+            run()
             times.append(time.perf_counter() - start)
         return round(statistics.median(times) * 1e3, 3)
 
-    return {"apply_bias_ms": median_ms(bias), "apply_bool_masked_fill_ms": median_ms(banned)}
+    return {
+        "convert_distinct_rows_ms": median_ms(lambda: host(words, vocab)),
+        "apply_bias_ms": median_ms(lambda: ban_tokens(scores, None, bias)),
+        "apply_bool_masked_fill_ms": median_ms(lambda: ban_tokens(scores, None, banned)),
+    }
 
 
 def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,10 +5,11 @@ Each constrained row holds its request's llguidance matcher. Once a step's token
 (generation.emit_generations), `advance` hands them to the mask worker, one thread that feeds
 each matcher its token and computes every constrained row's bitmask of allowed next tokens
 (llguidance's batch entry point, which releases the GIL) while the engine answers the router and
-the next forward runs. The next step's `banned` waits for that work and returns the rows' masks,
-which sampling applies to the logits in one op before anything else (on the CPU a float32 bias
-added, on an accelerator a masked fill: shard/grammar_masks.py), wherever the logits came from
-(a forward, a look-ahead, a CUDA graph).
+the next forward runs. The next step's `banned` waits for those words and turns them into what
+sampling applies to the logits in one op before anything else (on the CPU a float32 bias, built
+there on the engine's thread once the forward is over, so it never fights the forward for the
+cores; on an accelerator banned tokens for a masked fill: shard/grammar_masks.py), wherever the
+logits came from (a forward, a look-ahead, a CUDA graph).
 
 Rows move between batches (filter, concatenate) while their masks may still be on the way: a
 row is a `GrammarRow` whose identity survives the moves, and the pending masks are matched back
@@ -28,7 +29,7 @@ import numpy as np
 import torch
 
 from pytgi_shard.grammar import GrammarCompiler, GrammarSpec, new_matcher
-from pytgi_shard.grammar_masks import bias_on_host, unpack_with_torch
+from pytgi_shard.grammar_masks import SharedBias, host_masks, unpack_with_torch
 
 
 class GrammarRow:
@@ -41,20 +42,11 @@ class GrammarRow:
 
 
 @dataclass(frozen=True, slots=True)
-class _Masks:
-    """Computed masks: on the CPU the [rows, vocab] float32 bias (0 allowed, -inf banned) and
-    the buffer it lives in; for an accelerator the int32 bitmask words (BatchGrammar._on_device)."""
-
-    masks: torch.Tensor
-    buffer: np.ndarray | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class _PendingMasks:
-    """Masks being computed for `rows` (in that order)."""
+    """Masks being computed for `rows` (in that order): [rows, mask_width] int32 words."""
 
     rows: tuple[GrammarRow, ...]
-    banned: Future[_Masks]
+    banned: Future[torch.Tensor]
 
 
 class BatchGrammar:
@@ -72,8 +64,6 @@ class BatchGrammar:
         self.compiler = compiler
         self.device = device
         self.constrained = [row for row, r in enumerate(rows) if r is not None]
-        # The buffer of the masks handed to this step's sampling, given back at `advance`.
-        self._applied: np.ndarray | None = None
         # Row indices of the constrained rows; None when every row is constrained.
         self.index: torch.Tensor | None = None
         if len(self.constrained) < len(rows):
@@ -106,53 +96,55 @@ class BatchGrammar:
             if row is not None and c is not None
         ]
         out = tuple(row for row, _, _ in work)
-        future = compiler.worker.pool.submit(_first_masks, work, compiler, device)
+        future = compiler.worker.pool.submit(_first_masks, work, compiler)
         return cls(rows, [_PendingMasks(out, future)], compiler, device)
 
-    def banned(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def banned(self) -> tuple[torch.Tensor | None, torch.Tensor | SharedBias]:
         """(constrained row indices or None for all rows, their masks: on the CPU a [rows,
-        vocab] float32 bias, elsewhere [rows, vocab] bool banned tokens; sampling.ban_tokens)
-        for the current step; waits for the worker when it is still computing them."""
+        vocab] float32 bias or the bias of runs of rows sharing a mask, elsewhere [rows, vocab]
+        bool banned tokens; sampling.ban_tokens) for the current step; waits for the worker
+        when it is still computing them."""
         start = time.perf_counter()
-        masks = self._current_masks()
-        self.compiler.worker.timings.wait_s += time.perf_counter() - start
-        return self.index, self._on_device(masks)
+        words = self._current_masks()
+        timings = self.compiler.worker.timings
+        waited = time.perf_counter()
+        timings.wait_s += waited - start
+        masks = self._on_device(words)
+        timings.convert_s += time.perf_counter() - waited
+        timings.shared_steps += isinstance(masks, SharedBias)
+        return self.index, masks
 
     def _current_masks(self) -> torch.Tensor:
         """The pending masks of the batch's constrained rows, in row order."""
         parts = self.pending
         current = tuple(r for r in self.rows if r is not None)
         if len(parts) == 1 and parts[0].rows == current:
-            result = parts[0].banned.result()
-            self._applied = result.buffer
-            return result.masks
+            return parts[0].banned.result()
         position = {id(r): (p, i) for p, part in enumerate(parts) for i, r in enumerate(part.rows)}
-        results = [part.banned.result().masks for part in parts]
+        results = [part.banned.result() for part in parts]
         offsets = np.cumsum([0] + [len(part.rows) for part in parts])
         stacked = torch.cat(results) if len(results) > 1 else results[0]
         picks = [int(offsets[position[id(r)][0]]) + position[id(r)][1] for r in current]
         pick = torch.tensor(picks, dtype=torch.long, device=stacked.device)
         return stacked.index_select(0, pick)
 
-    def _on_device(self, masks: torch.Tensor) -> torch.Tensor:
-        """On an accelerator the worker leaves the bitmask words (32x smaller than the banned
-        tokens): they travel, and are unpacked there, on the engine's thread and stream."""
+    def _on_device(self, words: torch.Tensor) -> torch.Tensor | SharedBias:
+        """The words as sampling applies them: on the CPU the float32 bias (valid until the
+        next call: sampling applies it at once); on an accelerator they travel (32x smaller than
+        the banned tokens) and are unpacked there, on the engine's thread and stream."""
+        vocab = self.compiler.vocab_size
         if self.device.type == "cpu":
-            return masks
-        return unpack_with_torch(masks.to(self.device, non_blocking=True), self.compiler.vocab_size)
+            return host_masks(self.compiler.worker.host_bias, words, vocab, self.constrained)
+        return unpack_with_torch(words.to(self.device, non_blocking=True), vocab)
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Feeds each constrained row its new token (tokens[row], for every row of the batch)
-        and starts computing the next masks. The step that applied the current masks is over:
-        their buffer is free again."""
+        and starts computing the next masks."""
         start = time.perf_counter()
         worker = self.compiler.worker
-        if self._applied is not None:
-            worker.buffers.give_back(self._applied)
-            self._applied = None
         rows = tuple(r for r in self.rows if r is not None)
         taken = [tokens[row] for row in self.constrained]
-        future = worker.pool.submit(_advance_and_mask, rows, taken, self.compiler, self.device)
+        future = worker.pool.submit(_advance_and_mask, rows, taken, self.compiler)
         self.pending = [_PendingMasks(rows, future)]
         worker.timings.handoff_s += time.perf_counter() - start
 
@@ -180,16 +172,15 @@ class BatchGrammar:
 def _first_masks(
     work: list[tuple[GrammarRow, llguidance.LLMatcher, Sequence[int]]],
     compiler: GrammarCompiler,
-    device: torch.device,
-) -> _Masks:
+) -> torch.Tensor:
     for row, compiled, generated in work:
         row.matcher = new_matcher(compiled, generated)
-    return _masks([row for row, _, _ in work], compiler, device)
+    return _masks([row for row, _, _ in work], compiler)
 
 
 def _advance_and_mask(
-    rows: tuple[GrammarRow, ...], tokens: list[int], compiler: GrammarCompiler, device: torch.device
-) -> _Masks:
+    rows: tuple[GrammarRow, ...], tokens: list[int], compiler: GrammarCompiler
+) -> torch.Tensor:
     # One call for the batch (GIL released). A refused token (never one the mask allowed)
     # leaves its matcher in the error state, whose mask allows only EOS.
     start = time.perf_counter()
@@ -197,23 +188,21 @@ def _advance_and_mask(
     compiler.worker.executor.consume_token_par(pairs)
     compiler.worker.timings.consume_s += time.perf_counter() - start
     compiler.worker.timings.steps += 1
-    return _masks(list(rows), compiler, device)
+    return _masks(list(rows), compiler)
 
 
-def _masks(rows: Sequence[GrammarRow], compiler: GrammarCompiler, device: torch.device) -> _Masks:
-    """The rows' next-token masks: the bias on the CPU, the bitmask words otherwise."""
+def _masks(rows: Sequence[GrammarRow], compiler: GrammarCompiler) -> torch.Tensor:
+    """The rows' next-token masks: [rows, mask_width] int32 bitmask words (llguidance's own
+    parallel call, GIL released). What sampling applies is made of them on the engine's thread
+    (BatchGrammar._on_device): the grammar thread only does what needs the matchers, so the
+    least of it competes with the forward for the cores."""
     worker = compiler.worker
     start = time.perf_counter()
     words = np.zeros((len(rows), compiler.mask_width), dtype=np.int32)
     pairs = [(_matcher(row), i) for i, row in enumerate(rows)]
     worker.executor.unsafe_compute_mask_ptr(pairs, words.ctypes.data, words.shape[1] * 4, len(rows))
-    computed = time.perf_counter()
-    worker.timings.mask_s += computed - start
-    if device.type != "cpu":
-        return _Masks(torch.from_numpy(words))
-    bias, buffer = bias_on_host(words, compiler.vocab_size, worker.buffers)
-    worker.timings.convert_s += time.perf_counter() - computed
-    return _Masks(bias, buffer)
+    worker.timings.mask_s += time.perf_counter() - start
+    return torch.from_numpy(words)
 
 
 def _matcher(row: GrammarRow) -> llguidance.LLMatcher:

@@ -3,67 +3,104 @@
 llguidance writes one bit per token (bit i of int32 word w: token 32 w + i allowed). Sampling
 needs the banned tokens at -inf before anything else sees the logits. On the CPU a masked fill
 by a [rows, vocab] bool is the slow way: torch's masked_fill_ and where run scalar loops there
-(~9 ms for 64 x 128k on one core, measured in bench/grammar.py's breakdown), while adding a
-float32 bias of 0 / -inf is vectorised (~1-2 ms). So on the CPU the grammar thread turns the
-words into that bias (numpy unpacks the bits and multiplies them into the bit pattern of -inf,
-in a reused buffer: a fresh 32 MB array would be mmapped and page-faulted each step), and the
-engine's thread adds it. Adding 0.0 leaves every finite logit as it was (-0.0 becomes +0.0,
-which no later operation can tell apart) and -inf + x is -inf: the same scores as the masked
-fill for every finite logit (a NaN logit stays NaN, where the fill made a banned one -inf: a
-model that emits NaN could then pick a banned token, which its matcher refuses, ending the
-request with EOS as for any refused token). On an accelerator the words travel (32x smaller than the bias)
-and are unpacked there into banned tokens, where masked_fill_ is fast.
+(~6 ms for 64 x 128k, measured in bench/grammar.py's breakdown), while adding a float32 bias of
+0 / -inf is vectorised (~1-2 ms). The bias comes from the words in one gather: each byte of the
+words holds 8 tokens' bits, and a [256, 8] table holds the 8 biases of every byte value, so
+index_select(table, bytes) writes the whole bias (multi-threaded and memory-bound, ~2 ms;
+numpy's unpackbits and a multiply took ~6 ms alone and ~15 ms in the grammar thread, where they
+fought the forward for the cores and held the GIL). It runs on the engine's thread right before
+sampling, when the forward is over, into buffers reused every step. Adding 0.0 leaves every
+finite logit as it was (-0.0 becomes +0.0, which no later operation can tell apart) and -inf +
+x is -inf: the same scores as the masked fill for every finite logit (a NaN logit stays NaN,
+where the fill made a banned one -inf: a model that emits NaN could then pick a banned token,
+which its matcher refuses, ending the request with EOS as for any refused token). On an
+accelerator the words travel (32x smaller than the bias) and are unpacked there into banned
+tokens, where masked_fill_ is fast.
+
+Rows in the same grammar state have the same mask (a batch of one schema often has many: every
+row inside a free string, or between properties), and their bias need not be written once per
+row: consecutive batch rows with equal words form a run, each run's bias is made once and added
+to its rows by broadcasting (SharedBias), which writes no [rows, vocab] bias and reads one row of
+it from the cache instead of the whole. Runs are taken when they are at most half the rows.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-# float32 -inf as an int32 bit pattern (0xFF800000): banned (1) * this is -inf, allowed (0) 0.0.
-NEG_INF_BITS = np.int32(-8388608)
+NEG_INF = float("-inf")
 
 
-class BiasBuffers:
-    """Reused [rows, vocab] int32 buffers for the CPU's bias, handed back once applied.
+def byte_bias_table() -> torch.Tensor:
+    """[256, 8] float32: row b is the bias of the 8 tokens whose bits byte b holds, bit i
+    (little-endian, as in llguidance's words on a little-endian host) 0.0 when set, -inf when
+    clear."""
+    bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+    return torch.where(bits == 1, 0.0, NEG_INF).to(torch.float32)
 
-    The grammar thread takes one per mask computation; the engine's thread gives it back when
-    the step that applied it is over (BatchGrammar.advance). A buffer never given back (a batch
-    dropped between steps) is simply collected.
+
+class HostBias:
+    """Bitmask words to the CPU's float32 bias, with the byte table and reused buffers.
+
+    A fresh 32 MB bias each step would be mmapped and page-faulted (~2 ms at 64 x 128k), so the
+    bias is written into a buffer kept from step to step: what `__call__` returns is only good
+    until its next call, which is how sampling uses it (banned, then applied, on one thread).
     """
 
-    def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
+    def __init__(self) -> None:
+        self.table = byte_bias_table()
+        self._index = torch.empty(0, dtype=torch.int32)
+        self._bias = torch.empty(0, 8)
 
-    def take(self, rows: int, vocab: int) -> np.ndarray:
-        """A free [at least rows, vocab] int32 buffer, or a new one."""
-        with self._lock:
-            for i, buffer in enumerate(self._free):
-                if buffer.shape[0] >= rows and buffer.shape[1] == vocab:
-                    return self._free.pop(i)
-        return np.empty((rows, vocab), dtype=np.int32)
+    def __call__(self, words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[rows, vocab_size] float32 bias (0.0 allowed, -inf banned) of [rows, width] int32
+        words; a view of this object's buffer."""
+        rows, width = words.shape[0], (vocab_size + 7) // 8
+        need = rows * width
+        if self._index.numel() < need:
+            self._index = torch.empty(need, dtype=torch.int32)
+            self._bias = torch.empty(need, 8)
+        index = self._index[:need]
+        index.view(rows, width).copy_(words.view(torch.uint8)[:, :width])
+        bias = self._bias[:need]
+        torch.index_select(self.table, 0, index, out=bias)
+        return bias.view(rows, width * 8)[:, :vocab_size]
 
-    def give_back(self, buffer: np.ndarray) -> None:
-        """`buffer` (from `take`) is no longer read by anyone."""
-        with self._lock:
-            if len(self._free) < self.keep:
-                self._free.append(buffer)
+
+@dataclass(frozen=True, slots=True)
+class SharedBias:
+    """The CPU's bias of runs of consecutive batch rows that share one mask: bias[k] ([vocab]
+    float32, 0.0 allowed, -inf banned) belongs to batch rows starts[k] .. starts[k] + counts[k]
+    - 1. Applying it is one broadcast add per run."""
+
+    bias: torch.Tensor
+    starts: tuple[int, ...]
+    counts: tuple[int, ...]
+
+    def apply(self, scores: torch.Tensor) -> None:
+        for bias, start, count in zip(self.bias, self.starts, self.counts, strict=True):
+            scores[start : start + count].add_(bias)
 
 
-def bias_on_host(
-    words: np.ndarray, vocab_size: int, buffers: BiasBuffers
-) -> tuple[torch.Tensor, np.ndarray]:
-    """([rows, vocab_size] float32: 0.0 where the words allow the token, -inf where they ban
-    it; the buffer it lives in, to give back once applied)."""
-    banned = np.unpackbits(np.invert(words).view(np.uint8), axis=1, count=vocab_size, bitorder="little")
-    buffer = buffers.take(words.shape[0], vocab_size)
-    out = buffer[: words.shape[0]]
-    np.multiply(banned, NEG_INF_BITS, out=out, casting="unsafe")
-    return torch.from_numpy(out.view(np.float32)), buffer
+def host_masks(
+    host: HostBias, words: torch.Tensor, vocab_size: int, rows: Sequence[int]
+) -> torch.Tensor | SharedBias:
+    """What sampling adds for the words of the constrained batch rows `rows` (in order): a
+    SharedBias when runs of equal masks in consecutive rows make it at most half as many
+    biases as rows, else the [len(rows), vocab_size] bias."""
+    flat = words.numpy()  # numpy's compare of 64 x 4k words is ~4x faster than torch's
+    same = (flat[1:] == flat[:-1]).all(axis=1).tolist()
+    firsts = [0] + [
+        j + 1 for j, equal in enumerate(same) if not (equal and rows[j + 1] == rows[j] + 1)
+    ]
+    if len(firsts) > len(rows) // 2:
+        return host(words, vocab_size)
+    counts = [b - a for a, b in zip(firsts, [*firsts[1:], len(rows)], strict=True)]
+    bias = host(torch.from_numpy(flat[firsts]), vocab_size)  # numpy's take: ~5x less overhead
+    return SharedBias(bias, tuple(rows[j] for j in firsts), tuple(counts))
 
 
 def unpack_with_torch(words: torch.Tensor, vocab_size: int) -> torch.Tensor:

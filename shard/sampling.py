@@ -18,6 +18,7 @@ from pytgi_proto import generate_pb2
 from pytgi_shard.argmax import first_max
 from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
 from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.grammar_masks import SharedBias
 
 NEG_INF = float("-inf")
 
@@ -175,7 +176,7 @@ class NextTokenChooser:
         logits: torch.Tensor,
         history: torch.Tensor,
         lengths: torch.Tensor,
-        banned: tuple[torch.Tensor | None, torch.Tensor] | None = None,
+        banned: tuple[torch.Tensor | None, torch.Tensor | SharedBias] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Processes `logits` in place into (next ids [batch], logprobs [batch, vocab]), the
         logprobs in `logits`' own storage.
@@ -241,11 +242,17 @@ class NextTokenChooser:
         return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
 
 
-def ban_tokens(scores: torch.Tensor, rows: torch.Tensor | None, masks: torch.Tensor) -> None:
+def ban_tokens(
+    scores: torch.Tensor, rows: torch.Tensor | None, masks: torch.Tensor | SharedBias
+) -> None:
     """The constrained rows' grammar masks applied to the listed rows (None: every row), in one
     op whatever their number. `masks` ([len(rows), vocab]) is either a float32 bias, 0.0 where
     allowed and -inf where banned (the CPU's: adding is vectorised there, a masked fill is not;
-    shard/grammar_masks.py), or bool, True where banned (an accelerator's)."""
+    shard/grammar_masks.py), or bool, True where banned (an accelerator's); or the CPU's bias
+    of runs of rows sharing a mask (SharedBias, which knows its rows: one add per run)."""
+    if isinstance(masks, SharedBias):
+        masks.apply(scores)
+        return
     masks = masks.to(scores.device, non_blocking=True)
     if masks.dtype != torch.bool:
         if rows is None:

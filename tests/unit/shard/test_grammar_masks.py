@@ -1,11 +1,10 @@
-"""Grammar masks without a model: bitmask words to the CPU's bias and the device's banned
-tokens (both agree with a per-bit reference), either applied to some or all rows exactly as the
-reference masked fill, buffers reused only once given back, the grammar fields of the wire, and
-the compiled-grammar cache."""
+"""Grammar masks without a model: bitmask words to the CPU's bias (the byte table's gather) and
+the device's banned tokens (both agree with a per-bit reference), either applied to some or all
+rows exactly as the reference masked fill, the bias buffer reused and grown, the grammar fields of
+the wire, and the compiled-grammar cache."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -13,7 +12,13 @@ from tokenizers import Tokenizer
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
-from pytgi_shard.grammar_masks import BiasBuffers, bias_on_host, unpack_with_torch
+from pytgi_shard.grammar_masks import (
+    HostBias,
+    SharedBias,
+    byte_bias_table,
+    host_masks,
+    unpack_with_torch,
+)
 from pytgi_shard.grammar_worker import MaskWorker
 from pytgi_shard.sampling import NEG_INF, ban_tokens
 from tests.tiny_models import _CORPUS, train_tokenizer
@@ -27,14 +32,28 @@ def reference_banned(words: torch.Tensor, vocab: int) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("vocab", [32, 45, 100])
+def random_words(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    shape = (rows, (vocab + 31) // 32)
+    return torch.randint(-(2**31), 2**31 - 1, shape, generator=g, dtype=torch.int64).to(torch.int32)
+
+
+def test_the_byte_table_holds_each_bytes_bits_little_endian() -> None:
+    table = byte_bias_table()
+    assert table.shape == (256, 8) and table.dtype == torch.float32
+    for byte in range(256):
+        for bit in range(8):
+            assert table[byte, bit] == (0.0 if (byte >> bit) & 1 else NEG_INF)
+
+
+@pytest.mark.parametrize("vocab", [32, 45, 100, 257])
 def test_host_and_device_unpacking_match_the_per_bit_reference(vocab: int) -> None:
-    g = torch.Generator().manual_seed(vocab)
-    words = torch.randint(-(2**31), 2**31 - 1, (3, (vocab + 31) // 32), generator=g, dtype=torch.int64)
-    words = words.to(torch.int32)
+    words = random_words(3, vocab, vocab)
+    words[0, 0] = -1  # every bit set: 0.0 throughout, and the sign bit's token allowed
+    words[1, -1] = 0
     expected = reference_banned(words, vocab)
-    bias, _ = bias_on_host(words.numpy(), vocab, BiasBuffers())
-    assert bias.dtype == torch.float32
+    bias = HostBias()(words, vocab)
+    assert bias.shape == (3, vocab) and bias.dtype == torch.float32
     assert torch.equal(bias == NEG_INF, expected)
     assert torch.equal(bias[~expected], torch.zeros(int((~expected).sum())))
     assert torch.equal(unpack_with_torch(words, vocab), expected)
@@ -59,17 +78,58 @@ def test_masks_apply_to_the_listed_rows_only_as_the_masked_fill(as_bias: bool) -
     assert torch.equal(every, expected[[1, 3]])
 
 
-def test_bias_buffers_are_reused_only_once_given_back() -> None:
-    buffers = BiasBuffers(keep=1)
-    words = np.full((3, 2), -1, dtype=np.int32)
-    first, buffer = bias_on_host(words, 40, buffers)
-    second, other = bias_on_host(words, 40, buffers)
-    assert other is not buffer
-    buffers.give_back(buffer)
-    third, again = bias_on_host(np.zeros((2, 2), dtype=np.int32), 40, buffers)
-    assert again is buffer  # room for 2 rows in a 3-row buffer
-    assert torch.equal(third, torch.full((2, 40), NEG_INF))
-    assert torch.equal(second, torch.zeros(3, 40))
+def test_the_host_bias_reuses_its_buffer_and_grows_it_when_needed() -> None:
+    host = HostBias()
+    first = host(torch.full((3, 2), -1, dtype=torch.int32), 40)
+    assert torch.equal(first, torch.zeros(3, 40))
+    second = host(torch.zeros((2, 2), dtype=torch.int32), 40)
+    assert second.data_ptr() == first.data_ptr()  # room for 2 rows in the 3 rows' buffer
+    assert torch.equal(second, torch.full((2, 40), NEG_INF))
+    words = random_words(5, 70, 1)
+    grown = host(words, 70)
+    assert torch.equal(grown == NEG_INF, reference_banned(words, 70))
+
+
+def test_the_host_bias_applied_to_some_rows_is_the_reference_masked_fill() -> None:
+    vocab = 45
+    words = random_words(2, vocab, 3)
+    scores = torch.randn(4, vocab, generator=torch.Generator().manual_seed(3))
+    out = scores.clone()
+    ban_tokens(out, torch.tensor([2, 0]), HostBias()(words, vocab))
+    expected = scores.clone()
+    banned = reference_banned(words, vocab)
+    expected[2][banned[0]] = NEG_INF
+    expected[0][banned[1]] = NEG_INF
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    ("batch", "rows", "pattern", "shared"),
+    [
+        (6, [0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 1, 1], True),  # two runs
+        (6, [0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0], True),  # one mask for the batch
+        (7, [0, 1, 2, 4, 5, 6], [0, 0, 0, 0, 0, 0], True),  # a free row splits the run
+        (6, [0, 1, 2, 3, 4, 5], [0, 1, 0, 1, 0, 1], False),  # equal but never consecutive
+        (4, [3, 2, 1, 0], [0, 0, 0, 0], False),  # consecutive in the words, not in the batch
+    ],
+)
+def test_rows_sharing_a_mask_are_biased_as_the_reference_masked_fill(
+    batch: int, rows: list[int], pattern: list[int], shared: bool
+) -> None:
+    vocab = 45
+    distinct = random_words(2, vocab, 5)
+    words = distinct[pattern]
+    masks = host_masks(HostBias(), words, vocab, rows)
+    assert isinstance(masks, SharedBias) == shared
+    scores = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(5))
+    out = scores.clone()
+    index = None if rows == list(range(batch)) else torch.tensor(rows)
+    ban_tokens(out, index, masks)
+    expected = scores.clone()
+    banned = reference_banned(words, vocab)
+    for j, row in enumerate(rows):
+        expected[row][banned[j]] = NEG_INF
+    assert torch.equal(out, expected)
 
 
 def test_grammar_fields_of_the_wire() -> None:
