@@ -17,6 +17,8 @@ from pytgi_shard.startup import load_engine
 from tests.unit.shard.test_engine import Run
 
 BLOCK = 4
+# engines(overlap=False, attention="reference") -> Engine (the `engines` fixture).
+Engines = Callable[..., Engine]
 
 
 def build_engine(

@@ -5,41 +5,20 @@ bad grants are refused and leave the batch as it was."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
 import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.decode_graphs import DecodeGraphRunner
-from pytgi_shard.engine import Engine
 from pytgi_shard.errors import InvalidRequest
 from tests.unit.shard.router_steps import (
     BLOCK,
+    Engines,
     Router,
-    build_engine,
     prompt_of,
     reference_run,
     request,
 )
-
-Engines = Callable[..., Engine]
-
-
-@pytest.fixture(scope="module")
-def engines(tiny_model: Callable[..., Path]) -> Iterator[Engines]:
-    built: dict[tuple[bool, str], Engine] = {}
-
-    def get(overlap: bool = False, attention: str = "reference") -> Engine:
-        key = (overlap, attention)
-        if key not in built:
-            built[key] = build_engine(tiny_model("llama"), overlap, attention)
-        built[key].clear(None)
-        built[key].decode_graphs = None
-        return built[key]
-
-    yield get
 
 
 def requests() -> list[pb.Request]:

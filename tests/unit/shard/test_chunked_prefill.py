@@ -6,41 +6,23 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine import Engine
 from pytgi_shard.errors import InvalidRequest
 from tests.hf_reference import hf_greedy
 from tests.unit.shard.router_steps import (
+    Engines,
     Router,
-    build_engine,
     chunked,
     prompt_of,
     reference_run,
     request,
 )
 from tests.unit.shard.test_engine import Run
-
-Engines = Callable[..., Engine]
-
-
-@pytest.fixture(scope="module")
-def engines(tiny_model: Callable[..., Path]) -> Iterator[Engines]:
-    built: dict[tuple[bool, str], Engine] = {}
-
-    def get(overlap: bool = False, attention: str = "reference") -> Engine:
-        key = (overlap, attention)
-        if key not in built:
-            built[key] = build_engine(tiny_model("llama"), overlap, attention)
-        built[key].clear(None)
-        return built[key]
-
-    yield get
 
 
 def ids() -> Callable[[], int]:

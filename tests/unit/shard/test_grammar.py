@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -18,11 +16,10 @@ from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine import Engine
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.stopping import EOS_TOKEN, LENGTH
-from tests.unit.shard.router_steps import Router, build_engine, prompt_of
+from tests.unit.shard.router_steps import Engines, Router, prompt_of
 from tests.unit.shard.test_batch import request
 from tests.unit.shard.test_engine import Run
 
-Engines = Callable[[bool], Engine]
 SAMPLES = 6
 
 SCHEMAS: dict[str, dict[str, Any]] = {
@@ -59,17 +56,6 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 REGEXES = ["[0-9]{3}-[a-z]{2,4}", "(yes|no|maybe)!?", "[A-Z][a-z]{1,5}( [A-Z][a-z]{1,5})?"]
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model: Callable[..., Path]) -> Iterator[Engines]:
-    built: dict[bool, Engine] = {}
-
-    def get(overlap: bool = False) -> Engine:
-        if overlap not in built:
-            built[overlap] = build_engine(tiny_model("llama"), overlap)
-        built[overlap].clear(None)
-        return built[overlap]
-
-    yield get
 
 
 def json_params(schema: dict[str, Any], seed: int, **kw: Any) -> pb.NextTokenChooserParameters:

@@ -5,19 +5,20 @@ same final text and token count, stop sequences that span the resume point."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
-
 import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine import Engine
 from pytgi_shard.stopping import STOP_SEQUENCE
-from tests.unit.shard.router_steps import Router, build_engine, prompt_of, reference_run, request
+from tests.unit.shard.router_steps import (
+    Engines,
+    Router,
+    prompt_of,
+    reference_run,
+    request,
+)
 from tests.unit.shard.test_engine import Run
-
-Engines = Callable[[bool], Engine]
 
 PARAMS = {
     "greedy-penalties": pb.NextTokenChooserParameters(repetition_penalty=1.4, frequency_penalty=0.3),
@@ -25,17 +26,6 @@ PARAMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model: Callable[..., Path]) -> Iterator[Engines]:
-    built: dict[bool, Engine] = {}
-
-    def get(overlap: bool = False) -> Engine:
-        if overlap not in built:
-            built[overlap] = build_engine(tiny_model("llama"), overlap)
-        built[overlap].clear(None)
-        return built[overlap]
-
-    yield get
 
 
 def texts(run: Run, rid: int) -> list[str]:

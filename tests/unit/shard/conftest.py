@@ -1,0 +1,29 @@
+"""Shared fixtures of the shard's unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pytgi_shard.engine import Engine
+from tests.unit.shard.router_steps import Engines, build_engine
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model: Callable[..., Path]) -> Iterator[Engines]:
+    """engines(overlap=False, attention="reference"): an engine on the tiny Llama with small
+    blocks, built once per module and variant, handed out with no cached batch and no CUDA
+    graphs (a test may have installed some). test_engine.py has its own, per model family."""
+    built: dict[tuple[bool, str], Engine] = {}
+
+    def get(overlap: bool = False, attention: str = "reference") -> Engine:
+        key = (overlap, attention)
+        if key not in built:
+            built[key] = build_engine(tiny_model("llama"), overlap, attention)
+        built[key].clear(None)
+        built[key].decode_graphs = None
+        return built[key]
+
+    yield get
