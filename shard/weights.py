@@ -10,6 +10,8 @@ import torch
 from safetensors import safe_open
 
 from pytgi_shard.distributed import Dist
+from pytgi_shard.quantization.linear_format import DENSE, LinearFormat
+from pytgi_shard.quantization.linear_weight import LinearLoader, LinearWeight
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -56,14 +58,24 @@ def _no_safetensors(model_path: Path) -> str:
 class Weights:
     """Tensor name -> file map of a checkpoint, with readers that cast and place on this rank.
 
-    Floating tensors are cast to `dtype`; every tensor lands on `dist.device`. Sharded readers
-    read only this rank's slice from disk (safetensors slices are lazy).
+    Floating tensors are cast to `dtype`, except 8-bit floats (FP8 checkpoints' weights: cast,
+    they would lose their meaning, which only their scales give back); integers are never cast.
+    Every tensor lands on `dist.device`. Sharded readers read only this rank's slice from disk
+    (safetensors slices are lazy). `linear_format` says how the checkpoint's linear weights are
+    read (dense, pre-quantized, or quantized as they load).
     """
 
-    def __init__(self, model_path: Path, dtype: torch.dtype, dist: Dist) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        dtype: torch.dtype,
+        dist: Dist,
+        linear_format: LinearFormat = DENSE,
+    ) -> None:
         self.model_path = model_path
         self.dtype = dtype
         self.dist = dist
+        self.linear_format = linear_format
         self._handles: dict[Path, Any] = {}
         self._routing: dict[str, Path] = {}
         for file in find_weight_files(model_path):
@@ -96,23 +108,42 @@ class Weights:
     def shape(self, name: str) -> list[int]:
         return list(self._handle(self._file(name)).get_slice(name).get_shape())
 
-    def _place(self, t: torch.Tensor) -> torch.Tensor:
-        if t.is_floating_point():
+    @property
+    def linear_loader(self) -> LinearLoader:
+        """Reads projections stored one per name (ColumnParallelLinear / RowParallelLinear)."""
+        return self.linear_format.loader
+
+    def linear_from_float(self, weight: torch.Tensor) -> LinearWeight:
+        """A float weight a model assembled in its own layout (a fused q|k|v cut by heads, a
+        transposed Conv1D), as its layer holds it: quantized on load when asked."""
+        return self.linear_format.from_float(weight)
+
+    def dtype_name(self, name: str) -> str:
+        """The stored dtype of `name` as safetensors spells it ("F8_E4M3", "BF16", "I32")."""
+        return str(self._handle(self._file(name)).get_slice(name).get_dtype())
+
+    def _place(self, t: torch.Tensor, cast: bool = True) -> torch.Tensor:
+        if cast and t.is_floating_point() and t.element_size() > 1:
             t = t.to(self.dtype)
         return t.to(self.dist.device)
 
-    def get_tensor(self, name: str) -> torch.Tensor:
-        """The whole tensor (replicated weights: norms, unsharded heads)."""
-        return self._place(self._handle(self._file(name)).get_tensor(name))
+    def get_tensor(self, name: str, *, cast: bool = True) -> torch.Tensor:
+        """The whole tensor (replicated weights: norms, unsharded heads). `cast=False` keeps
+        the stored dtype (quantization scales, whose precision the kernels rely on)."""
+        return self._place(self._handle(self._file(name)).get_tensor(name), cast)
 
-    def get_range(self, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+    def get_range(
+        self, name: str, dim: int, start: int, stop: int, *, cast: bool = True
+    ) -> torch.Tensor:
         """Rows start:stop of `name` along `dim`, read from disk without the rest."""
         shape = self.shape(name)
         dim = dim % len(shape)
         index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(shape)))
-        return self._place(self._handle(self._file(name)).get_slice(name)[index])
+        return self._place(self._handle(self._file(name)).get_slice(name)[index], cast)
 
-    def get_part(self, name: str, dim: int, index: int, parts: int) -> torch.Tensor:
+    def get_part(
+        self, name: str, dim: int, index: int, parts: int, *, cast: bool = True
+    ) -> torch.Tensor:
         """Part `index` of `parts` equal parts of `name` along `dim`."""
         size = self.shape(name)[dim]
         if size % parts != 0:
@@ -121,11 +152,11 @@ class Weights:
                 f"{parts} equal shards"
             )
         block = size // parts
-        return self.get_range(name, dim, index * block, (index + 1) * block)
+        return self.get_range(name, dim, index * block, (index + 1) * block, cast=cast)
 
-    def get_sharded(self, name: str, dim: int) -> torch.Tensor:
+    def get_sharded(self, name: str, dim: int, *, cast: bool = True) -> torch.Tensor:
         """This rank's 1/world_size slice of `name` along `dim`."""
-        return self.get_part(name, dim, self.dist.rank, self.dist.world_size)
+        return self.get_part(name, dim, self.dist.rank, self.dist.world_size, cast=cast)
 
     def get_packed_sharded(self, names: list[str], dim: int = 0) -> torch.Tensor:
         """This rank's slice of each of `names`, concatenated along `dim` (fused gate/up)."""

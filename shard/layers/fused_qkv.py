@@ -12,10 +12,15 @@ Either way each rank keeps its query heads and the KV heads they read (replicate
 fewer KV heads than ranks, see linear.kv_head_partition), reordered at load time into the
 [q | k | v] rows every model then splits alike. GPT-2's Conv1D stores weights as [in, out]:
 `transposed` reads the output features along dim 1 and transposes them.
+
+These layouts are read as float tensors (Weights.linear_from_float): quantize-on-load applies to
+them, pre-quantized checkpoints of these families are refused at start-up
+(models/quantization.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -68,7 +73,7 @@ def load_stacked_qkv(
                   transposed),
         ])
 
-    return ColumnParallelLinear(read(f"{prefix}.weight"), read(f"{prefix}.bias") if bias else None)
+    return _column(weights, read, prefix, bias)
 
 
 def load_grouped_qkv(
@@ -92,4 +97,13 @@ def load_grouped_qkv(
         v = blocks[:, group + 1].reshape(-1, *rows.shape[1:])
         return torch.cat([q, k, v]).contiguous()
 
-    return ColumnParallelLinear(read(f"{prefix}.weight"), read(f"{prefix}.bias") if bias else None)
+    return _column(weights, read, prefix, bias)
+
+
+def _column(
+    weights: Weights, read: Callable[[str], torch.Tensor], prefix: str, bias: bool
+) -> ColumnParallelLinear:
+    """The layer of `prefix`.weight and .bias as `read` reorders them; the weight quantized on
+    load when --quantize asks (weights.linear_from_float)."""
+    weight = weights.linear_from_float(read(f"{prefix}.weight"))
+    return ColumnParallelLinear(weight, read(f"{prefix}.bias") if bias else None)

@@ -2,24 +2,43 @@
 
 Column-parallel splits output features (no communication; the next row-parallel layer consumes
 the split activations); row-parallel splits input features and sums the partial outputs.
+
+Each holds a LinearWeight: a dense tensor, multiplied by F.linear exactly as before quantization
+existed (that path is what float models decode through), or a QuantizedWeight, which carries its
+own kernel; the bias stays dense and is added after it. The weights come from the checkpoint's
+LinearLoader (weights.linear_loader), so the same layers read float, GPTQ, AWQ or FP8 tensors;
+the biases are read here, sliced as the weights are.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pytgi_shard.distributed import Dist
+from pytgi_shard.quantization.dense_loader import read_column
+from pytgi_shard.quantization.linear_weight import LinearWeight, OutputPart, QuantizedWeight
 from pytgi_shard.weights import Weights
+
+
+def _held(weight: LinearWeight) -> LinearWeight:
+    """What a layer stores as its `weight`: a frozen Parameter, or the QuantizedWeight module."""
+    if isinstance(weight, QuantizedWeight):
+        return weight
+    return nn.Parameter(weight, requires_grad=False)
 
 
 class ColumnParallelLinear(nn.Module):
     """y_rank = x @ W_rank^T + b_rank, with W split by output features across ranks."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    weight: LinearWeight
+
+    def __init__(self, weight: LinearWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = _held(weight)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
@@ -31,12 +50,25 @@ class ColumnParallelLinear(nn.Module):
         cls, weights: Weights, prefixes: list[str], bias: bool
     ) -> ColumnParallelLinear:
         """Several projections fused into one matmul (gate+up), each split across ranks alike."""
-        weight = weights.get_packed_sharded([f"{p}.weight" for p in prefixes], dim=0)
-        b = weights.get_packed_sharded([f"{p}.bias" for p in prefixes], dim=0) if bias else None
+        dist = weights.dist
+        return cls.load_parts(weights, prefixes, [(dist.rank, dist.world_size)] * len(prefixes),
+                              bias)
+
+    @classmethod
+    def load_parts(
+        cls, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart], bias: bool
+    ) -> ColumnParallelLinear:
+        """Of each projection `prefixes[i]`, output part `parts[i]`, fused into one matmul."""
+        weight = weights.linear_loader.column(weights, prefixes, parts)
+        b = read_column(weights, prefixes, parts, "bias") if bias else None
         return cls(weight, b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        weight = self.weight
+        if isinstance(weight, torch.Tensor):
+            return F.linear(x, weight, self.bias)
+        y = weight(x)
+        return y if self.bias is None else y + self.bias
 
 
 def kv_head_partition(num_kv_heads: int, dist: Dist) -> tuple[int, int]:
@@ -72,14 +104,13 @@ def load_qkv(
     """q_proj, k_proj and v_proj of `prefix` fused into one column-parallel projection (fused
     checkpoint tensors: layers/fused_qkv.py)."""
     index, parts = head_partition(num_heads, num_kv_heads, weights.dist)
-
-    def read(suffix: str) -> torch.Tensor:
-        q = weights.get_sharded(f"{prefix}.q_proj.{suffix}", dim=0)
-        k = weights.get_part(f"{prefix}.k_proj.{suffix}", 0, index, parts)
-        v = weights.get_part(f"{prefix}.v_proj.{suffix}", 0, index, parts)
-        return torch.cat([q, k, v], dim=0)
-
-    return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
+    dist = weights.dist
+    return ColumnParallelLinear.load_parts(
+        weights,
+        [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"],
+        [(dist.rank, dist.world_size), (index, parts), (index, parts)],
+        bias,
+    )
 
 
 def load_fused_column(weights: Weights, name: str, parts: int, bias: bool) -> ColumnParallelLinear:
@@ -87,22 +118,18 @@ def load_fused_column(weights: Weights, name: str, parts: int, bias: bool) -> Co
     each split across ranks: this rank's slice of each, in order, as load_packed gives them."""
     dist = weights.dist
     world = dist.world_size
-
-    def read(suffix: str) -> torch.Tensor:
-        return torch.cat([
-            weights.get_part(f"{name}.{suffix}", 0, p * world + dist.rank, parts * world)
-            for p in range(parts)
-        ])
-
-    return ColumnParallelLinear(read("weight"), read("bias") if bias else None)
+    pieces = [(p * world + dist.rank, parts * world) for p in range(parts)]
+    return ColumnParallelLinear.load_parts(weights, [name] * parts, pieces, bias)
 
 
 class RowParallelLinear(nn.Module):
     """y = sum over ranks of x_rank @ W_rank^T, plus the bias once (rank 0 adds it)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dist: Dist) -> None:
+    weight: LinearWeight
+
+    def __init__(self, weight: LinearWeight, bias: torch.Tensor | None, dist: Dist) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = _held(weight)
         self.bias = (
             nn.Parameter(bias, requires_grad=False) if bias is not None and dist.rank == 0 else None
         )
@@ -110,9 +137,13 @@ class RowParallelLinear(nn.Module):
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, bias: bool) -> RowParallelLinear:
-        weight = weights.get_sharded(f"{prefix}.weight", dim=1)
+        weight = weights.linear_loader.row(weights, prefix)
         b = weights.get_tensor(f"{prefix}.bias") if bias else None
         return cls(weight, b, weights.dist)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dist.all_reduce(F.linear(x, self.weight, self.bias))
+        weight = self.weight
+        if isinstance(weight, torch.Tensor):
+            return self.dist.all_reduce(F.linear(x, weight, self.bias))
+        y = weight(x)
+        return self.dist.all_reduce(y if self.bias is None else y + self.bias)
