@@ -150,6 +150,28 @@ GPT_FAMILIES: dict[str, dict] = {
     },
 }
 
+# Mixtures of experts on the Llama-style decoder (shard/layers/moe.py): top-k of a few experts
+# with each family's normalisation, Qwen2-MoE's shared expert and a dense layer among sparse ones,
+# Qwen3-MoE's renormalised top-3 with q/k norms, Mixtral's window shorter than the test prompts.
+MOE_FAMILIES: dict[str, dict] = {
+    "mixtral": {
+        **_SMALL, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "sliding_window": 6,
+    },
+    "qwen2_moe": {
+        **_SMALL, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+        "num_hidden_layers": 3, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 48, "num_experts": 6, "num_experts_per_tok": 2,
+        "mlp_only_layers": [1],
+    },
+    "qwen3_moe": {
+        **_SMALL, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 3,
+        "norm_topk_prob": True,
+    },
+}
+
 FALLBACK: dict[str, dict] = {
     # An architecture only the transformers fallback serves (partial rotary, parallel residual).
     "phi": {
@@ -161,7 +183,9 @@ FALLBACK: dict[str, dict] = {
 
 
 # Every tiny family by name: pytgi's own (the registry's model types) and the fallback's.
-FAMILIES: dict[str, dict] = {**LLAMA_FAMILY, **DECODER_FAMILIES, **GPT_FAMILIES, **FALLBACK}
+FAMILIES: dict[str, dict] = {
+    **LLAMA_FAMILY, **DECODER_FAMILIES, **MOE_FAMILIES, **GPT_FAMILIES, **FALLBACK
+}
 
 
 def train_tokenizer(texts: list[str], vocab_size: int = VOCAB_SIZE) -> Tokenizer:

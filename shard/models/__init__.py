@@ -32,6 +32,7 @@ from pytgi_shard.models.granite_config import granite_config
 from pytgi_shard.models.llama import Llama, ModelLoader
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.models.moe_config import mixtral_config, qwen2_moe_config, qwen3_moe_config
 from pytgi_shard.models.mpt import MPT
 from pytgi_shard.models.opt import OPT
 from pytgi_shard.models.phi3_config import phi3_config
@@ -56,6 +57,9 @@ MODELS: Mapping[str, ModelLoader] = MappingProxyType({
     "starcoder2": Llama.loader(starcoder2_config),
     "granite": Llama.loader(granite_config),
     "cohere": Llama.loader(cohere_config),
+    "mixtral": Llama.loader(mixtral_config),
+    "qwen2_moe": Llama.loader(qwen2_moe_config),
+    "qwen3_moe": Llama.loader(qwen3_moe_config),
     "gpt2": GPT2.load,
     "gpt_bigcode": GPT2.load,
     "gpt_neox": GPTNeoX.load,

@@ -1,5 +1,6 @@
 """The Llama-style decoder, tensor-parallel, over the paged cache: Llama 2/3, Code Llama, Mistral,
-Qwen2/3, Gemma 1/2/3, Phi-3/4, StarCoder2, Cohere (Command-R) and Granite.
+Qwen2/3, Gemma 1/2/3, Phi-3/4, StarCoder2, Cohere (Command-R), Granite, and the mixtures of
+experts Mixtral, Qwen2-MoE and Qwen3-MoE (sparse MoE blocks in place of MLPs: layers/moe.py).
 
     x = embed(ids)
     for each layer:  x = x + o_proj(attention(rope(q), rope(k), v))   on norm(x)
@@ -36,6 +37,7 @@ from pytgi_shard.layers.linear import (
 )
 from pytgi_shard.layers.lm_head import ParallelLMHead
 from pytgi_shard.layers.mlp import GatedMLP, PlainMLP
+from pytgi_shard.layers.moe import SparseMoE
 from pytgi_shard.layers.rotary import (
     RotaryEmbedding,
     apply_interleaved_rotary,
@@ -156,7 +158,13 @@ def _rotation(config: LlamaConfig) -> Callable[..., torch.Tensor]:
     return apply_rotary
 
 
-def _load_mlp(config: LlamaConfig, weights: Weights, prefix: str) -> nn.Module:
+def _load_mlp(config: LlamaConfig, weights: Weights, layer_idx: int) -> nn.Module:
+    """Layer `layer_idx`'s feed-forward block: a sparse MoE block where the config marks one."""
+    moe = config.moe
+    if moe is not None and moe.sparse_layers[layer_idx]:
+        prefix = f"model.layers.{layer_idx}.{moe.module}"
+        return SparseMoE.load(weights, prefix, moe, config.hidden_act)
+    prefix = f"model.layers.{layer_idx}.mlp"
     if config.mlp == "plain":
         return PlainMLP.load(
             weights, f"{prefix}.c_fc", f"{prefix}.c_proj", config.hidden_act, config.mlp_bias
@@ -183,7 +191,7 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(
             config, weights, f"{prefix}.self_attn", layer_idx, backend, sliding_window
         )
-        self.mlp = _load_mlp(config, weights, f"{prefix}.mlp")
+        self.mlp = _load_mlp(config, weights, layer_idx)
         if self.block != "parallel":
             # Gemma 2/3 name it so too, but apply it to the attention's output (sandwich).
             self.post_attention_layernorm = load_norm(
@@ -249,6 +257,10 @@ class Llama(nn.Module, Model):
         self.norm = load_norm(weights, "model.norm", config.norm, config.rms_norm_eps)
         # Every layer makes the same choice; the forward builds the factors that choice takes.
         self.fused_rotary = all(layer.self_attn.fused_rotary for layer in layers)
+        # A MoE block on the grouped PyTorch path reads its group sizes on the host.
+        self.graph_capturable = all(
+            layer.mlp.capturable for layer in layers if isinstance(layer.mlp, SparseMoE)
+        )
         head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
         self.lm_head = ParallelLMHead.load(weights, head)
         rotary_dim = config.rotary_dim or config.head_dim

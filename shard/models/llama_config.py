@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
+from pytgi_shard.layers.moe import MoESpec
+
 _COMMON: Mapping[str, Any] = MappingProxyType({
     "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
     "num_attention_heads": 32, "hidden_act": "silu", "rms_norm_eps": 1e-6,
@@ -95,6 +97,8 @@ class LlamaConfig:
     rope_interleaved: bool = False
     # Gemma 3: the sliding layers' own rope base (no scaling); None: every layer shares one.
     local_rope_theta: float | None = None
+    # Mixtral, Qwen2-MoE, Qwen3-MoE: sparse mixture-of-experts blocks in the layers it marks.
+    moe: MoESpec | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> LlamaConfig:

@@ -1,7 +1,7 @@
 """The Llama-style decoder's other families against transformers, on one rank and on two.
 
-Each family's tiny model (tests/tiny_models.DECODER_FAMILIES: transformers' own config class,
-random weights, no download) runs through the paged cache as test_models.py runs Llama: prompts
+Each family's tiny model (tests/tiny_models.DECODER_FAMILIES and MOE_FAMILIES: transformers' own
+config class, random weights, no download) runs through the paged cache as test_models.py runs Llama: prompts
 across block boundaries and longer than any sliding window, a mixed step, decode steps; every
 position's logits must equal transformers' full-sequence logits, on one rank and on each of two
 ranks (one gloo spawn for all the families).
@@ -27,7 +27,7 @@ from pytgi_shard.models.llama import Llama
 from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.models.phi3_config import phi3_config
 from pytgi_shard.models.starcoder2_config import starcoder2_config
-from tests.tiny_models import DECODER_FAMILIES, VOCAB_SIZE
+from tests.tiny_models import DECODER_FAMILIES, MOE_FAMILIES, VOCAB_SIZE
 from tests.unit.shard.test_models import (
     CPU,
     _free_port,
@@ -37,7 +37,8 @@ from tests.unit.shard.test_models import (
     sequences,
 )
 
-FAMILIES = list(DECODER_FAMILIES)
+SPECS = {**DECODER_FAMILIES, **MOE_FAMILIES}
+FAMILIES = list(SPECS)
 
 
 def test_every_family_is_registered() -> None:
@@ -50,7 +51,7 @@ def test_family_matches_transformers(tiny_model: Callable[..., Path], family: st
     model = get_model(ModelConfig.read(path), dtype=torch.float32, dist=single_process(CPU))
     assert isinstance(model, Llama) and model.model_type == family  # ours, not the fallback
     seqs = sequences(model.vocab_size)
-    assert max(len(s) for s in seqs) > (DECODER_FAMILIES[family].get("sliding_window") or 0)
+    assert max(len(s) for s in seqs) > (SPECS[family].get("sliding_window") or 0)
     assert_matches(paged_logits(model, seqs), hf_logits(path, seqs))
 
 
