@@ -1,0 +1,114 @@
+"""4-bit group-quantized weights through PyTorch's own int4 packed matmul (tinygemm's layout):
+`_weight_int4pack_mm_for_cpu` on CPU, `_weight_int4pack_mm` on CUDA.
+
+Those kernels dequantize as (q - 8) * scale + offset with one (scale, offset) pair per group of
+consecutive input features, so a GPTQ/AWQ zero point z becomes offset = scale * (8 - z): then
+(q - 8) * s + s * (8 - z) = s * (q - z). For float16 checkpoint scales every term is exact in
+float32, so on CPU in float32 the kernel multiplies by exactly the dequantized weight.
+
+Act-order weights (g_idx not sorted) are read with their input features permuted once at load
+(groups consecutive) and the activations gathered in the same order at each call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pytgi_shard.quantization.group_quantized import ContiguousGroups, GroupQuantized
+from pytgi_shard.quantization.linear_weight import QuantizedWeight
+
+# The group sizes both ops accept.
+INT4PACK_GROUP_SIZES = (32, 64, 128, 256)
+# The tiling factor of the packed layout along the inputs, largest first (8 is what tinygemm
+# users pick; the in_features must be a multiple of 16 times it on CUDA).
+INNER_K_TILES = (8, 4, 2)
+
+
+def int4pack_fits(
+    device: torch.device, dtype: torch.dtype, in_features: int, out_features: int,
+    groups: ContiguousGroups | None, bits: int,
+) -> bool:  # fmt: skip
+    """Whether the op takes this weight: 4 bits, equal consecutive groups (once sorted) that
+    split into the op's 32-256, out_features a multiple of 16 (CPU) or 8 (CUDA), bfloat16
+    activations on CUDA."""
+    if bits != 4 or groups is None or op_group_size(groups.group_size) == 0:
+        return False
+    if device.type == "cpu":
+        return out_features % 16 == 0
+    if device.type == "cuda":
+        return dtype == torch.bfloat16 and out_features % 8 == 0 and _inner_k_tiles(in_features) > 0
+    return False
+
+
+def op_group_size(group_size: int) -> int:
+    """The largest group size the op takes that divides `group_size` (0: none). A larger group
+    (GPTQ's group_size -1 is one group of all inputs) is read as several, its scale repeated."""
+    return next((s for s in reversed(INT4PACK_GROUP_SIZES) if group_size % s == 0), 0)
+
+
+def _inner_k_tiles(in_features: int) -> int:
+    return next((t for t in INNER_K_TILES if in_features % (16 * t) == 0), 0)
+
+
+class Int4PackWeight(QuantizedWeight):
+    """The weight in the op's packed layout, with its [groups, out, 2] scales and offsets."""
+
+    def __init__(
+        self, weight: GroupQuantized, groups: ContiguousGroups, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.in_features = weight.in_features
+        self.out_features = weight.out_features
+        self.group_size = op_group_size(groups.group_size)
+        q = weight.int_weight()  # [in, out]
+        g = weight.g_idx.long()
+        if groups.perm is not None:
+            q, g = q[groups.perm], g[groups.perm]
+        # One (scale, offset) per consecutive group of the (permuted) inputs.
+        first = g[:: self.group_size]
+        scales = weight.scales[first].float()
+        offsets = scales * (8 - weight.zeros[first].float())
+        self.register_buffer("scales_and_zeros", torch.stack([scales, offsets], dim=-1).to(dtype))
+        self.register_buffer("packed", _pack(q.t().contiguous()))
+        perm = None if groups.perm is None else groups.perm.to(torch.int32)
+        self.register_buffer("perm", perm)
+
+    def _matmul(self, x2d: torch.Tensor) -> torch.Tensor:
+        if x2d.is_cuda:
+            return torch.ops.aten._weight_int4pack_mm(
+                x2d, self.packed, self.group_size, self.scales_and_zeros
+            )
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x2d, self.packed, self.group_size, self.scales_and_zeros
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.perm is not None:
+            x = x.index_select(-1, self.perm)
+        x2d = x.reshape(-1, self.in_features)
+        if x2d.dtype != self.scales_and_zeros.dtype:
+            x2d = x2d.to(self.scales_and_zeros.dtype)
+        return self._matmul(x2d.contiguous()).to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    def dequantize(self) -> torch.Tensor:
+        """Read back through the kernel itself (identity activations), so it is exactly what the
+        kernel multiplies by; costs an [in, in] matmul, meant for checks, not serving."""
+        eye = torch.eye(
+            self.in_features, dtype=self.scales_and_zeros.dtype, device=self.packed.device
+        )
+        w = self._matmul(eye).t()  # [out, in] over the permuted inputs
+        if self.perm is None:
+            return w.contiguous()
+        unpermuted = torch.empty_like(w)
+        unpermuted[:, self.perm] = w
+        return unpermuted
+
+
+def _pack(q: torch.Tensor) -> torch.Tensor:
+    """[out, in] values 0..15 -> the op's layout: the CPU op packs int32 itself; the CUDA op takes
+    two values a byte (even input in the high nibble, tinygemm's order)."""
+    tiles = _inner_k_tiles(q.shape[1]) or INNER_K_TILES[-1]
+    if q.is_cuda:
+        as_bytes = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)
+        return torch.ops.aten._convert_weight_to_int4pack(as_bytes, tiles)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), tiles)
