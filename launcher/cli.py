@@ -15,6 +15,7 @@ from typing import Any
 from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
+from pytgi_shard.quantization.method import parse_quantize
 
 # (flag, type, help); the default shown is LauncherSettings'.
 _VALUED: list[tuple[str, Any, str]] = [
@@ -22,6 +23,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--revision", str, "Hub revision (branch, tag or commit)"),
     ("--num-shard", int, "number of shards (default: visible GPUs, 1 on CPU)"),
     ("--dtype", str, f"one of {', '.join(DTYPES)} (default: bfloat16 on GPU, float32 on CPU)"),
+    ("--quantize", parse_quantize, "quantize a float checkpoint on load: bitsandbytes, "
+     "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8; pre-quantized gptq, awq, fp8 and "
+     "compressed-tensors checkpoints are detected without it (marlin: gptq)"),
     ("--max-concurrent-requests", int, "in-flight requests before 429 (default 128)"),
     ("--max-best-of", int, "upper bound of best_of (default 2)"),
     ("--max-stop-sequences", int, "upper bound of stop sequences (default 4)"),

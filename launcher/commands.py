@@ -37,6 +37,7 @@ def shard_argv(
         "--rank", str(rank), "--world-size", str(world_size),
         "--master-addr", s.master_addr, *_opt("--master-port", master_port or s.master_port),
         "--uds-path", s.shard_base_path, "--dtype", dtype,
+        *_opt("--quantize", s.quantize),
         *_opt("--instance-id", instance_id),
         "--cuda-memory-fraction", str(s.cuda_memory_fraction),
         *_switch("--trust-remote-code", s.trust_remote_code),

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from pytgi_launcher.logs import LogSink, configure_logging
 from pytgi_launcher.settings import LauncherSettings
 from pytgi_launcher.supervisor import Plan, Supervisor
 from pytgi_shard.model_resolution import ModelNotFound, WeightsSource, hub_token, resolve_model
+from pytgi_shard.quantization.errors import QuantizationError
+from pytgi_shard.quantization.resolution import resolve_quantization
 
 
 def visible_gpus() -> tuple[int, str]:
@@ -50,6 +54,19 @@ def free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def quantization_in_use(model_path: Path, flag: str | None) -> str:
+    """What the shards will run, for the launcher's log: the checkpoint's quantization and
+    --quantize reconciled as each shard will (a QuantizationError before anything starts)."""
+    try:
+        config = json.loads((model_path / "config.json").read_text())
+    except ValueError as e:
+        raise QuantizationError(f"{model_path / 'config.json'} is not valid JSON: {e}") from e
+    if not isinstance(config, dict):
+        raise QuantizationError(f"{model_path / 'config.json'} is not a JSON object")
+    spec = resolve_quantization(model_path, config, flag)
+    return "no quantization" if spec is None else f"quantization {spec.describe()}"
+
+
 def fail(message: str) -> int:
     print(f"pytgi-launcher: error: {message}", file=sys.stderr)
     return 1
@@ -78,7 +95,13 @@ def launch(settings: LauncherSettings, environ: Mapping[str, str]) -> int:
     except ValueError as e:
         return fail(str(e))
     dtype = settings.resolved_dtype(on_gpu=gpus > 0)
-    log.info("model %s at %s: %d shard(s), %s", settings.model_id, model_path, num_shard, dtype)
+    try:
+        quantization = quantization_in_use(model_path, settings.quantize)
+    except QuantizationError as e:
+        return fail(str(e))
+    log.info("model %s at %s: %d shard(s), %s, %s", settings.model_id, model_path, num_shard,
+             dtype, quantization)
     plan = Plan(settings, model_path, num_shard, dtype, compute_type(num_shard, gpu_name), environ,
-                master_port=settings.master_port or free_port(settings.master_addr))
+                master_port=settings.master_port or free_port(settings.master_addr),
+                quantization=quantization)
     return Supervisor(plan, sink, log).run()

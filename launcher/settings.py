@@ -31,6 +31,8 @@ class LauncherSettings:
     sharded: bool | None = None
     # None: bfloat16 on GPU, float32 on CPU.
     dtype: str | None = None
+    # TGI's --quantize (checked by its parser, quantization/method.py); None: the checkpoint's.
+    quantize: str | None = None
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
     max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS

@@ -65,6 +65,8 @@ class Plan:
     environ: Mapping[str, str] = field(default_factory=dict)
     # The rendezvous port resolved at launch (--master-port, else a free one).
     master_port: int | None = None
+    # What the weights run as, for the ready line ("no quantization", "quantization gptq ...").
+    quantization: str = "no quantization"
     # This launch's id: its shards answer the health service pytgi.instance.<id>, which no other
     # instance's shard does, so readiness never counts a stranger on the same socket path.
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -129,8 +131,9 @@ class Supervisor:
             return self._shutdown()
         s = self.plan.settings
         self.log.info(
-            "ready: %s serving %s on %d shard(s) as %s",
+            "ready: %s serving %s on %d shard(s) as %s, %s",
             local_url(s.hostname, s.port), s.model_id, self.plan.num_shard, self.plan.dtype,
+            self.plan.quantization,
         )
         while not self._stop.wait(POLL_SECONDS):
             try:

@@ -43,8 +43,12 @@ def env_values(
             continue
         try:
             out[action.dest] = _env_value(action, raw)
-        except (ValueError, argparse.ArgumentTypeError):
+        except ValueError:
             parser.error(f"environment variable {env_name(flag)}={raw!r} is not valid for {flag}")
+        except argparse.ArgumentTypeError as e:
+            # The flag's own parser explains (lists the valid values, says why one is refused).
+            parser.error(f"environment variable {env_name(flag)}={raw!r} is not valid for "
+                         f"{flag}: {e}")
     if "hostname" in out and not _is_bindable(out["hostname"]):
         # Containers export HOSTNAME as their own name, which is no address to bind (TGI too).
         del out["hostname"]

@@ -18,6 +18,8 @@ from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
 from pytgi_shard.ctl import add_ctl_command
 from pytgi_shard.download_weights import add_download_command
 from pytgi_shard.logs import configure_logging
+from pytgi_shard.quantization.errors import QuantizationError
+from pytgi_shard.quantization.method import parse_quantize
 from pytgi_shard.settings import ShardSettings, parse_cuda_graphs
 
 log = logging.getLogger("pytgi_shard")
@@ -59,6 +61,13 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         help="default: the checkpoint's half precision on GPU, float32 on CPU",
     )
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument(
+        "--quantize",
+        type=parse_quantize,
+        help="quantize a float checkpoint on load (bitsandbytes, bitsandbytes-nf4, "
+        "bitsandbytes-fp4, eetq, fp8) or confirm a pre-quantized one's method (gptq, awq, fp8, "
+        "compressed-tensors; marlin: gptq); env QUANTIZE; default: the checkpoint's own",
+    )
     p.add_argument(
         "--attention",
         help="attention backend: triton or reference (default: triton on CUDA when Triton is "
@@ -139,6 +148,9 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
     graphs = _cuda_graphs(args, env)
     if graphs is not None:
         values["cuda_graphs"] = graphs
+    quantize = _quantize(args, env)
+    if quantize is not None:
+        values["quantize"] = quantize
     return ShardSettings(
         model_path=args.model_path,
         uds_path=None if args.port is not None else (args.uds_path or DEFAULT_UDS_PATH),
@@ -166,6 +178,18 @@ def _cuda_graphs(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int,
         return parse_cuda_graphs(args.cuda_graphs)
     if env.get("CUDA_GRAPHS"):
         return parse_cuda_graphs(env["CUDA_GRAPHS"], "CUDA_GRAPHS")
+    return None
+
+
+def _quantize(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """--quantize, else QUANTIZE (TGI's variable), else None: the checkpoint's own."""
+    if args.quantize is not None:
+        return str(args.quantize)
+    if env.get("QUANTIZE"):
+        try:
+            return parse_quantize(env["QUANTIZE"])
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(f"QUANTIZE: {e}") from None
     return None
 
 
@@ -199,7 +223,8 @@ def run_serve(args: argparse.Namespace) -> int:
         engine = load_engine(settings)
         urls = peer_urls(settings, engine.dist)
         asyncio.run(serve(settings, engine, urls, server_interceptors(provider)))
-    except SocketInUse as e:
+    except (SocketInUse, QuantizationError) as e:
+        # One line says it all (no traceback): the launcher shows it as the reason.
         log.error("shard %d cannot start: %s", settings.rank, e)
         return 1
     except Exception:

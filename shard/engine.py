@@ -136,6 +136,7 @@ class Engine:
             world_size=self.dist.world_size,
             max_position_embeddings=m.max_position_embeddings,
             vocab_size=m.vocab_size,
+            quantize=self.settings.quantize or "",
         )
         if m.sliding_window is not None:
             out.window_size = m.sliding_window

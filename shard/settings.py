@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES, shard_socket
+from pytgi_shard.quantization.method import VALUES as QUANTIZE_VALUES
 
 # Decode batch sizes captured as CUDA graphs: TGI's --cuda-graphs default (1..32) extended to the
 # batch sizes a server GPU decodes at; Warmup caps them at the router's max_batch_size.
@@ -44,6 +45,9 @@ class ShardSettings:
     advertise_address: str | None = None
     # None: the checkpoint's dtype on GPU (half precision), float32 on CPU.
     dtype: str | None = None
+    # TGI's --quantize value (quantization/method.py); None: the checkpoint's own, if any. After
+    # start-up resolves it, the method that runs ("" for float weights), which Info reports.
+    quantize: str | None = None
     trust_remote_code: bool = False
     # None: the device's default (shard.attention.default_backend), resolved at start-up.
     attention: str | None = None
@@ -88,6 +92,9 @@ class ShardSettings:
             out.append(f"--master-port must be in 1..65535, got {self.master_port}")
         if self.dtype is not None and self.dtype not in DTYPES:
             out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        if self.quantize and self.quantize not in QUANTIZE_VALUES:
+            out.append(f"--quantize must be one of {', '.join(QUANTIZE_VALUES)}, got "
+                       f"{self.quantize}")
         if self.block_size < 1:
             out.append(f"--block-size must be >= 1, got {self.block_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:

@@ -15,6 +15,7 @@ from pytgi_shard.distributed import Dist, init_distributed
 from pytgi_shard.engine import Engine
 from pytgi_shard.models import get_model
 from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.quantization.resolution import resolve_quantization
 from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,9 @@ def resolve_dtype(
 def load_engine(settings: ShardSettings) -> Engine:
     # The one reading of config.json: everything below is handed this object.
     config = ModelConfig.read(settings.model_path)
+    # Before the process group: a refused quantization fails every rank at once, alike.
+    quantization = resolve_quantization(settings.model_path, config.raw, settings.quantize)
+    settings = dataclasses.replace(settings, quantize=quantization.method if quantization else "")
     device = choose_device(settings.rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -66,6 +70,7 @@ def load_engine(settings: ShardSettings) -> Engine:
         dist=dist,
         trust_remote_code=settings.trust_remote_code,
         attention=settings.attention or "reference",
+        quantization=quantization,
     )
     detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
     return Engine(model, detokenizer, dist, settings)

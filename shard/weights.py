@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 
 from pytgi_shard.distributed import Dist
+from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.linear_format import DENSE, LinearFormat
 from pytgi_shard.quantization.linear_weight import LinearLoader, LinearWeight
 
@@ -58,8 +59,9 @@ def _no_safetensors(model_path: Path) -> str:
 class Weights:
     """Tensor name -> file map of a checkpoint, with readers that cast and place on this rank.
 
-    Floating tensors are cast to `dtype`, except 8-bit floats (FP8 checkpoints' weights: cast,
-    they would lose their meaning, which only their scales give back); integers are never cast.
+    Floating tensors are cast to `dtype`; integers are never cast. 8-bit floats (FP8
+    checkpoints' weights) only mean something with their scales: they are read as stored by the
+    FP8 loader (`cast=False`) and refused where a model reads a float weight, never cast.
     Every tensor lands on `dist.device`. Sharded readers read only this rank's slice from disk
     (safetensors slices are lazy). `linear_format` says how the checkpoint's linear weights are
     read (dense, pre-quantized, or quantized as they load).
@@ -122,15 +124,21 @@ class Weights:
         """The stored dtype of `name` as safetensors spells it ("F8_E4M3", "BF16", "I32")."""
         return str(self._handle(self._file(name)).get_slice(name).get_dtype())
 
-    def _place(self, t: torch.Tensor, cast: bool = True) -> torch.Tensor:
-        if cast and t.is_floating_point() and t.element_size() > 1:
+    def _place(self, name: str, t: torch.Tensor, cast: bool) -> torch.Tensor:
+        if cast and t.is_floating_point():
+            if t.element_size() == 1:
+                raise QuantizationError(
+                    f"{name!r} is stored in 8-bit floating point ({t.dtype}) and is read here as "
+                    "a model weight: cast, it would lose the scale that gives it its value. "
+                    "pytgi reads FP8 weights only in the linear projections of FP8 checkpoints"
+                )
             t = t.to(self.dtype)
         return t.to(self.dist.device)
 
     def get_tensor(self, name: str, *, cast: bool = True) -> torch.Tensor:
         """The whole tensor (replicated weights: norms, unsharded heads). `cast=False` keeps
         the stored dtype (quantization scales, whose precision the kernels rely on)."""
-        return self._place(self._handle(self._file(name)).get_tensor(name), cast)
+        return self._place(name, self._handle(self._file(name)).get_tensor(name), cast)
 
     def get_range(
         self, name: str, dim: int, start: int, stop: int, *, cast: bool = True
@@ -139,7 +147,7 @@ class Weights:
         shape = self.shape(name)
         dim = dim % len(shape)
         index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(shape)))
-        return self._place(self._handle(self._file(name)).get_slice(name)[index], cast)
+        return self._place(name, self._handle(self._file(name)).get_slice(name)[index], cast)
 
     def get_part(
         self, name: str, dim: int, index: int, parts: int, *, cast: bool = True

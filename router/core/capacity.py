@@ -36,6 +36,8 @@ class ShardInfo:
     # prompt may be longer than the prefill budget), and over a cached prefix.
     support_chunking: bool = False
     use_prefix_caching: bool = False
+    # TGI's --quantize name of the quantization the shards run ("gptq", "fp8", ...), "" for none.
+    quantize: str = ""
 
 
 class InferStartError(RuntimeError):
@@ -121,6 +123,7 @@ def derive_info(
         vocab_size=info.vocab_size,
         support_chunking=chunking,
         use_prefix_caching=info.use_prefix_caching,
+        quantize=info.quantize,
     )
 
 

@@ -77,6 +77,8 @@ class AppState:
             "model_sha": self.model_sha,
             "model_dtype": i.dtype,
             "model_device_type": i.device_type,
+            # pytgi's: TGI's launcher only logs it. null for float weights.
+            "quantize": i.quantize or None,
             "model_pipeline_tag": self.model_pipeline_tag,
             "max_concurrent_requests": s.max_concurrent_requests,
             "max_best_of": s.max_best_of,

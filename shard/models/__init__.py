@@ -5,13 +5,16 @@ MODELS maps config.json's model_type to the loader of its implementation; adding
 architecture is one model file or decoder configuration (llama_config.py), one line here and one
 test entry. Anything not in the table runs through transformers, which cannot shard.
 
-Loading is safe by default: safetensors only (no pickle is ever opened), a model that needs
-its own Python code (config.json `auto_map`) is refused unless --trust-remote-code asks for it,
-and a quantized checkpoint is refused (no quantized kernels yet), naming its method.
+Loading is safe by default: safetensors only (no pickle is ever opened), and a model that
+needs its own Python code (config.json `auto_map`) is refused unless --trust-remote-code asks
+for it. Quantization (a pre-quantized checkpoint, or --quantize) is resolved before anything
+loads and refused, in one line, for a family or method pytgi cannot serve it with
+(models/quantization.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,8 +39,11 @@ from pytgi_shard.models.moe_config import mixtral_config, qwen2_moe_config, qwen
 from pytgi_shard.models.mpt import MPT
 from pytgi_shard.models.opt import OPT
 from pytgi_shard.models.phi3_config import phi3_config
-from pytgi_shard.models.quantization import check_not_quantized
+from pytgi_shard.models.quantization import check_model_family, log_linear_kernels
 from pytgi_shard.models.starcoder2_config import starcoder2_config
+from pytgi_shard.quantization.detection import detect_quantization
+from pytgi_shard.quantization.kernel_table import linear_format
+from pytgi_shard.quantization.spec import QuantizationSpec
 from pytgi_shard.weights import find_weight_files
 
 __all__ = ["MODELS", "Model", "ModelConfig", "get_model"]
@@ -96,14 +102,19 @@ def get_model(
     dist: Dist,
     trust_remote_code: bool = False,
     attention: str = "reference",
+    quantization: QuantizationSpec | None = None,
 ) -> Model:
     """Loads the model of `config` (its directory's config.json, read once) for this rank.
 
     A model_type in MODELS runs on pytgi's own tensor-parallel implementation; anything else
-    runs through transformers on a single shard.
+    runs through transformers on a single shard. `quantization`: what resolve_quantization gave
+    for --quantize; None means no flag, the checkpoint's own (detected here).
     """
     model_path, model_type = config.path, config.model_type
-    check_not_quantized(model_path, config.raw)
+    if quantization is None:
+        quantization = detect_quantization(model_path, config.raw)
+    check_model_family(model_type, quantization, MODELS.keys())
+    linear_format(quantization)  # a method without a kernel in this build: refused before loading
     find_weight_files(model_path)  # safetensors or a clear refusal, before anything loads
     backend = get_backend(attention)
     loader = MODELS.get(model_type)
@@ -111,7 +122,10 @@ def get_model(
         if config.raw.get("auto_map"):
             log.warning("%s names custom code (auto_map): not run, %s is served by pytgi's own "
                         "implementation", model_path, model_type)
-        return loader(config, dtype, dist, backend)
+        model = loader(dataclasses.replace(config, quantization=quantization), dtype, dist,
+                       backend)
+        log_linear_kernels(model, model_type, quantization)
+        return model
     if dist.world_size > 1:
         raise ValueError(
             f"Sharded {model_type} is not supported: only pytgi's own implementations shard "

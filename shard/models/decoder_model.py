@@ -32,6 +32,7 @@ from pytgi_shard.layers.rotary import RotaryEmbedding, rotation_tables
 from pytgi_shard.layers.self_attention import Rotation
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.quantization.kernel_table import linear_format
 from pytgi_shard.weights import Weights
 
 ConfigT = TypeVar("ConfigT")
@@ -42,8 +43,9 @@ def with_weights(
     config: ModelConfig, dtype: torch.dtype, dist: Dist, build: Callable[[Weights], ModelT]
 ) -> ModelT:
     """`build` given the checkpoint's weights at config.path, closed once the model holds its
-    tensors (the files stay mapped only while loading)."""
-    weights = Weights(config.path, dtype, dist)
+    tensors (the files stay mapped only while loading); their linears are read as
+    config.quantization says."""
+    weights = Weights(config.path, dtype, dist, linear_format(config.quantization))
     try:
         return build(weights)
     finally:

@@ -14,6 +14,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytgi_shard.quantization.spec import QuantizationSpec
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -21,6 +23,9 @@ class ModelConfig:
     path: Path
     # config.json's top-level object, read-only.
     raw: Mapping[str, Any]
+    # How the linear weights are stored or quantized, as get_model resolved it (None: float);
+    # the model's Weights read the checkpoint with it (decoder_model.with_weights).
+    quantization: QuantizationSpec | None = None
 
     @classmethod
     def read(cls, model_path: Path) -> ModelConfig:

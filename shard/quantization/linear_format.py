@@ -37,7 +37,7 @@ def quantized_on_load(name: str, quantize: Callable[[torch.Tensor], LinearWeight
     return LinearFormat(name, DenseLoader(quantize), quantize)
 
 
-def pre_quantized(name: str, loader: LinearLoader) -> LinearFormat:
+def pre_quantized_format(name: str, loader: LinearLoader) -> LinearFormat:
     """A checkpoint stored quantized: read by `loader`; no layer may be read as a float weight."""
 
     def refuse(weight: torch.Tensor) -> LinearWeight:

@@ -34,3 +34,24 @@ class RowInt8(QuantizedWeight):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(x, self.dequantize().to(x.dtype))
+
+
+class DequantFp8(QuantizedWeight):
+    """An FP8 checkpoint's weight as Fp8CheckpointLoader hands it over, multiplied by
+    dequantizing (W = weight * scale per row or per tensor) in float32."""
+
+    def __init__(
+        self, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None
+    ) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("fp8", weight)
+        self.register_buffer("scale", scale)
+        self.input_scale = input_scale
+
+    def dequantize(self) -> torch.Tensor:
+        scale = self.scale if self.scale.dim() == 0 else self.scale[:, None]
+        return self.fp8.float() * scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.dequantize().to(x.dtype))

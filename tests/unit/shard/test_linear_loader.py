@@ -23,7 +23,7 @@ from pytgi_shard.layers.linear import (
     load_qkv,
 )
 from pytgi_shard.quantization.errors import QuantizationError
-from pytgi_shard.quantization.linear_format import DENSE, pre_quantized, quantized_on_load
+from pytgi_shard.quantization.linear_format import DENSE, pre_quantized_format, quantized_on_load
 from pytgi_shard.weights import Weights
 from tests.unit.shard.quantized_double import RowInt8
 
@@ -146,21 +146,24 @@ def test_a_pre_quantized_format_refuses_layers_read_as_float(
     checkpoint: tuple[Path, dict[str, torch.Tensor]],
 ) -> None:
     path, _ = checkpoint
-    weights = Weights(path, torch.float32, rank(0, 1), pre_quantized("gptq", DENSE.loader))
+    weights = Weights(path, torch.float32, rank(0, 1), pre_quantized_format("gptq", DENSE.loader))
     with pytest.raises(QuantizationError, match="pytgi reads gptq weights only for projections"):
         load_stacked_qkv(weights, "s.qkv", HeadShape(HEADS, KV_HEADS, HEAD_DIM), bias=False)
 
 
-def test_fp8_tensors_are_not_cast_and_scales_can_keep_their_dtype(tmp_path: Path) -> None:
-    """Cast to the model's dtype, FP8 payloads would turn into wrong weights silently."""
+def test_fp8_tensors_are_never_cast_and_scales_can_keep_their_dtype(tmp_path: Path) -> None:
+    """Cast to the model's dtype, FP8 payloads would turn into wrong weights silently: they are
+    read as stored, or refused where a float weight is expected."""
     fp8 = torch.randn(4, 8).to(torch.float8_e4m3fn)
     scale = torch.tensor([0.0123], dtype=torch.bfloat16)
     save_file({"w": fp8, "s": scale, "b": torch.randn(4)}, tmp_path / "model.safetensors")
     weights = Weights(tmp_path, torch.float16, rank(1, 2))
-    got = weights.get_sharded("w", 0)
+    got = weights.get_sharded("w", 0, cast=False)
     assert got.dtype == torch.float8_e4m3fn
     assert torch.equal(got.view(torch.uint8), fp8[2:].view(torch.uint8))
     assert weights.get_tensor("s").dtype == torch.float16
     assert weights.get_tensor("s", cast=False).dtype == torch.bfloat16
     assert weights.get_tensor("b").dtype == torch.float16
     assert weights.dtype_name("w") == "F8_E4M3"
+    with pytest.raises(QuantizationError, match="'w' is stored in 8-bit floating point"):
+        weights.get_sharded("w", 0)
