@@ -1,0 +1,127 @@
+"""TGI's `--quantize eetq`: int8 weights, one symmetric scale per output channel.
+
+W ~= q * scale[:, None] with q = round(W / scale) in [-127, 127] and scale = max |W[row]| / 127,
+so each weight is rounded once to 1/254 of its row's range. Three kernels multiply by it; the
+one taken is chosen per device by measurement (bench/quantization.py, README "Quantization"):
+
+- INT_MM: the activations quantized per token on the fly (symmetric int8, one scale per row of
+  x), then PyTorch's int8 GEMM `torch._int_mm` (int32 accumulation, exact) and both scales applied
+  to the int32 result. Reads 1 byte per weight and uses the CPU's AVX512-VNNI / the GPU's int8
+  tensor cores. Chosen on CPUs with AVX-512 and on CUDA: on this project's CPU it was the only
+  int8 kernel faster than the float32 matmul at batch 1 (memory-bound decoding), and at batch 64.
+  It is W8A8 rather than EETQ's W8A16: each activation is also rounded to 1/254 of its token's
+  range; the perplexity test bounds what that costs (within 1% of float32).
+- INT8PACK: `torch.ops.aten._weight_int8pack_mm` (weight-only, activations in their dtype).
+  Measured 5-40x slower than float32 on this CPU in float32 (its vectorised path is for
+  bfloat16 decoding); kept selectable and measured by the bench on every device.
+- DEQUANT: the weight dequantized to the activations' dtype each call, then F.linear. Exact
+  weight-only arithmetic anywhere, but it writes and reads a float copy of W per call: the
+  fallback where `_int_mm` has no fast path (CPUs without AVX-512, where PyTorch's int8 GEMM is
+  a scalar loop).
+
+On CUDA `_int_mm` needs more than 16 rows and in/out features that are multiples of 8: fewer
+rows are padded with zero rows (decoding reads the weight once either way); other shapes take
+DEQUANT. The CUDA choice is not measured yet (no GPU was lent when it was written): the GPU
+variant of the bench measures all three.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+import torch.nn.functional as F
+
+from pytgi_shard.quantization.linear_weight import QuantizedWeight
+
+INT8_MAX = 127
+# _int_mm on CUDA: cuBLASLt's int8 GEMM wants more than 16 rows and dimensions in multiples of 8.
+CUDA_INT_MM_MIN_ROWS = 17
+CUDA_INT_MM_MULTIPLE = 8
+
+
+class Int8Kernel(str, Enum):
+    INT_MM = "int_mm"
+    INT8PACK = "int8pack"
+    DEQUANT = "dequant"
+
+
+def default_int8_kernel(device: torch.device) -> Int8Kernel:
+    """The kernel measured fastest on `device` (this module's docstring says why)."""
+    if device.type == "cuda":
+        return Int8Kernel.INT_MM
+    if device.type == "cpu" and torch.backends.cpu.get_cpu_capability() == "AVX512":
+        return Int8Kernel.INT_MM
+    return Int8Kernel.DEQUANT
+
+
+def quantize_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 q, float32 scale [rows]) with values ~= q * scale[:, None], symmetric per row of a
+    2-D tensor. An all-zero row gets scale 1 (its q is 0), never a division by zero."""
+    absmax = values.abs().amax(dim=1).float()
+    scale = torch.where(absmax > 0, absmax / INT8_MAX, torch.ones_like(absmax))
+    q = torch.round(values.float() / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX)
+    return q.to(torch.int8), scale
+
+
+class Int8WeightOnly(QuantizedWeight):
+    """qweight int8 [out, in] and scale float32 [out]; `kernel` as this module describes."""
+
+    qweight: torch.Tensor
+    scale: torch.Tensor
+
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scale: torch.Tensor,
+        dtype: torch.dtype,
+        kernel: Int8Kernel | None = None,
+    ) -> None:
+        super().__init__()
+        if qweight.dtype != torch.int8 or qweight.dim() != 2:
+            raise ValueError(
+                f"qweight must be a 2-D int8 tensor, got {qweight.dtype} {qweight.dim()}-D"
+            )
+        if scale.shape != (qweight.shape[0],):
+            raise ValueError(f"scale must be [{qweight.shape[0]}], got {list(scale.shape)}")
+        self.out_features, self.in_features = qweight.shape
+        self.dtype = dtype
+        self.kernel = default_int8_kernel(qweight.device) if kernel is None else kernel
+        self.register_buffer("qweight", qweight.contiguous())
+        self.register_buffer("scale", scale.float())
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, kernel: Int8Kernel | None = None) -> Int8WeightOnly:
+        q, scale = quantize_rows(weight)
+        return cls(q, scale, weight.dtype, kernel)
+
+    def dequantize(self) -> torch.Tensor:
+        return (self.qweight.float() * self.scale[:, None]).to(self.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.kernel is Int8Kernel.INT_MM and self._int_mm_fits():
+            out = self._int_mm(rows)
+        elif self.kernel is Int8Kernel.INT8PACK:
+            out = torch.ops.aten._weight_int8pack_mm(
+                rows.contiguous(), self.qweight, self.scale.to(x.dtype)
+            )
+        else:
+            out = F.linear(rows, self.dequantize().to(x.dtype))
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def _int_mm_fits(self) -> bool:
+        if self.qweight.device.type != "cuda":
+            return True
+        return self.in_features % CUDA_INT_MM_MULTIPLE == 0 and (
+            self.out_features % CUDA_INT_MM_MULTIPLE == 0
+        )
+
+    def _int_mm(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-token int8 activations, int32 GEMM, both scales applied in float32."""
+        xq, x_scale = quantize_rows(rows)
+        count = xq.shape[0]
+        if xq.device.type == "cuda" and count < CUDA_INT_MM_MIN_ROWS:
+            xq = F.pad(xq, (0, 0, 0, CUDA_INT_MM_MIN_ROWS - count))
+        acc = torch._int_mm(xq, self.qweight.t())[:count]
+        return (acc.float() * x_scale[:, None] * self.scale[None, :]).to(rows.dtype)
