@@ -61,6 +61,9 @@ class RequestState:
     sequence_length: int
     # How many generated_ids the router sent (a request resumed after preemption).
     resumed: int
+    # An encoder-decoder's prompt length: its blocks hold the prompt's cross-attention K/V
+    # first, then this sequence's (the decoder's) tokens (shard/encoder_decoder_batch.py).
+    encoder_length: int = 0
 
     @property
     def length(self) -> int:

@@ -64,7 +64,8 @@ def graphs_off_reason(settings: ShardSettings, model: Model) -> str | None:
             f"(capturable: {', '.join(CAPTURABLE_BACKENDS)})"
         )
     if not model.graph_capturable:
-        return f"{model.model_type} runs through transformers, whose forward is not capturable"
+        return (f"{model.model_type}'s forward is not capturable (the transformers fallback, "
+                "an encoder-decoder)")
     return None
 
 

@@ -23,6 +23,7 @@ from pytgi_shard.cache import BatchCache
 from pytgi_shard.decode_graphs import DecodeGraphRunner
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist
+from pytgi_shard.encoder_decoder_batch import Encoding, decoder_inputs, new_batch, prefill_inputs
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
 from pytgi_shard.generation import (
@@ -35,11 +36,12 @@ from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
 from pytgi_shard.grammar_worker import MaskWorker
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.lookahead import Lookahead, Lookaheads
+from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.sampling import Watermark
 from pytgi_shard.settings import ShardSettings
-from pytgi_shard.step_inputs import ForwardInputs, chunk_inputs
+from pytgi_shard.step_inputs import ForwardInputs
 from pytgi_shard.warmup import (
     CacheSize,
     allocation_failure,
@@ -81,10 +83,13 @@ class Engine:
         self.kv_cache = self.allocate_kv_cache(1)
         # Decode forwards through CUDA graphs; Warmup captures them over the cache it sizes.
         self.decode_graphs: DecodeGraphRunner | None = None
+        # An encoder-decoder's requests run as their decoder's (shard/encoder_decoder_batch.py).
+        self.encoder_decoder = isinstance(model, EncoderDecoderModel)
         # The overlap scheduler (shard/lookahead.py): on by default where the forward runs
         # asynchronously (CUDA); on the CPU it would only compute ahead what it waits for anyway.
-        self.overlap = settings.overlap if settings.overlap is not None else (
-            model.device.type == "cuda"
+        # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
+        self.overlap = not self.encoder_decoder and (
+            settings.overlap if settings.overlap is not None else model.device.type == "cuda"
         )
         self.lookaheads = Lookaheads()
         # Constrained requests' grammars, cached by content; the vocabulary is prepared for
@@ -127,9 +132,10 @@ class Engine:
             device_type=m.device.type,
             speculate=0,
             # A Prefill mixes the cached batch's decode rows with the newcomers' chunks, and
-            # new tokens attend over KV already in their blocks (cache_len).
-            support_chunking=True,
-            use_prefix_caching=True,
+            # new tokens attend over KV already in their blocks (cache_len). An encoder-decoder's
+            # prompt is encoded whole and leaves no decoder KV to continue from or reuse.
+            support_chunking=not self.encoder_decoder,
+            use_prefix_caching=not self.encoder_decoder,
             attention_impl=self.settings.attention or "reference",
             block_size=self.block_size,
             model_type=m.model_type,
@@ -182,7 +188,7 @@ class Engine:
     def prefill(self, request: generate_pb2.PrefillRequest) -> generate_pb2.PrefillResponse:
         """The newcomers' chunks and, with a cached batch, its next decode step, in one step."""
         start = time.perf_counter_ns()
-        new = Batch.from_pb(request.batch, self.batch_context())
+        new, encoding = new_batch(request.batch, self.batch_context(), self.model)
         cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
         check_new_batch(
             new.batch_id, new.request_ids, cached_id,
@@ -195,7 +201,7 @@ class Engine:
             grants = checked_grants(request.grants, batches, self.kv_cache.num_blocks)
         try:
             cached = self.cache.pop(cached_id) if cached_id is not None else None
-            step, concat_ns = self._prefill_step(new, cached, grants)
+            step, concat_ns = self._prefill_step(new, cached, grants, encoding)
         except BaseException:
             # A failed step leaves the batches it touched in an unknown state: drop them.
             if cached_id is not None:
@@ -204,14 +210,18 @@ class Engine:
             raise
         return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
 
+    def _decode_inputs(self, batch: Batch) -> ForwardInputs:
+        return decoder_inputs(batch) if self.encoder_decoder else batch.decode_inputs()
+
     @torch.inference_mode()
     def _prefill_step(
-        self, new: Batch, cached: Batch | None, grants: Grants
+        self, new: Batch, cached: Batch | None, grants: Grants, encoding: Encoding | None = None
     ) -> tuple[_Step, int | None]:
         """One forward over the cached batch's decode rows (unless its logits were computed
-        ahead) and every newcomer's chunk; then the cached requests and the newcomers whose
-        chunk completed their sequence sample, in that order. Partial chunks only write KV
-        (and report prefill logprobs when asked)."""
+        ahead) and every newcomer's chunk (an encoder-decoder's: its prompt encoded, its decoder
+        started); then the cached requests and the newcomers whose chunk completed their
+        sequence sample, in that order. Partial chunks only write KV (and report prefill
+        logprobs when asked)."""
         start = time.perf_counter_ns()
         ahead = None
         decode = None
@@ -219,8 +229,8 @@ class Engine:
             if apply_grants(cached, grants):
                 self.lookaheads.clear()
             ahead = self.lookaheads.take(cached.request_ids)
-            decode = cached.decode_inputs() if ahead is None else None
-        inputs = chunk_inputs(new, decode)
+            decode = self._decode_inputs(cached) if ahead is None else None
+        inputs = prefill_inputs(new, decode, encoding)
         with self._span("forward"):
             logits, timer, _ = self._forward(inputs)
         prefill = prefill_tokens(new, logits, inputs, self.detokenizer)
@@ -303,7 +313,7 @@ class Engine:
             last, timer = ahead
         else:
             with self._span("forward"):
-                last, timer, _ = self._forward(batch.decode_inputs())
+                last, timer, _ = self._forward(self._decode_inputs(batch))
         return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
 
     def _sample(

@@ -41,6 +41,7 @@ from pytgi_shard.models.opt import OPT
 from pytgi_shard.models.phi3_config import phi3_config
 from pytgi_shard.models.quantization import check_model_family, log_linear_kernels
 from pytgi_shard.models.starcoder2_config import starcoder2_config
+from pytgi_shard.models.t5 import T5
 from pytgi_shard.quantization.detection import detect_quantization
 from pytgi_shard.quantization.kernel_table import linear_format
 from pytgi_shard.quantization.spec import QuantizationSpec
@@ -73,6 +74,8 @@ MODELS: Mapping[str, ModelLoader] = MappingProxyType({
     "opt": OPT.load,
     "bloom": Bloom.load,
     "mpt": MPT.load,
+    "t5": T5.load,
+    "mt5": T5.load,
 })
 
 
