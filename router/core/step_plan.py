@@ -192,7 +192,9 @@ def admit_newcomers(
     """(first chunks of the entries admitted from the head of `waiting`, cancelled entries met
     on the way). Admission stops at the first entry that does not fit: `budget` prompt tokens
     left, `slots` more live entries (None: no bound), blocks beyond `watermark` free ones.
-    Without `chunking` a newcomer's whole uncached prompt must fit the budget.
+    Without `chunking` a newcomer's whole uncached sequence must fit the budget, except a
+    preempted request's that comes first: it resumes with its generated tokens, which may take
+    it past the budget, and would otherwise wait at the head of the queue forever.
 
     A request that wants prompt logprobs takes no cached prefix (it must compute every token);
     the others take the longest one cached. Sets each admitted entry's blocks and `computed`.
@@ -211,7 +213,9 @@ def admit_newcomers(
         reserve = kv_tokens(entry) - len(tokens)
         if cache.blocks_needed(tokens, reserve, reuse) + watermark > cache.free_count:
             break
-        if not chunking and len(tokens) - cache.cached_prefix(tokens, reuse) > budget:
+        if not chunking and len(tokens) - cache.cached_prefix(tokens, reuse) > budget and (
+            chunks or len(tokens) == len(entry.request.input_ids)
+        ):
             break
         admission = cache.admit(entry.id, tokens, reserve, reuse)
         if admission is None:  # blocks_needed said it fits: never, short of a bug
@@ -219,8 +223,9 @@ def admit_newcomers(
         entry.blocks_held = len(admission.blocks)
         entry.blocks_sent = 0
         entry.computed = admission.cached_tokens
+        uncached = len(tokens) - admission.cached_tokens
         chunk = Chunk.of(entry, admission.cached_tokens,
-                         min(len(tokens) - admission.cached_tokens, budget))
+                         min(uncached, budget) if chunking else uncached)
         budget -= chunk.length
         if chunk.completes and crosses_next_step(entry, size):
             watermark += 1

@@ -126,6 +126,17 @@ def test_without_chunking_a_prompt_waits_for_a_budget_that_holds_it_whole() -> N
     assert [(c.length, c.completes) for c in chunks] == [(6, True)]
 
 
+def test_without_chunking_a_resumed_sequence_past_the_budget_goes_alone() -> None:
+    """A preempted request resumes with its generated tokens (an encoder-decoder's shards do not
+    chunk): past the budget, it is admitted whole when it comes first instead of blocking the
+    queue forever, and nothing joins it."""
+    resumed = make_entry(0, 8, new_tokens=20)
+    resumed.tokens.extend(range(900, 905))  # 13 tokens, the budget 10
+    chunks, _ = admit_newcomers(PrefixCache(101, BS), [resumed, make_entry(1, 2)], 10, None, 0,
+                                chunking=False)
+    assert [(c.entry.id, c.cache_len, c.length, c.completes) for c in chunks] == [(0, 0, 13, True)]
+
+
 def test_cancelled_entries_are_skipped_and_reported() -> None:
     gone = make_entry(0, 3)
     gone.stream.cancel()
