@@ -8,18 +8,24 @@ import torch
 
 
 def hf_greedy(model_path: Path, prompt: list[int], max_new: int) -> tuple[list[int], list[float]]:
-    """Greedy tokens after `prompt` and the logprob of each under the raw logits."""
-    from transformers import AutoModelForCausalLM
+    """Greedy tokens after `prompt` and the logprob of each under the raw logits. An
+    encoder-decoder (T5) generates from its decoder start token, its prompt encoded."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    seq2seq = AutoConfig.from_pretrained(model_path).is_encoder_decoder
     # Eager attention is transformers' reference: SDPA drops Gemma 2's attention soft-capping.
-    model = AutoModelForCausalLM.from_pretrained(
+    model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
         model_path, torch_dtype=torch.float32, attn_implementation="eager"
     )
     out = model.generate(
         torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
         output_logits=True, return_dict_in_generate=True,
+        # transformers 4.57's T5 cache has a layer per encoder layer: a deeper decoder (as the
+        # tiny ones) generates without it, every step recomputed from scratch.
+        use_cache=not seq2seq,
     )  # fmt: skip
-    tokens = out.sequences[0, len(prompt) :].tolist()
+    # An encoder-decoder's sequences are its decoder's: the start token, then the new ones.
+    tokens = out.sequences[0, 1 if seq2seq else len(prompt) :].tolist()
     logprobs = [
         torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.logits, tokens, strict=False)
     ]

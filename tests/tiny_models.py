@@ -172,6 +172,23 @@ MOE_FAMILIES: dict[str, dict] = {
     },
 }
 
+# Encoder-decoders (shard/models/t5.py), one model class for both types, so the two share out the
+# variants: a gated-GELU feed-forward (T5 v1.1, FLAN-T5, mT5) with the head tied to the embedding
+# (T5's scaled head), and a ReLU one (T5 v1.0) with an untied head (ReLU with a tied head makes
+# random weights repeat one token). Each has a decoder deeper than its encoder and few relative
+# position buckets over a short max_distance, so that the test prompts reach the log buckets.
+_T5_SMALL = {
+    "architectures": ["T5ForConditionalGeneration"], "d_model": 64, "d_kv": 16, "d_ff": 128,
+    "num_layers": 2, "num_decoder_layers": 3, "num_heads": 4,
+    "relative_attention_num_buckets": 8, "relative_attention_max_distance": 20,
+}
+SEQ2SEQ_FAMILIES: dict[str, dict] = {
+    "t5": {**_T5_SMALL, "model_type": "t5", "feed_forward_proj": "gated-gelu",
+           "tie_word_embeddings": True},
+    "mt5": {**_T5_SMALL, "model_type": "mt5", "feed_forward_proj": "relu",
+            "tie_word_embeddings": False},
+}
+
 FALLBACK: dict[str, dict] = {
     # An architecture only the transformers fallback serves (partial rotary, parallel residual).
     "phi": {
@@ -184,7 +201,8 @@ FALLBACK: dict[str, dict] = {
 
 # Every tiny family by name: pytgi's own (the registry's model types) and the fallback's.
 FAMILIES: dict[str, dict] = {
-    **LLAMA_FAMILY, **DECODER_FAMILIES, **MOE_FAMILIES, **GPT_FAMILIES, **FALLBACK
+    **LLAMA_FAMILY, **DECODER_FAMILIES, **MOE_FAMILIES, **GPT_FAMILIES, **SEQ2SEQ_FAMILIES,
+    **FALLBACK,
 }
 
 
@@ -227,19 +245,27 @@ def build_model(
 
     `std`: of the random matrices. Larger makes attention sharp, so that positions, masks and
     windows decide the tokens (at 0.08 attention is nearly uniform over the prompt)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        GenerationConfig,
+    )
 
     spec = dict(FAMILIES[family])
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(_CORPUS)
     bos, eos, pad = tok.token_to_id(BOS), tok.token_to_id(EOS), tok.token_to_id(PAD)
     model_type = spec.pop("model_type")
+    seq2seq = family in SEQ2SEQ_FAMILIES
+    # An encoder-decoder's decoder starts from the pad token, as T5's does.
+    start = {"decoder_start_token_id": pad} if seq2seq else {}
     config = AutoConfig.for_model(
         model_type, vocab_size=VOCAB_SIZE, bos_token_id=bos, eos_token_id=eos,
-        pad_token_id=pad, torch_dtype="float32", **spec,
+        pad_token_id=pad, torch_dtype="float32", **start, **spec,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
+    model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_config(config)
     # Random init with a larger std makes logits peaked enough that greedy ties are vanishingly rare.
     with torch.no_grad():
         for p in model.parameters():
@@ -250,7 +276,9 @@ def build_model(
                 p.add_(torch.randn_like(p) * 0.2)
     kwargs = {"max_shard_size": shard_size} if shard_size else {}
     model.save_pretrained(path, safe_serialization=True, **kwargs)
-    GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad).save_pretrained(path)
+    GenerationConfig(bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, **start).save_pretrained(
+        path
+    )
     write_tokenizer(path, tok, config.max_position_embeddings if hasattr(config, "max_position_embeddings") else 256)
     return path
 
