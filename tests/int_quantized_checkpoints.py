@@ -13,9 +13,13 @@ scales float16 [groups, out]; groups of group_size consecutive inputs.
 
 from __future__ import annotations
 
+import json
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
@@ -110,3 +114,76 @@ def awq_tensors(layer: IntLayer, prefix: str) -> dict[str, torch.Tensor]:
         f"{prefix}.qzeros": pack_cols(layer.zeros, 4, AWQ_ORDER),
         f"{prefix}.scales": layer.scales,
     }
+
+
+def quantize_float(weight: torch.Tensor, bits: int, group_size: int, act_order: bool,
+                   sym: bool, zero_min: int, seed: int) -> IntLayer:  # fmt: skip
+    """A float [out, in] weight quantized per group of inputs, min-max (asymmetric) or around
+    the midpoint (symmetric), float16 scales; act-order groups a random permutation's runs."""
+    w = weight.detach().double().t()  # [in, out]
+    in_features = w.shape[0]
+    g_idx = torch.arange(in_features, dtype=torch.int32) // group_size
+    if act_order:
+        g_idx = g_idx[torch.randperm(in_features, generator=torch.Generator().manual_seed(seed))]
+    top = (1 << bits) - 1
+    groups = int(g_idx.max()) + 1
+    scales = torch.empty(groups, w.shape[1], dtype=torch.float16)
+    zeros = torch.empty(groups, w.shape[1], dtype=torch.int64)
+    q = torch.empty_like(w, dtype=torch.int64)
+    for g in range(groups):
+        rows = g_idx == g
+        lo, hi = w[rows].amin(0).clamp(max=0), w[rows].amax(0).clamp(min=0)
+        if sym:
+            half = torch.maximum(-lo, hi)
+            lo, hi = -half, half
+        scale = ((hi - lo) / top).clamp(min=1e-6).half()
+        zero = torch.full_like(lo, (top + 1) // 2, dtype=torch.int64) if sym else \
+            (-lo / scale.double()).round().long().clamp(zero_min, top)  # fmt: skip
+        scales[g], zeros[g] = scale, zero
+        q[rows] = (w[rows] / scale.double() + zero).round().long().clamp(0, top)
+    return IntLayer(q, zeros, scales, g_idx, bits)
+
+
+LLAMA_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")  # fmt: skip
+
+
+# Which input each projection reads (a layer's q, k and v read the same one; gate and up too).
+INPUT_OF = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "o_proj": 1, "gate_proj": 2, "up_proj": 2,
+            "down_proj": 3}  # fmt: skip
+
+
+def write_quantized_llama(source: Path, quantized: Path, dequantized: Path, method: str,
+                          fmt: str, act_order: bool, sym: bool, group_size: int) -> None:  # fmt: skip
+    """From a float Llama checkpoint: its GPTQ (`fmt` "gptq"/"gptq_v2") or AWQ ("gemm") export
+    with a quantization_config, and the float copy of exactly what that export dequantizes to
+    (the same config without it), the oracle transformers runs."""
+    tensors = load_file(str(source / "model.safetensors"))
+    packed: dict[str, torch.Tensor] = {}
+    floats = dict(tensors)
+    for name in sorted(tensors):
+        prefix = name.removesuffix(".weight")
+        if not name.endswith(".weight") or not prefix.endswith(LLAMA_LINEARS):
+            packed[name] = tensors[name]
+            continue
+        zero_min = 1 if fmt == "gptq" else 0  # v1 stores zero - 1
+        # Act-order follows the input's statistics: projections of one input (q, k and v;
+        # gate and up) get the same permutation, as GPTQ computes it from the same Hessian.
+        layer_index = int(prefix.split(".layers.")[1].split(".")[0])
+        seed = 10 * layer_index + INPUT_OF[prefix.rsplit(".", 1)[1]]
+        layer = quantize_float(tensors[name], 4, group_size, act_order, sym, zero_min, seed)
+        floats[name] = layer.dequantized()
+        packed |= awq_tensors(layer, prefix) if method == "awq" else \
+            gptq_tensors(layer, prefix, fmt)  # fmt: skip
+    config = json.loads((source / "config.json").read_text())
+    if method == "awq":
+        quantization = {"quant_method": "awq", "bits": 4, "group_size": group_size,
+                        "zero_point": True, "version": fmt}  # fmt: skip
+    else:
+        quantization = {"quant_method": "gptq", "bits": 4, "group_size": group_size,
+                        "desc_act": act_order, "sym": sym, "checkpoint_format": fmt}  # fmt: skip
+    for dest, weights, extra in [(quantized, packed, {"quantization_config": quantization}),
+                                 (dequantized, floats, {})]:  # fmt: skip
+        shutil.copytree(source, dest)
+        save_file(weights, str(dest / "model.safetensors"))
+        (dest / "config.json").write_text(json.dumps(config | extra))

@@ -62,15 +62,25 @@ class AWQLoader:
     ) -> LinearWeight:
         if not quantized_prefixes(weights, prefixes):
             return self.dense.column(weights, prefixes, parts)
-        pieces = [
-            self._read(weights, p, column=part) for p, part in zip(prefixes, parts, strict=True)
-        ]
-        return self._build(weights, concat_outputs(pieces, prefixes))
+        return self._build(weights, self.read_column(weights, prefixes, parts))
 
     def row(self, weights: Weights, prefix: str) -> LinearWeight:
         if not quantized_prefixes(weights, [prefix]):
             return self.dense.row(weights, prefix)
-        return self._build(weights, self._read(weights, prefix, column=None))
+        return self._build(weights, self.read_row(weights, prefix))
+
+    def read_column(
+        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+    ) -> GroupQuantized:
+        """What column() hands its kernel: each projection's output part, fused."""
+        pieces = [
+            self._read(weights, p, column=part) for p, part in zip(prefixes, parts, strict=True)
+        ]
+        return concat_outputs(pieces, prefixes)
+
+    def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
+        """What row() hands its kernel: this rank's input features."""
+        return self._read(weights, prefix, column=None)
 
     def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
         return build_int_weight(weight, weights.dist.device, weights.dtype, self.kernel)

@@ -85,15 +85,21 @@ class GPTQLoader:
     ) -> LinearWeight:
         if not quantized_prefixes(weights, prefixes):
             return self.dense.column(weights, prefixes, parts)
-        pieces = [
-            self._read_column(weights, p, part) for p, part in zip(prefixes, parts, strict=True)
-        ]
-        return self._build(weights, concat_outputs(pieces, prefixes))
+        return self._build(weights, self.read_column(weights, prefixes, parts))
 
     def row(self, weights: Weights, prefix: str) -> LinearWeight:
         if not quantized_prefixes(weights, [prefix]):
             return self.dense.row(weights, prefix)
-        return self._build(weights, self._read_row(weights, prefix))
+        return self._build(weights, self.read_row(weights, prefix))
+
+    def read_column(
+        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+    ) -> GroupQuantized:
+        """What column() hands its kernel: each projection's output part, fused."""
+        pieces = [
+            self._read_column(weights, p, part) for p, part in zip(prefixes, parts, strict=True)
+        ]
+        return concat_outputs(pieces, prefixes)
 
     def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
         return build_int_weight(weight, weights.dist.device, weights.dtype, self.kernel)
@@ -130,7 +136,8 @@ class GPTQLoader:
             dtype=weights.dtype,
         )
 
-    def _read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
+    def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
+        """What row() hands its kernel: this rank's input features."""
         dist = weights.dist
         g_idx = self.g_idx(weights, prefix)
         start, stop = input_range(prefix, g_idx, dist.rank, dist.world_size, self.pack)
