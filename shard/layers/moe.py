@@ -10,17 +10,23 @@ on the CPU, two Triton grouped GEMMs (triton_grouped_gemm.py) on CUDA. The Trito
 every shape fixed and every index on the device, so a decode step stays CUDA-graph capturable; the
 grouped PyTorch path reads its group sizes on the host and is not (`capturable` says which runs).
 
-Sharding: each expert's MLP is split column/row-parallel over the ranks (expert_partition.py,
-"tp"), not expert parallelism ("ep", rank r holding E / world experts whole). Both need the same
-single all-reduce of [tokens, hidden] (the block's input is replicated on every rank), and both
-hold 1/world of the weights. They differ in balance: with tp every rank does 1/world of every
-chosen expert whatever the routing, while with ep a step costs what the busiest rank's experts
-cost. Measured on the CPU with 2 gloo ranks (bench/moe.py, bench/results/cpu/moe.json), tp decodes
-faster at batch 1, where a token's k experts often sit on one rank, and is no slower at batch 64.
-On a GPU decode is bound by reading weights: tp reads k/E of each rank's expert weights per token,
-ep up to k/E of all of them on one rank, so the argument holds there too; ep's larger per-expert
-GEMMs would only pay at prefill sizes. tp also serves expert counts that do not divide by the
-number of ranks (Qwen1.5-MoE's 60 over 8).
+Sharding: each expert's MLP is split column/row-parallel over the ranks ("tp" in
+expert_partition.py), rather than expert parallelism ("ep": rank r holding E / world experts
+whole). Both hold 1/world of the weights and need the same single all-reduce of [tokens, hidden]
+(the block's input is replicated on every rank, so ep needs no all-to-all here); they differ in
+balance. With tp every rank does 1/world of every chosen expert whatever the routing; with ep a
+step waits for the rank that holds most of the chosen experts. Measured on the CPU
+(bench/moe_sharding.py, bench/results/cpu/moe.json; each rank's share timed alone, the slower
+rank per input), a Mixtral-like block at batch 1 takes 0.76 ms on the busier tp rank against
+1.24 ms with ep, and the same at batch 64 (8.9 / 9.3 ms); 64 small experts top-8 are even at
+batch 1 and 20% faster with ep at batch 64 (6.3 / 7.7 ms: whole experts make wider matmuls).
+Two real gloo processes on the same busy 2 cores measure within noise of each other, the
+all-reduce dominating. On a GPU a decode step is bound by reading expert weights, and there the
+imbalance grows with the ranks: per decode token, the busiest rank reads 1.64 experts' weights
+with ep against 1.0 with tp on 2 ranks (8 experts top-2), and on 8 ranks a whole expert against
+a quarter of one (4x; 64 experts top-8: 2.4x). ep's wider GEMMs could pay only at prefill
+sizes, which are compute-bound and where routing evens out over many tokens. tp also serves expert counts that do not divide
+by the number of ranks (Qwen1.5-MoE's 60 experts over 8 GPUs).
 """
 
 from __future__ import annotations

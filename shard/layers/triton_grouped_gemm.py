@@ -10,7 +10,12 @@ that expert (expert_blocks.py pads each expert's group to whole tiles), so the t
 expert's weights and its tokens' rows, and a tile past the last expert's does no work. Every
 shape depends only on the number of tokens and every index stays on the device: unlike the
 grouped PyTorch path (grouped_experts.py), which reads the group sizes back to the host, this
-path is CUDA-graph capturable, and it is the one a Llama-style MoE model runs on CUDA.
+path is CUDA-graph capturable, and it is the one a Llama-style MoE model runs on CUDA, for decode
+and prefill alike. That it beats the grouped PyTorch path there is argued, not yet measured (no
+GPU in the session that wrote it): two kernel launches and no host round trip per block against
+three cuBLAS calls per expert with tokens plus a synchronisation, which for 64-128 experts is
+hundreds of small launches; at large prefills with few experts (Mixtral) cuBLAS per expert may
+still win, which timing the two paths on a GPU would show.
 
 Only APIs of Triton 3.6 and later are used (no tensor descriptors, plain `range`).
 """
