@@ -15,7 +15,21 @@ from pytgi_shard.quantization.bitsandbytes_weight import (
     BnbFp4Weight,
     BnbInt8Weight,
     BnbNf4Weight,
+    cpu_layout_fits,
+    import_bitsandbytes,
 )
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    """Fixed activations: every bound below is checked on the same numbers each run."""
+    torch.manual_seed(0)
+
+
+HAS_AVX512BF16 = bool(import_bitsandbytes().functional.has_avx512bf16())
+# bnb's standard layout, and its CPU inference layout where this CPU runs it.
+LAYOUTS = [False, pytest.param(True, marks=pytest.mark.skipif(
+    not HAS_AVX512BF16, reason="bnb's CPU layout needs AVX512-BF16"))]  # fmt: skip
 
 # The published 4-bit codes (bitsandbytes' create_normal_map / FP4 table), sorted.
 NF4 = [-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
@@ -36,39 +50,53 @@ def half_largest_gap(code: list[float]) -> float:
     return max(b - a for a, b in zip(code, code[1:], strict=False)) / 2
 
 
+FP4 = [-m for m in FP4_MAGNITUDES[::-1]] + FP4_MAGNITUDES
+
+
+@pytest.mark.parametrize("cpu_packed", LAYOUTS)
 @pytest.mark.parametrize(
-    ("cls", "code", "max_rel"),
-    [
-        (BnbNf4Weight, NF4, 0.11),
-        (BnbFp4Weight, [-m for m in FP4_MAGNITUDES[::-1]] + FP4_MAGNITUDES, 0.14),
-    ],
+    ("cls", "code", "max_rel"), [(BnbNf4Weight, NF4, 0.11), (BnbFp4Weight, FP4, 0.14)]
 )
 def test_4bit_weights_are_within_half_the_codes_largest_gap_of_each_blocks_range(
-    cls: type[Bnb4bitWeight], code: list[float], max_rel: float
+    cls: type[Bnb4bitWeight], code: list[float], max_rel: float, cpu_packed: bool
 ) -> None:
     w = weight()
-    q = cls.from_float(w)
+    q = cls.from_float(w, cpu_packed)
+    assert q.cpu_packed is cpu_packed
     assert sorted(q.code.tolist()) == pytest.approx(sorted(code), abs=1e-6)
     blocks = w.reshape(-1, BLOCKSIZE_4BIT)
     absmax = blocks.abs().amax(dim=1, keepdim=True)
     err = (q.dequantize().reshape(-1, BLOCKSIZE_4BIT) - blocks).abs()
-    assert torch.all(err <= absmax * half_largest_gap(code) * (1 + 1e-5))
+    # The CPU layout keeps each absmax in bfloat16: 2^-9 of it more.
+    slack = 2.0**-9 if cpu_packed else 0.0
+    assert torch.all(err <= absmax * (half_largest_gap(code) + slack) * (1 + 1e-5))
     assert (q.dequantize() - w).norm() / w.norm() < max_rel
 
 
+@pytest.mark.parametrize("cpu_packed", LAYOUTS)
 @pytest.mark.parametrize("cls", [BnbNf4Weight, BnbFp4Weight])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_4bit_matmul_is_x_times_the_dequantized_weight_in_the_activations_dtype(
-    cls: type[Bnb4bitWeight], dtype: torch.dtype
+def test_4bit_matmul_is_x_times_the_dequantized_weight(
+    cls: type[Bnb4bitWeight], dtype: torch.dtype, cpu_packed: bool
 ) -> None:
-    q = cls.from_float(weight().to(dtype))
+    """In the activations' dtype; bnb's CPU-layout kernel computes in bfloat16 (its input
+    rounded to bfloat16, its result cast back)."""
+    q = cls.from_float(weight().to(dtype), cpu_packed)
     for shape in [(1, 128), (6, 128), (2, 3, 128)]:
         x = torch.randn(*shape).to(dtype)
         y = q(x)
         assert y.shape == (*shape[:-1], 64) and y.dtype == dtype
-        ref = x.double() @ q.dequantize().double().T
-        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        computed = x.bfloat16() if cpu_packed else x
+        ref = computed.double() @ q.dequantize().double().T
+        tol = 1e-5 if dtype == torch.float32 and not cpu_packed else 2e-2
         assert torch.allclose(y.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+def test_the_cpu_layout_is_taken_where_it_fits() -> None:
+    assert BnbNf4Weight.from_float(weight()).cpu_packed is HAS_AVX512BF16
+    assert not cpu_layout_fits(weight(48, 128), True)  # outputs not in tiles of 32
+    assert not cpu_layout_fits(weight(64, 96), True)  # inputs not in blocks of 64
+    assert not cpu_layout_fits(weight(), False)
 
 
 def test_llm_int8_weight_is_within_half_a_step_of_each_rows_grid() -> None:
@@ -117,7 +145,10 @@ def test_bytes_against_float32() -> None:
     int8 = BnbInt8Weight.from_float(w)
     assert int8.nbytes() == 256 * 512 + 4 * 256
     for cls in (BnbNf4Weight, BnbFp4Weight):
-        q = cls.from_float(w)
+        q = cls.from_float(w, cpu_packed=False)
         # Two values a byte, a float32 absmax per 64, the 16-entry float32 code.
         assert q.nbytes() == 256 * 512 // 2 + 4 * 256 * 512 // BLOCKSIZE_4BIT + 16 * 4
         assert w.numel() * 4 / q.nbytes() > 7.0
+        if HAS_AVX512BF16:  # the CPU layout's absmax is bfloat16
+            packed = cls.from_float(w, cpu_packed=True)
+            assert packed.nbytes() == 256 * 512 // 2 + 2 * 256 * 512 // BLOCKSIZE_4BIT + 16 * 4

@@ -13,6 +13,7 @@ from pytgi_shard.quantization.int8_weight_only import (
     Int8WeightOnly,
     default_int8_kernel,
     quantize_rows,
+    quantize_tokens,
 )
 
 
@@ -43,7 +44,7 @@ def test_weight_only_kernels_multiply_by_the_dequantized_weight(
 ) -> None:
     w = weight().to(dtype)
     q = Int8WeightOnly.from_float(w, kernel)
-    x = torch.randn(2, 5, 80).to(dtype)
+    x = torch.randn(2, 5, 80, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = q(x)
     assert y.shape == (2, 5, 96) and y.dtype == dtype
     ref = x.double() @ q.dequantize().double().T
@@ -57,14 +58,16 @@ def test_int_mm_multiplies_the_per_token_int8_activations_by_the_dequantized_wei
 ) -> None:
     w = weight()
     q = Int8WeightOnly.from_float(w, Int8Kernel.INT_MM)
-    x = torch.randn(*shape)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(1))
     rows = x.view(-1, 80)
     if rows.shape[0] > 1:
         rows[-1] = 0  # a token of zeros (its scale must not divide by zero)
     y = q(x)
     assert y.shape == (*shape[:-1], 96)
-    xq, xs = quantize_rows(rows)
-    ref = (xq.double() * xs.double()[:, None]) @ q.dequantize().double().T
+    xq, xs = quantize_tokens(rows)
+    rq, rs = quantize_rows(rows)  # the same rounding as the weights' (but for a zero row's scale)
+    assert torch.equal(xq, rq) and torch.allclose(xs[:, 0][rs != 1], rs[rs != 1])
+    ref = (xq.double() * xs.double()) @ q.dequantize().double().T
     assert torch.allclose(y.reshape(-1, 96).double(), ref, rtol=1e-5, atol=1e-6)
     if rows.shape[0] > 1:
         assert torch.equal(y.reshape(-1, 96)[-1], torch.zeros(96))  # stays zero
