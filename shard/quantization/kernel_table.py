@@ -14,7 +14,9 @@ from types import MappingProxyType
 
 import torch
 
+from pytgi_shard.quantization.awq import AWQLoader
 from pytgi_shard.quantization.errors import QuantizationError
+from pytgi_shard.quantization.gptq import GPTQLoader
 from pytgi_shard.quantization.linear_format import (
     DENSE,
     LinearFormat,
@@ -27,8 +29,30 @@ from pytgi_shard.quantization.spec import QuantizationSpec
 OnLoadKernel = Callable[[torch.Tensor], QuantizedWeight]
 CheckpointLoader = Callable[[QuantizationSpec], LinearLoader]
 
+
+def _gptq(spec: QuantizationSpec) -> LinearLoader:
+    return GPTQLoader(
+        spec.bits or 4,
+        spec.group_size or -1,
+        spec.desc_act,
+        spec.sym,
+        spec.checkpoint_format or "gptq",
+    )
+
+
+def _awq(spec: QuantizationSpec) -> LinearLoader:
+    return AWQLoader(
+        spec.bits or 4, spec.group_size or -1, spec.zero_point, spec.checkpoint_format or "gemm"
+    )
+
+
 ON_LOAD: Mapping[str, OnLoadKernel] = MappingProxyType({})
-PRE_QUANTIZED: Mapping[str, CheckpointLoader] = MappingProxyType({})
+PRE_QUANTIZED: Mapping[str, CheckpointLoader] = MappingProxyType(
+    {
+        "gptq": _gptq,
+        "awq": _awq,
+    }
+)
 
 
 def linear_format(
@@ -53,5 +77,6 @@ def linear_format(
 
 def _unavailable(what: str, table: Mapping[str, object]) -> QuantizationError:
     built = ", ".join(sorted(table)) or "none"
-    return QuantizationError(f"{what} cannot be served: this build has no kernel for it "
-                             f"(available: {built})")
+    return QuantizationError(
+        f"{what} cannot be served: this build has no kernel for it (available: {built})"
+    )
