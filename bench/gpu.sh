@@ -2,7 +2,8 @@
 # pytgi's GPU checks and benchmarks in one command, for a machine with an H100/H200, no network,
 # and its own CUDA torch, triton and transformers (bench/README.md, "GPU").
 #
-#   bash bench/gpu.sh [--stages install,tests,steps,compare-1b,compare-8b] [--budget-s 570]
+#   bash bench/gpu.sh [--stages install,tests,steps,compare-1b,compare-8b,quantization]
+#                     [--budget-s 570]
 #                     [--cap STAGE=SECONDS ...] [--out DIR] [--work DIR] [--cpu-smoke] [--plan]
 #
 # Stages, in this order whatever order --stages names them (default: all):
@@ -15,10 +16,12 @@
 #               1, 64 and 256 (the reference attention's numbers: bench/README.md)
 #   compare-1b  bench/compare.py --gpu --shape 1b: pytgi over HTTP against transformers
 #   compare-8b  the same on the Llama-3-8B shape
+#   quantization  pytgi_bench.quantization: each --quantize mode against bfloat16 on a ~20M
+#               Llama (decode tok/s at batch 1 and 64, weight memory) and the modes' kernels
 # Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
 # never stops the next one; a stage that would not get 30 s is skipped and said so.
 # Results go to $OUT when set, else bench/results/gpu/ (at most 8 files: summary.json,
-# steps.json, compare-1b.json, compare-8b.json, tests.xml, gpu.log); models, server logs and
+# steps.json, compare-1b.json, compare-8b.json, quantization.json, tests.xml, gpu.log); models, server logs and
 # scratch go to the work directory (/tmp/pytgi-gpu). The summary table comes last; the exit
 # status is 0 only when every stage run passed.
 #
@@ -32,8 +35,9 @@ SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[
 REPO="$(cd "$(dirname "$SCRIPT")/.." && pwd)"
 cd "$REPO" || exit 2
 
-ALL_STAGES=(install tests steps compare-1b compare-8b)
-declare -A CAP=([install]=90 [tests]=150 [steps]=240 [compare-1b]=200 [compare-8b]=330)
+ALL_STAGES=(install tests steps compare-1b compare-8b quantization)
+declare -A CAP=([install]=90 [tests]=150 [steps]=240 [compare-1b]=200 [compare-8b]=330
+                [quantization]=150)
 # What the summary needs at the end, and the grace a stage gets between TERM and KILL.
 RESERVE_S=20
 KILL_AFTER_S=20
@@ -147,6 +151,15 @@ stage_compare() {  # SHAPE
     "$PY" -m pytgi_bench.compare "${args[@]}"
 }
 
+stage_quantization() {
+    local args=(--root "$WORK/models" --out "$OUT/quantization.json")
+    # The smoke run: two modes, tiny counts, no kernel table.
+    [[ $SMOKE == 1 ]] && args+=(--modes float,eetq --rounds 1 --steps 2 --batch-sizes 1,4
+                                --no-kernels)
+    echo "+ python -m pytgi_bench.quantization ${args[*]}"
+    "$PY" -m pytgi_bench.quantization "${args[@]}"
+}
+
 run_stage_body() {
     case "$1" in
         install) stage_install ;;
@@ -154,6 +167,7 @@ run_stage_body() {
         steps) stage_steps ;;
         compare-1b) stage_compare 1b ;;
         compare-8b) stage_compare 8b ;;
+        quantization) stage_quantization ;;
         *) echo "unknown stage $1"; return 2 ;;
     esac
 }

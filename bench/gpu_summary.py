@@ -140,6 +140,20 @@ def compare_result(report: dict[str, Any] | None) -> str:
     return "; ".join(parts) or "no rows"
 
 
+def quantization_result(report: dict[str, Any] | None) -> str:
+    """Each --quantize mode's best decode tok/s per batch size (pytgi_bench.quantization)."""
+    if report is None:
+        return "no quantization JSON"
+    parts = []
+    for mode in report.get("modes", []):
+        if mode.get("error"):
+            parts.append(f"{mode['mode']} not run")
+            continue
+        best = ", ".join(f"b{size} {tok_s:,.0f}" for size, tok_s in mode.get("best", {}).items())
+        parts.append(f"{mode['mode']} {best} tok/s")
+    return "; ".join(parts) or "no modes"
+
+
 def _models(work: Path) -> list[dict[str, Any]]:
     """One record per shape: its build when this run built it, else the first time it was found."""
     path = work / "models.jsonl"
@@ -189,6 +203,8 @@ def summarize(stages: list[StageRow], work: Path, out: Path) -> dict[str, Any]:
             row.result = steps_result(steps)
         elif row.name.startswith("compare-"):
             row.result = compare_result(_json(out / f"{row.name}.json"))
+        elif row.name == "quantization":
+            row.result = quantization_result(_json(out / "quantization.json"))
     return {"stages": [asdict(r) for r in stages], "models": _models(work),
             "environment": _environment()}
 

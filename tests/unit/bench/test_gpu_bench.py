@@ -110,7 +110,7 @@ def test_gpu_sh_is_valid_bash_and_runs_stages_in_their_order() -> None:
     every = _plan()
     assert every.returncode == 0
     assert every.stdout.splitlines()[0].startswith(
-        "stages: install tests steps compare-1b compare-8b"
+        "stages: install tests steps compare-1b compare-8b quantization"
     )
     chosen = _plan("--stages", "compare-8b,tests", "--cap", "tests=42")
     assert chosen.stdout.splitlines()[:3] == [
