@@ -81,7 +81,7 @@ def _weight_strategy(weights: object, where: str) -> str:
 
 
 def _activation_scheme(activations: object, where: str) -> str:
-    """"static" (a stored input_scale), "dynamic" (scaled per call), "" (weight-only)."""
+    """ "static" (a stored input_scale), "dynamic" (scaled per call), "" (weight-only)."""
     if activations is None:
         return ""
     if not isinstance(activations, dict):

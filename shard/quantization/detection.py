@@ -91,12 +91,16 @@ def gptq_spec(q: Mapping[str, Any], source: str) -> QuantizationSpec:
     if bits not in GPTQ_BITS:
         refuse(f"gptq {bits}-bit", source, "pytgi serves 4- and 8-bit GPTQ")
     if q.get("is_marlin_format"):
-        refuse("gptq in Marlin's repacked layout (is_marlin_format)", source,
-               "serve the plain GPTQ export (--quantize marlin takes that one)")
+        refuse(
+            "gptq in Marlin's repacked layout (is_marlin_format)",
+            source,
+            "serve the plain GPTQ export (--quantize marlin takes that one)",
+        )
     fmt = field(q, "checkpoint_format", str, source) or field(q, "format", str, source) or "gptq"
     if fmt.lower() not in GPTQ_FORMATS:
-        refuse(f"gptq checkpoint_format {fmt!r}", source,
-               f"pytgi reads {' and '.join(GPTQ_FORMATS)}")
+        refuse(
+            f"gptq checkpoint_format {fmt!r}", source, f"pytgi reads {' and '.join(GPTQ_FORMATS)}"
+        )
     if q.get("lm_head"):
         refuse("gptq with a quantized lm_head", source, "pytgi keeps lm_head in float")
     return QuantizationSpec(
@@ -116,8 +120,9 @@ def awq_spec(q: Mapping[str, Any], source: str) -> QuantizationSpec:
     version = (field(q, "version", str, source) or "gemm").lower()
     if version != "gemm":
         refuse(f"awq version {version!r}", source, "pytgi reads AWQ's GEMM packing only")
-    group = field(q, "group_size" if "group_size" in q else "q_group_size", int, source,
-                  default=128)
+    group = field(
+        q, "group_size" if "group_size" in q else "q_group_size", int, source, default=128
+    )
     return QuantizationSpec(
         method="awq", pre_quantized=True, source=source, bits=bits,
         group_size=_group_size(group),
@@ -131,8 +136,11 @@ def fp8_spec(q: Mapping[str, Any], source: str) -> QuantizationSpec:
     float8_e4m3fn weights with a `weight_scale` each; block-wise scales refused."""
     block = q.get("weight_block_size")
     if block:
-        refuse(f"fp8 with block-wise weight scales (weight_block_size {block})", source,
-               "pytgi reads per-tensor and per-channel FP8 scales")
+        refuse(
+            f"fp8 with block-wise weight scales (weight_block_size {block})",
+            source,
+            "pytgi reads per-tensor and per-channel FP8 scales",
+        )
     fmt = (field(q, "fmt", str, source) or "e4m3").lower()
     if fmt != "e4m3":
         refuse(f"fp8 in format {fmt}", source, "pytgi reads float8_e4m3fn weights")

@@ -108,7 +108,9 @@ def _shared(scales: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
     first = scales[0]
     if all(s.dim() == 0 and torch.equal(s, first) for s in scales):
         return first
-    return torch.cat([s.expand(n) if s.dim() == 0 else s for s, n in zip(scales, rows, strict=True)])
+    return torch.cat(
+        [s.expand(n) if s.dim() == 0 else s for s, n in zip(scales, rows, strict=True)]
+    )
 
 
 def _input_scale(weights: Weights, prefixes: Sequence[str]) -> torch.Tensor | None:

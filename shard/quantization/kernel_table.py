@@ -15,8 +15,12 @@ from types import MappingProxyType
 import torch
 
 from pytgi_shard.quantization.awq import AWQLoader
+from pytgi_shard.quantization.bitsandbytes_weight import BnbFp4Weight, BnbInt8Weight, BnbNf4Weight
 from pytgi_shard.quantization.errors import QuantizationError
+from pytgi_shard.quantization.fp8_checkpoint import Fp8CheckpointLoader
+from pytgi_shard.quantization.fp8_weight import Fp8Weight
 from pytgi_shard.quantization.gptq import GPTQLoader
+from pytgi_shard.quantization.int8_weight_only import Int8WeightOnly
 from pytgi_shard.quantization.linear_format import (
     DENSE,
     LinearFormat,
@@ -46,11 +50,24 @@ def _awq(spec: QuantizationSpec) -> LinearLoader:
     )
 
 
-ON_LOAD: Mapping[str, OnLoadKernel] = MappingProxyType({})
+def _fp8(spec: QuantizationSpec) -> LinearLoader:
+    return Fp8CheckpointLoader(Fp8Weight)
+
+
+ON_LOAD: Mapping[str, OnLoadKernel] = MappingProxyType(
+    {
+        "bitsandbytes": BnbInt8Weight.from_float,
+        "bitsandbytes-nf4": BnbNf4Weight.from_float,
+        "bitsandbytes-fp4": BnbFp4Weight.from_float,
+        "eetq": Int8WeightOnly.from_float,
+        "fp8": Fp8Weight.from_float,
+    }
+)
 PRE_QUANTIZED: Mapping[str, CheckpointLoader] = MappingProxyType(
     {
         "gptq": _gptq,
         "awq": _awq,
+        "fp8": _fp8,
     }
 )
 

@@ -22,13 +22,25 @@ CHECKPOINT = ("gptq", "awq", "fp8", "compressed-tensors")
 # TGI's names for a checkpoint method served by another kernel -> the method pytgi serves.
 ALIASES: Mapping[str, str] = MappingProxyType({"marlin": "gptq"})
 # TGI values pytgi refuses, with the one line that says why.
-REFUSED: Mapping[str, str] = MappingProxyType({
-    "exl2": "--quantize exl2 (ExLlamaV2 checkpoints) is not supported by pytgi; serve a GPTQ "
-    "or AWQ export of the model instead",
-})
+REFUSED: Mapping[str, str] = MappingProxyType(
+    {
+        "exl2": "--quantize exl2 (ExLlamaV2 checkpoints) is not supported by pytgi; serve a GPTQ "
+        "or AWQ export of the model instead",
+    }
+)
 # Every value the flag accepts, in TGI's order of its documentation.
-VALUES = ("awq", "compressed-tensors", "eetq", "exl2", "gptq", "marlin", "bitsandbytes",
-          "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
+VALUES = (
+    "awq",
+    "compressed-tensors",
+    "eetq",
+    "exl2",
+    "gptq",
+    "marlin",
+    "bitsandbytes",
+    "bitsandbytes-nf4",
+    "bitsandbytes-fp4",
+    "fp8",
+)
 
 
 def parse_quantize(value: str) -> str:

@@ -31,11 +31,15 @@ def resolve_quantization(
     detected = detect_quantization(model_path, config)
     spec = reconcile(flag, detected, model_path)
     if flag == "marlin":
-        log.info("--quantize marlin: pytgi has no Marlin kernel; the GPTQ checkpoint runs on "
-                 "pytgi's GPTQ kernels (the start-up log names them once the model is loaded)")
+        log.info(
+            "--quantize marlin: pytgi has no Marlin kernel; the GPTQ checkpoint runs on "
+            "pytgi's GPTQ kernels (the start-up log names them once the model is loaded)"
+        )
     if spec is not None and spec.method == "bitsandbytes":
-        log.warning("bitsandbytes 8-bit is slow (TGI deprecates it): eetq is int8 weight-only "
-                    "too, and faster")
+        log.warning(
+            "bitsandbytes 8-bit is slow (TGI deprecates it): eetq is int8 weight-only "
+            "too, and faster"
+        )
     return spec
 
 
@@ -59,8 +63,7 @@ def reconcile(
             "quantization (config.json has no quantization_config); pytgi quantizes float "
             f"checkpoints on load with {', '.join(ON_LOAD)}"
         )
-    return QuantizationSpec(method=wanted, pre_quantized=False, source="--quantize",
-                            requested=flag)
+    return QuantizationSpec(method=wanted, pre_quantized=False, source="--quantize", requested=flag)
 
 
 def _agrees(wanted: str, detected: QuantizationSpec) -> bool:

@@ -46,8 +46,10 @@ class QuantizationSpec:
             group = "whole rows" if self.group_size is None else str(self.group_size)
             parts.append(f"group size {group}")
         if self.method == "gptq":
-            parts += [*(["act-order"] if self.desc_act else []),
-                      "symmetric" if self.sym else "asymmetric"]
+            parts += [
+                *(["act-order"] if self.desc_act else []),
+                "symmetric" if self.sym else "asymmetric",
+            ]
         if self.method == "awq":
             parts.append("zero points" if self.zero_point else "no zero points")
         if self.weight_strategy:

@@ -4,7 +4,8 @@ which kernels run, /info reports it, and the served greedy tokens and logprobs a
 transformers on the checkpoint's own dequantized float copy (logprobs to bfloat16 precision: the
 int4 kernel computes in it). A shard split that would cut a
 quantization group stops the launch with the shard's one-line reason naming the --num-shard
-values that work."""
+values that work. A compressed-tensors FP8 checkpoint serves exactly its dequantized copy, and
+QUANTIZE=eetq quantizes a float checkpoint on load."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import httpx
 from text_generation import Client
 
 from tests.e2e.test_launcher import transformers_greedy
+from tests.fp8_checkpoints import write_fp8_checkpoint
 from tests.gptq_checkpoints import write_gptq_checkpoint
 from tests.launcher_process import START_TIMEOUT, Launcher
 
@@ -85,3 +87,44 @@ def test_a_split_that_cuts_a_group_stops_the_launch_in_one_line(
         "features inside a packed word of 8 or one of its 2 quantization groups; --num-shard 1, " \
         "2 work" in out
     assert "Traceback" not in out
+
+
+def test_an_fp8_checkpoint_serves_its_dequantized_weights(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    fp8, oracle = write_fp8_checkpoint(tiny_model("llama"), tmp_path, "compressed-tensors")
+    launcher = Launcher("--model-id", str(fp8), "--num-shard", "2")
+    try:
+        launcher.wait_ready()
+        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
+        response = Client(launcher.url, timeout=60).generate(
+            PROMPT, max_new_tokens=10, do_sample=False
+        )
+    finally:
+        launcher.close()
+    assert info["quantize"] == "fp8"
+    assert "quantization fp8 8-bit, per-channel weight scales, static activation scales, " \
+        "format compressed-tensors (pre-quantized" in launcher.output
+    assert "linear layers 8 on Fp8Weight" in launcher.output
+    ids, _ = transformers_greedy(oracle, PROMPT, 10)
+    assert [t.id for t in response.details.tokens] == ids
+    expected = transformers_logprobs(oracle, ids, PROMPT)
+    for token, logprob in zip(response.details.tokens, expected, strict=True):
+        assert math.isclose(token.logprob, logprob, abs_tol=1e-3)
+
+
+def test_quantize_on_load_from_the_environment(tiny_model: Callable[..., Path]) -> None:
+    launcher = Launcher("--model-id", str(tiny_model("llama")), "--num-shard", "1",
+                        env={"QUANTIZE": "eetq"})
+    try:
+        launcher.wait_ready()
+        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
+        response = Client(launcher.url, timeout=60).generate(
+            PROMPT, max_new_tokens=8, do_sample=False
+        )
+    finally:
+        launcher.close()
+    assert info["quantize"] == "eetq"
+    assert "quantization eetq (quantized on load, declared by --quantize)" in launcher.output
+    assert "linear layers 8 on Int8WeightOnly" in launcher.output
+    assert response.details.generated_tokens == 8

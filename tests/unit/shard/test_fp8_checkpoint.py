@@ -1,8 +1,7 @@
 """Issue 17: FP8 checkpoints (quant_method fp8 and compressed-tensors) written in the documented
 layout load to exactly their dequantized weights, on 1 and 2 ranks: the payload read uncast,
 per-tensor and per-channel scales, q/k/v fused with different per-tensor scales (kept as
-per-row scales), row-parallel input slices. The kernel here is the test double that dequantizes;
-the FP8 kernel itself is tested with its class."""
+per-row scales), row-parallel input slices; through get_model, on the FP8 kernel's class."""
 
 from __future__ import annotations
 
@@ -15,13 +14,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pytgi_shard.attention.backend import get_backend
-from pytgi_shard.distributed import Dist
+from pytgi_shard.distributed import Dist, single_process
 from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear
+from pytgi_shard.models import ModelConfig, get_model
 from pytgi_shard.models.llama import Llama
 from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.quantization.detection import detect_quantization
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.fp8_checkpoint import Fp8CheckpointLoader
+from pytgi_shard.quantization.fp8_weight import Fp8Weight
 from pytgi_shard.quantization.linear_format import DENSE, pre_quantized_format
 from pytgi_shard.weights import Weights
 from tests.fp8_checkpoints import CONFIGS, write_fp8_checkpoint
@@ -114,3 +115,21 @@ def test_malformed_fp8_tensors_are_refused(tmp_path: Path) -> None:
         loader.column(weights, ["mixed_a", "mixed_b"], [(0, 1), (0, 1)])
     # A projection stored in float (compressed-tensors' `ignore`) reads dense.
     assert torch.equal(loader.row(weights, "mixed_b"), tensors["mixed_b.weight"])
+
+
+@pytest.mark.parametrize("flavor", list(CONFIGS))
+def test_get_model_serves_an_fp8_checkpoint_on_the_fp8_kernel(
+    fp8_models: dict[str, tuple[Path, Path]], flavor: str
+) -> None:
+    """Detected without a flag, read into the FP8 kernel's class (dequantize + F.linear on CPU):
+    the dequantized copy's weights exactly, and its logits."""
+    fp8_dir, oracle_dir = fp8_models[flavor]
+    quantized = get_model(ModelConfig.read(fp8_dir), dtype=torch.float32, dist=single_process(CPU))
+    oracle = get_model(ModelConfig.read(oracle_dir), dtype=torch.float32, dist=single_process(CPU))
+    assert isinstance(quantized, Llama) and isinstance(oracle, Llama)
+    for (name, layer), (_, expected) in zip(linears(quantized), linears(oracle), strict=True):
+        assert isinstance(layer.weight, Fp8Weight), name
+        assert torch.equal(layer.weight.dequantize(), expected.weight), name
+    seqs = sequences(quantized.vocab_size)
+    for got, want in zip(paged_logits(quantized, seqs), paged_logits(oracle, seqs), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
