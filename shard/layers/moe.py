@@ -105,6 +105,10 @@ class SharedExpert(nn.Module):
 
 
 class SparseMoE(nn.Module):
+    """One layer's sparse block on this rank: the replicated router, this rank's part of the
+    experts (stacked [experts, ...] per projection), the shared expert's slice if any; its
+    forward returns the whole block's output (all-reduced)."""
+
     def __init__(
         self,
         spec: MoESpec,
