@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi_shard.quantization.group_quantized import GroupQuantized
+from pytgi_shard.quantization.int4pack_layout import int4pack_layout
 from pytgi_shard.quantization.int4pack_weight import Int4PackWeight
 from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weight
 from pytgi_shard.quantization.int_packing import pack_int32
@@ -106,9 +107,9 @@ def candidates(quantized: GroupQuantized, device: torch.device,
             built[kernel.value] = build_int_weight(quantized, device, dtype, kernel)
         except ValueError:
             continue  # int4pack does not take this dtype on this device
-    groups = quantized.contiguous_groups()
-    if device.type == "cpu" and groups is not None:
-        built["int4pack-fp32"] = Int4PackWeight(quantized, groups, torch.float32)
+    if device.type == "cpu":
+        layout = int4pack_layout(quantized.g_idx)
+        built["int4pack-fp32"] = Int4PackWeight(quantized, layout, torch.float32)
     return built
 
 

@@ -20,15 +20,6 @@ from pytgi_shard.quantization.int_packing import unpack_int32, values_per_word
 
 
 @dataclass(frozen=True)
-class ContiguousGroups:
-    """How a kernel that wants equal, consecutive groups can read this weight: input features
-    taken in `perm` order (None: as they are) fall into groups of `group_size` in order."""
-
-    group_size: int
-    perm: torch.Tensor | None
-
-
-@dataclass(frozen=True)
 class GroupQuantized:
     qweight: torch.Tensor  # int32 [in / pack, out]
     zeros: torch.Tensor  # int32 [groups, out]
@@ -71,17 +62,6 @@ class GroupQuantized:
         g = self.g_idx.long()
         shifted = (self.int_weight() - self.zeros[g]).float()
         return (shifted * self.scales[g].float()).to(self.dtype).t().contiguous()
-
-    def contiguous_groups(self) -> ContiguousGroups | None:
-        """Equal consecutive groups when the input features are sorted by group (act-order
-        weights sort into them; a row shard of one may not), or None."""
-        counts = torch.bincount(self.g_idx.long(), minlength=self.scales.shape[0])
-        if counts.numel() == 0 or bool((counts != counts[0]).any()):
-            return None
-        sorted_g, perm = torch.sort(self.g_idx, stable=True)
-        if torch.equal(sorted_g, self.g_idx):
-            return ContiguousGroups(int(counts[0]), None)
-        return ContiguousGroups(int(counts[0]), perm)
 
 
 def concat_outputs(parts: Sequence[GroupQuantized], names: Sequence[str]) -> GroupQuantized:

@@ -19,6 +19,7 @@ from pytgi_shard.quantization.awq import AWQLoader
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.gptq import GPTQLoader
 from pytgi_shard.quantization.group_quantized import GroupQuantized
+from pytgi_shard.quantization.int4pack_layout import int4pack_layout
 from pytgi_shard.quantization.int4pack_weight import Int4PackWeight, int4pack_fits
 from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weight
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
@@ -97,13 +98,11 @@ def kernels_of(quantized: GroupQuantized) -> list[QuantizedWeight]:
     the loader chooses."""
     built = [build_int_weight(quantized, CPU, torch.float32, k) for k in
              (None, IntKernel.DEQUANT, IntKernel.TRITON)]  # fmt: skip
-    groups = quantized.contiguous_groups()
-    if int4pack_fits(CPU, torch.float32, quantized.in_features, quantized.out_features, groups,
-                     quantized.bits):  # fmt: skip
-        assert groups is not None
+    layout = int4pack_layout(quantized.g_idx)
+    if int4pack_fits(CPU, torch.float32, quantized.out_features, layout, quantized.bits):
         built += [
-            Int4PackWeight(quantized, groups, torch.float32),
-            Int4PackWeight(quantized, groups),
+            Int4PackWeight(quantized, layout, torch.float32),
+            Int4PackWeight(quantized, layout),
         ]
     return built
 
@@ -244,8 +243,8 @@ def _rank_main(rank: int, port: int, path: Path, out_dir: Path) -> None:
 
 
 def test_row_shards_sum_to_the_whole_matmul_over_gloo(tmp_path: Path) -> None:
-    """Two processes, each reading only its inputs' slice, summed by all_reduce (act-order
-    GPTQ rows hit groups unevenly: the dequantizing kernel, exact)."""
+    """Two processes, each reading only its inputs' slice, summed by all_reduce; both through
+    the chosen int4pack (act-order GPTQ rows hit groups unevenly: padded), in bfloat16."""
     gptq = random_layer(IN, O_OUT, 4, GROUP, True, False, 3, 1)
     awq = random_layer(IN, O_OUT, 4, GROUP, False, False, 4)
     save_file(gptq_tensors(gptq, "o", "gptq") | awq_tensors(awq, "awq_o"),
@@ -254,8 +253,7 @@ def test_row_shards_sum_to_the_whole_matmul_over_gloo(tmp_path: Path) -> None:
     x = torch.randn(4, IN, generator=torch.Generator().manual_seed(1))
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        torch.testing.assert_close(got["gptq"], x @ gptq.dequantized().t(), rtol=1e-5, atol=1e-5)
-        # AWQ's even row shards go through int4pack, which computes in bfloat16.
+        torch.testing.assert_close(got["gptq"], x @ gptq.dequantized().t(), rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(got["awq"], x @ awq.dequantized().t(), rtol=1e-2, atol=1e-2)
 
 
