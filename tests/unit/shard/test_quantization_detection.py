@@ -245,3 +245,28 @@ def test_the_kernel_table() -> None:
     loader = DenseLoader()
     read = linear_format(_spec(GPTQ), pre_quantized={"gptq": lambda s: loader})
     assert read.name == "gptq" and read.loader is loader
+
+
+def test_the_flag_and_its_environment_form(capsys: pytest.CaptureFixture[str]) -> None:
+    from pytgi_launcher.cli import parse_settings
+    from pytgi_launcher.commands import shard_argv
+    from pytgi_shard.cli import build_parser, settings_from_args
+
+    def shard(argv: list[str], env: dict[str, str]) -> str | None:
+        args = build_parser().parse_args(["serve", "/m", *argv])
+        return settings_from_args(args, env).quantize
+
+    assert shard([], {}) is None
+    assert shard([], {"QUANTIZE": "AWQ"}) == "awq"
+    assert shard(["--quantize", "eetq"], {"QUANTIZE": "awq"}) == "eetq"  # the flag wins
+    with pytest.raises(ValueError, match="QUANTIZE: unknown quantization 'int3'"):
+        shard([], {"QUANTIZE": "int3"})
+    launcher = parse_settings([], environ={"QUANTIZE": "bitsandbytes-nf4"})
+    assert launcher.quantize == "bitsandbytes-nf4"
+    argv = shard_argv(launcher, Path("/m"), 0, 1, "float32")
+    assert argv[argv.index("--quantize") + 1] == "bitsandbytes-nf4"
+    assert "--quantize" not in shard_argv(parse_settings([], environ={}), Path("/m"), 0, 1,
+                                          "float32")
+    with pytest.raises(SystemExit):
+        parse_settings(["--quantize", "int3"], environ={})
+    assert "unknown quantization 'int3'; valid values:" in capsys.readouterr().err
