@@ -12,7 +12,8 @@ the median is shown beside it, because other work on a shared machine only ever 
 Decode steps are timed as bench/engine_steps.py times them (Prefill, then Decode calls; the
 median step). Weight memory is every parameter and buffer the model holds (the quantized
 linears with their scales, the float embeddings, norms and LM head), and the quantized linears
-alone. The kernels behind each mode are timed too (bench/on_load_kernels.py). On a GPU
+alone. The kernels behind each mode are timed too (bench/on_load_kernels.py). `gptq` and `awq`
+load a 4-bit export of the same model (groups of 128, bench/gptq_awq_export.py). On a GPU
 (bench/gpu.sh) the same runs in bfloat16.
 """
 
@@ -29,12 +30,16 @@ from pathlib import Path
 import torch
 
 from pytgi_bench.engine_steps import measure
+from pytgi_bench.gptq_awq_export import export
 from pytgi_bench.model_builder import LlamaShape, build_random_llama
 from pytgi_bench.on_load_kernels import KernelTime, measure_kernels
 from pytgi_proto import generate_pb2
 
 QUANT_20M = LlamaShape("quant-20m", 512, 1536, 6, 8, 4)
-MODES = ("float", "eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8")
+MODES = ("float", "eetq", "bitsandbytes", "bitsandbytes-nf4", "bitsandbytes-fp4", "fp8", "gptq",
+         "awq")  # fmt: skip
+# Pre-quantized modes: the float model's export (bench/gptq_awq_export.py), detected, no flag.
+EXPORTED = ("gptq", "awq")
 DEMO_MODEL = Path(__file__).resolve().parents[1] / "launcher" / "demo_model"
 INPUT_LEN = 32
 
@@ -86,6 +91,9 @@ def load(model_dir: Path, mode: str, dtype: str, max_batch: int):  # type: ignor
     from pytgi_shard.startup import load_engine
 
     quantize = None if mode == "float" else mode
+    if mode in EXPORTED:
+        model_dir = export(model_dir, model_dir.with_name(f"{model_dir.name}-{mode}"), mode)
+        quantize = None
     engine = load_engine(ShardSettings(model_path=model_dir, dtype=dtype, quantize=quantize))
     _warmup(engine, max_batch)
     measure(engine, 1, INPUT_LEN, 2)  # first-call costs, untimed

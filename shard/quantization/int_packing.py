@@ -64,3 +64,12 @@ def awq_columns_to_natural(values: torch.Tensor) -> torch.Tensor:
     natural = torch.empty_like(words)
     natural[..., list(AWQ_ORDER)] = words
     return natural.reshape(values.shape)
+
+
+def natural_columns_to_awq(values: torch.Tensor) -> torch.Tensor:
+    """The inverse of awq_columns_to_natural: outputs [..., out] in AWQ's word order."""
+    out = values.shape[-1]
+    if out % len(AWQ_ORDER):
+        raise ValueError(f"{out} outputs are not whole AWQ words of {len(AWQ_ORDER)}")
+    words = values.reshape(*values.shape[:-1], out // len(AWQ_ORDER), len(AWQ_ORDER))
+    return words[..., list(AWQ_ORDER)].reshape(values.shape)

@@ -8,6 +8,7 @@ import torch
 
 from pytgi_shard.quantization.int_packing import (
     awq_columns_to_natural,
+    natural_columns_to_awq,
     pack_int32,
     unpack_int32,
     values_per_word,
@@ -52,3 +53,10 @@ def test_unsupported_widths_and_values_are_refused() -> None:
         pack_int32(torch.full((8, 1), 16), 4, dim=0)
     with pytest.raises(ValueError, match="do not pack"):
         pack_int32(torch.zeros(6, 1, dtype=torch.int64), 4, dim=0)
+
+
+def test_natural_columns_pack_into_awq_words() -> None:
+    values = torch.randint(0, 16, (3, 24), generator=torch.Generator().manual_seed(3))
+    words = pack_int32(natural_columns_to_awq(values), 4, dim=1)
+    assert torch.equal(words, pack_cols(values, 4, AWQ_ORDER))
+    assert torch.equal(natural_columns_to_awq(awq_columns_to_natural(values)), values)
