@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi_bench.model_builder import LlamaShape
+from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.int8_weight_only import Int8Kernel, Int8WeightOnly
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
 
@@ -60,15 +61,15 @@ def candidates(device: torch.device) -> dict[str, Callable[[torch.Tensor], Linea
         "eetq int_mm (W8A8)": _int8(Int8Kernel.INT_MM),
         "eetq int8pack (W8A16)": _int8(Int8Kernel.INT8PACK),
         "eetq dequant (W8A16)": _int8(Int8Kernel.DEQUANT),
-        "fp8": Fp8Weight.from_float,
+        "fp8 (as the device runs it)": Fp8Weight.from_float,
     }
     table.update(_bitsandbytes_candidates(device))
     return table
 
 
 def _bitsandbytes_candidates(device: torch.device) -> dict[str, Callable[[torch.Tensor], Linear]]:
-    """bnb's modes as pytgi runs them, and on CPU bnb's own AVX512-BF16 layout for 4-bit
-    (Linear4bit converts to it for inference; it computes in bfloat16 whatever x's dtype)."""
+    """bnb's modes as pytgi runs them; 4-bit in both of bnb's layouts where the CPU has the
+    fused kernel of the second (bitsandbytes_weight.Bnb4bitWeight)."""
     try:
         from pytgi_shard.quantization.bitsandbytes_weight import (
             BnbInt8Weight,
@@ -77,20 +78,14 @@ def _bitsandbytes_candidates(device: torch.device) -> dict[str, Callable[[torch.
         )
 
         bnb = import_bitsandbytes()
-    except ImportError:
+    except QuantizationError:  # bitsandbytes is not installed here (e.g. the GPU machine)
         return {}
     table: dict[str, Callable[[torch.Tensor], Linear]] = {
         "bnb int8 (LLM.int8)": BnbInt8Weight.from_float,
-        "bnb nf4 matmul_4bit": BnbNf4Weight.from_float,
+        "bnb nf4 standard layout (gemm_4bit)": lambda w: BnbNf4Weight.from_float(w, False),
     }
     if device.type == "cpu" and bnb.functional.has_avx512bf16():
-
-        def packed(w: torch.Tensor) -> Linear:
-            q, state = bnb.functional.quantize_4bit(w, blocksize=64, quant_type="nf4")
-            q, state = bnb.functional._convert_weight_packed_for_cpu(q, state)
-            return lambda x: bnb.matmul_4bit(x, q, state)
-
-        table["bnb nf4 cpu-packed (bf16 compute)"] = packed
+        table["bnb nf4 CPU layout (gemv_4bit, bf16)"] = lambda w: BnbNf4Weight.from_float(w, True)
     return table
 
 

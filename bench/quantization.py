@@ -1,8 +1,10 @@
 """--quantize modes against float on a ~20M-parameter Llama: decode tokens/s at batch 1 and 64,
 and weight memory, each mode loaded by the shard's own start-up (load_engine with --quantize).
 
-    python -m pytgi_bench.quantization [--modes float,eetq,...] [--rounds 3] [--out PATH]
-    nice -n 10 python -m pytgi_bench.quantization --out bench/results/cpu/quantization.json
+    python -m pytgi_bench.quantization [--modes float,eetq,...] [--rounds 3] [--threads N]
+        [--out PATH]
+    nice -n 10 python -m pytgi_bench.quantization --threads 1 --rounds 7 \
+        --out bench/results/cpu/quantization.json
 
 The model: random weights in Hugging Face layout (bench/model_builder.py), 512 hidden, 1536
 intermediate, 6 layers, 8 heads, 4 KV heads, the demo model's 4,096-token vocabulary: 18.9M
@@ -156,11 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default="1,64")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     p.add_argument("--root", type=Path, default=Path("/tmp/pytgi-quant-bench"))
     p.add_argument("--no-kernels", action="store_true", help="skip the kernel table")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     sizes = [int(s) for s in args.batch_sizes.split(",")]

@@ -161,6 +161,9 @@ class Bnb4bitWeight(QuantizedWeight):
         import_bitsandbytes()
         rows = x.reshape(-1, self.in_features)
         if self.cpu_packed:
+            if rows.device.type != "cpu":
+                raise RuntimeError("a weight in bnb's CPU layout was moved off the CPU: "
+                                   "quantize it on the device it runs on")  # fmt: skip
             out = torch.ops.bitsandbytes.gemv_4bit.default(
                 rows, self.packed, self._shape(), self.absmax, self.code, BLOCKSIZE_4BIT
             )
