@@ -1,8 +1,10 @@
-"""GPTQ/AWQ kernel timing: one group-quantized linear (4-bit, groups of 128) through each kernel
-pytgi has for it, against the float matmul it replaces, at batch 1 (decode, memory-bound) and 64.
+"""GPTQ/AWQ kernel timing: one group-quantized linear (4-bit, or 8 with --bits 8; groups of 128)
+through each kernel pytgi has for it, against the float matmul it replaces, at batch 1 (decode,
+memory-bound) and 64.
 
 Kernels (shard/quantization/int_kernel_choice.py): `int4pack` (PyTorch's int4 packed matmul,
 computing in bfloat16 as served; on CPU also `int4pack-fp32`, the op's exact float32 path),
+`int8pack` (8 bits on CPU: PyTorch's int8 weight-only matmul once per group),
 `dequant` (the packed weight dequantized whole per call, then F.linear), `triton` (own
 dequantize-GEMM; CUDA only), and `float` (F.linear on the dequantized weight, what a float
 checkpoint costs). Shapes: the projections of a ~20M-parameter Llama (hidden 512) and of an 8B
@@ -11,7 +13,7 @@ calls (the minimum: the machine may be shared); the table also gives the weight'
 (scales and zeros included).
 
     python -m pytgi_bench.quant_kernels [--device cpu|cuda] [--dtype float32|bfloat16|float16]
-        [--threads N] [--out FILE.json]
+        [--bits 4|8] [--threads N] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -47,15 +49,17 @@ class Row:
     weight_mib: float
 
 
-def random_weight(k: int, n: int, dtype: torch.dtype, device: torch.device) -> GroupQuantized:
+def random_weight(
+    k: int, n: int, bits: int, dtype: torch.dtype, device: torch.device
+) -> GroupQuantized:
     g = torch.Generator().manual_seed(k * n)
-    groups = k // GROUP
+    groups, top = k // GROUP, 1 << bits
     return GroupQuantized(
-        qweight=pack_int32(torch.randint(0, 16, (k, n), generator=g), 4, dim=0).to(device),
-        zeros=torch.randint(0, 16, (groups, n), generator=g, dtype=torch.int32).to(device),
+        qweight=pack_int32(torch.randint(0, top, (k, n), generator=g), bits, dim=0).to(device),
+        zeros=torch.randint(0, top, (groups, n), generator=g, dtype=torch.int32).to(device),
         scales=(torch.rand(groups, n, generator=g) * 0.01).half().to(device),
         g_idx=(torch.arange(k, dtype=torch.int32) // GROUP).to(device),
-        bits=4,
+        bits=bits,
         dtype=dtype,
     )
 
@@ -78,10 +82,11 @@ def time_ms(fn: Callable[[], object], device: torch.device, reps: int, samples: 
     return min(means)
 
 
-def kernels_for(device: torch.device) -> list[IntKernel]:
+def kernels_for(device: torch.device, bits: int) -> list[IntKernel]:
     if device.type == "cuda":
         return [IntKernel.INT4PACK, IntKernel.TRITON, IntKernel.DEQUANT]
-    return [IntKernel.INT4PACK, IntKernel.DEQUANT]
+    op = IntKernel.INT4PACK if bits == 4 else IntKernel.INT8PACK
+    return [op, IntKernel.DEQUANT]
 
 
 class FloatLinear(torch.nn.Module):
@@ -102,12 +107,12 @@ def candidates(quantized: GroupQuantized, device: torch.device,
     """Every kernel that takes the weight on `device`, and the float matmul it replaces. On CPU
     also int4pack computing in float32 (exact), to show why it computes in bfloat16."""
     built: dict[str, torch.nn.Module] = {"float": FloatLinear(quantized.dequantize())}
-    for kernel in kernels_for(device):
+    for kernel in kernels_for(device, quantized.bits):
         try:
             built[kernel.value] = build_int_weight(quantized, device, dtype, kernel)
         except ValueError:
             continue  # int4pack does not take this dtype on this device
-    if device.type == "cpu":
+    if device.type == "cpu" and quantized.bits == 4:
         layout = int4pack_layout(quantized.g_idx)
         built["int4pack-fp32"] = Int4PackWeight(quantized, layout, torch.float32)
     return built
@@ -117,10 +122,12 @@ def nbytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in module.buffers())
 
 
-def measure(device: torch.device, dtype: torch.dtype, reps: int, samples: int) -> list[Row]:
+def measure(
+    device: torch.device, dtype: torch.dtype, bits: int, reps: int, samples: int
+) -> list[Row]:
     rows = []
     for k, n in SHAPES:
-        built = candidates(random_weight(k, n, dtype, device), device, dtype)
+        built = candidates(random_weight(k, n, bits, dtype, device), device, dtype)
         for batch in BATCHES:
             x = torch.randn(batch, k, device=device, dtype=dtype)
             for name, module in built.items():
@@ -139,6 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--bits", type=int, default=4, choices=[4, 8])
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--samples", type=int, default=5)
@@ -147,12 +155,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
-    print(f"device {device} dtype {dtype} threads {torch.get_num_threads()}")
+    print(f"device {device} dtype {dtype} bits {args.bits} threads {torch.get_num_threads()}")
     print("   in    out batch        kernel        time       weight")
-    rows = measure(device, dtype, args.reps, args.samples)
+    rows = measure(device, dtype, args.bits, args.reps, args.samples)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": str(device), "dtype": args.dtype,
+            json.dump({"device": str(device), "dtype": args.dtype, "bits": args.bits,
                        "rows": [asdict(r) for r in rows]}, f, indent=1)  # fmt: skip
 
 

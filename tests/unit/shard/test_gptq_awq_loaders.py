@@ -21,6 +21,7 @@ from pytgi_shard.quantization.gptq import GPTQLoader
 from pytgi_shard.quantization.group_quantized import GroupQuantized
 from pytgi_shard.quantization.int4pack_layout import int4pack_layout
 from pytgi_shard.quantization.int4pack_weight import Int4PackWeight, int4pack_fits
+from pytgi_shard.quantization.int8pack_groups_weight import Int8PackGroupsWeight, even_groups
 from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weight
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
 from pytgi_shard.weights import Weights
@@ -77,25 +78,32 @@ def expected_row(layers: dict[str, IntLayer], rank: int, world: int) -> torch.Te
 
 def check(weight: object, expected: torch.Tensor) -> None:
     """The kernel's weight is exactly the dequantized one, and so is its matmul up to float32
-    summation order; int4pack computes in bfloat16, so there only to bfloat16's precision."""
+    summation order; PyTorch's int4/int8 ops compute in bfloat16 as served, so there only to
+    bfloat16's precision."""
     assert isinstance(weight, QuantizedWeight)
     assert (weight.out_features, weight.in_features) == tuple(expected.shape)
     x = torch.randn(3, 5, expected.shape[1], generator=torch.Generator().manual_seed(0))
-    bf16 = isinstance(weight, Int4PackWeight) and weight.scales_and_zeros.dtype == torch.bfloat16
+    bf16 = (
+        isinstance(weight, Int4PackWeight)
+        and weight.scales_and_zeros.dtype == torch.bfloat16
+        or isinstance(weight, Int8PackGroupsWeight)
+        and weight.scales.dtype == torch.bfloat16
+    )
     if not bf16:
         assert torch.equal(weight.dequantize().float(), expected)
         torch.testing.assert_close(weight(x), x @ expected.t(), rtol=1e-5, atol=1e-5)
         return
-    # Scales, offsets scale * (8 - zero) and the result each rounded to bfloat16 (2**-9).
+    # Scales, offsets and the result each rounded to bfloat16 (2**-9).
     bound = 2**-7 * float(expected.abs().max())
     torch.testing.assert_close(weight.dequantize().float(), expected, rtol=0, atol=bound)
     reference = x.bfloat16().float() @ weight.dequantize().float().t()
-    torch.testing.assert_close(weight(x), reference, rtol=1e-2, atol=1e-2)
+    size = float(reference.abs().max())
+    torch.testing.assert_close(weight(x), reference, rtol=1e-2, atol=1e-2 * size)
 
 
 def kernels_of(quantized: GroupQuantized) -> list[QuantizedWeight]:
-    """Every kernel that takes the weight (int4pack also in exact float32 mode), and the one
-    the loader chooses."""
+    """Every kernel that takes the weight (the int4/int8 ops also in exact float32 mode), and
+    the one the loader chooses."""
     built = [build_int_weight(quantized, CPU, torch.float32, k) for k in
              (None, IntKernel.DEQUANT, IntKernel.TRITON)]  # fmt: skip
     layout = int4pack_layout(quantized.g_idx)
@@ -104,6 +112,8 @@ def kernels_of(quantized: GroupQuantized) -> list[QuantizedWeight]:
             Int4PackWeight(quantized, layout, torch.float32),
             Int4PackWeight(quantized, layout),
         ]
+    if quantized.bits == 8 and even_groups(quantized.g_idx) is not None:
+        built += [Int8PackGroupsWeight(quantized, torch.float32), Int8PackGroupsWeight(quantized)]
     return built
 
 

@@ -24,25 +24,26 @@ PERMUTED = int4pack_layout((torch.arange(4096) // 128)[torch.randperm(4096)])
 UNEVEN = int4pack_layout((torch.arange(4096) // 128)[torch.randperm(4096)][:2048])
 
 CHOICES = [
-    # device, dtype, bits, out, layout -> kernel
-    (CPU, torch.float32, 4, 4096, SORTED, IntKernel.INT4PACK),
-    (CPU, torch.bfloat16, 4, 4096, PERMUTED, IntKernel.INT4PACK),
-    (CPU, torch.float32, 4, 4096, UNEVEN, IntKernel.INT4PACK),  # padded
-    (CPU, torch.float32, 8, 4096, SORTED, IntKernel.DEQUANT),
-    (CPU, torch.float32, 4, 4104, SORTED, IntKernel.DEQUANT),  # outputs not a multiple of 16
-    (CUDA, torch.bfloat16, 4, 4104, PERMUTED, IntKernel.INT4PACK),
-    (CUDA, torch.float16, 4, 4096, SORTED, IntKernel.TRITON),  # the op takes bf16 only
-    (CUDA, torch.bfloat16, 8, 4096, SORTED, IntKernel.TRITON),
-    (CUDA, torch.bfloat16, 4, 4096, UNEVEN, IntKernel.TRITON),  # g_idx in place, no padding
+    # device, dtype, bits, out, int4pack layout, equal groups -> kernel
+    (CPU, torch.float32, 4, 4096, SORTED, True, IntKernel.INT4PACK),
+    (CPU, torch.bfloat16, 4, 4096, PERMUTED, True, IntKernel.INT4PACK),
+    (CPU, torch.float32, 4, 4096, UNEVEN, False, IntKernel.INT4PACK),  # padded
+    (CPU, torch.float32, 8, 4096, SORTED, True, IntKernel.INT8PACK),
+    (CPU, torch.float32, 8, 4096, UNEVEN, False, IntKernel.DEQUANT),
+    (CPU, torch.float32, 4, 4104, SORTED, True, IntKernel.DEQUANT),  # outputs not a multiple of 16
+    (CUDA, torch.bfloat16, 4, 4104, PERMUTED, True, IntKernel.INT4PACK),
+    (CUDA, torch.float16, 4, 4096, SORTED, True, IntKernel.TRITON),  # the op takes bf16 only
+    (CUDA, torch.bfloat16, 8, 4096, SORTED, True, IntKernel.TRITON),
+    (CUDA, torch.bfloat16, 4, 4096, UNEVEN, False, IntKernel.TRITON),  # g_idx in place
 ]
 
 
-@pytest.mark.parametrize(("device", "dtype", "bits", "n", "layout", "kernel"), CHOICES)
+@pytest.mark.parametrize(("device", "dtype", "bits", "n", "layout", "even", "kernel"), CHOICES)
 def test_the_documented_choice(
     device: torch.device, dtype: torch.dtype, bits: int, n: int, layout: Int4PackLayout,
-    kernel: IntKernel,
+    even: bool, kernel: IntKernel,
 ) -> None:  # fmt: skip
-    assert choose_int_kernel(device, dtype, bits, n, layout) is kernel
+    assert choose_int_kernel(device, dtype, bits, n, layout, even) is kernel
 
 
 def grouped(layer: IntLayer) -> GroupQuantized:
@@ -91,3 +92,7 @@ def test_a_forced_kernel_that_does_not_fit_is_refused() -> None:
     with pytest.raises(ValueError, match="int4pack does not take this 8-bit"):
         build_int_weight(grouped(random_layer(64, 16, 8, 32, False, True, 0)), CPU,
                          torch.float32, IntKernel.INT4PACK)  # fmt: skip
+    uneven = random_layer(64, 16, 8, 32, True, True, 0)
+    shard = IntLayer(uneven.q[:24], uneven.zeros, uneven.scales, uneven.g_idx[:24], 8)
+    with pytest.raises(ValueError, match="int8 groups take 8-bit weights whose groups are equal"):
+        build_int_weight(grouped(shard), CPU, torch.float32, IntKernel.INT8PACK)
