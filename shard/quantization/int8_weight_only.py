@@ -2,27 +2,27 @@
 
 W ~= q * scale[:, None] with q = round(W / scale) in [-127, 127] and scale = max |W[row]| / 127,
 so each weight is rounded once to 1/254 of its row's range. Three kernels multiply by it; the
-one taken is chosen per device by measurement (bench/quantization.py, README "Quantization"):
+one taken is chosen per device by measurement (bench/on_load_kernels.py, README "Quantization"):
 
 - INT_MM: the activations quantized per token on the fly (symmetric int8, one scale per row of
   x), then PyTorch's int8 GEMM `torch._int_mm` (int32 accumulation, exact) and both scales applied
-  to the int32 result. Reads 1 byte per weight and uses the CPU's AVX512-VNNI / the GPU's int8
-  tensor cores. Chosen on CPUs with AVX-512 and on CUDA: on this project's CPU it was the only
-  int8 kernel faster than the float32 matmul at batch 1 (memory-bound decoding), and at batch 64.
-  It is W8A8 rather than EETQ's W8A16: each activation is also rounded to 1/254 of its token's
-  range; the perplexity test bounds what that costs (within 1% of float32).
-- INT8PACK: `torch.ops.aten._weight_int8pack_mm` (weight-only, activations in their dtype).
-  Measured 5-40x slower than float32 on this CPU in float32 (its vectorised path is for
-  bfloat16 decoding); kept selectable and measured by the bench on every device.
-- DEQUANT: the weight dequantized to the activations' dtype each call, then F.linear. Exact
-  weight-only arithmetic anywhere, but it writes and reads a float copy of W per call: the
-  fallback where `_int_mm` has no fast path (CPUs without AVX-512, where PyTorch's int8 GEMM is
-  a scalar loop).
+  to the int32 result. Reads 1 byte per weight and uses AVX512-VNNI / the GPU's int8 tensor
+  cores. Chosen on CPUs with AVX-512 and on CUDA. On this project's CPU (float32, one layer of
+  the ~20M bench Llama) it was the only int8 kernel at least as fast as float32's F.linear:
+  1.05x at 1 token, 2.1x at 64 (the whole model decodes 1.2x / 1.4x faster than float32). It is
+  W8A8 rather than EETQ's W8A16: each activation is also rounded to 1/254 of its token's range;
+  the served perplexity on held-out text moves by +0.02% (tests/e2e/test_quantization_quality.py).
+- INT8PACK: `torch.ops.aten._weight_int8pack_mm` (weight-only, activations in their dtype):
+  0.26x float32 at 1 token and 0.03x at 64 on that CPU in float32; kept selectable, timed by
+  the bench on every device.
+- DEQUANT: the weight dequantized to the activations' dtype each call, then F.linear (0.21x /
+  0.55x there): exact weight-only arithmetic anywhere, the fallback where `_int_mm` has no fast
+  path (CPUs without AVX-512, where PyTorch's int8 GEMM is a scalar loop).
 
 On CUDA `_int_mm` needs more than 16 rows and in/out features that are multiples of 8: fewer
 rows are padded with zero rows (decoding reads the weight once either way); other shapes take
-DEQUANT. The CUDA choice is not measured yet (no GPU was lent when it was written): the GPU
-variant of the bench measures all three.
+DEQUANT. The CUDA choice is not measured yet (no GPU was lent when it was written): bench/gpu.sh's
+quantization stage times all three there.
 """
 
 from __future__ import annotations
