@@ -14,7 +14,7 @@ choice, Marlin's own CUDA kernel not being bundled.
   float16/float32 activations, uneven act-order groups read in place through g_idx).
 - dequant: the packed weight dequantized whole each call (packed_int_weight). The CPU fallback
   for what the two ops do not take (8-bit act-order row shards, 4-bit weights with out_features
-  not a multiple of 16); 100x slower than the float matmul on big layers (384 ms at 4096 x
+  not a multiple of 16); 100x slower than the float matmul on big layers (336 ms at 4096 x
   4096), but it keeps the weight at 4/8 bits.
 
 The measurements behind the order are in bench/quant_kernels.py and the README.
