@@ -111,9 +111,9 @@ class Bnb4bitWeight(QuantizedWeight):
       outputs, bfloat16 absmax [in / 64, out]) for its fused gemv_4bit kernel, the layout bnb's
       own Linear4bit switches to for inference on such CPUs. That kernel computes in bfloat16
       whatever the activations' dtype (their result is cast back). On one layer of the bench
-      Llama in float32 it is 4x faster than the standard layout at 1 token (1.37x float32's
-      F.linear against 0.33x) and a little slower at 64 (0.60x against 0.68x); the model decodes
-      1.4x float32 at batch 1 and 0.8x at batch 64 with it (README "Quantization").
+      Llama in float32 (one thread) it is 5x faster than the standard layout at 1 token (1.68x
+      float32's F.linear against 0.31x) and slower at 64 (0.55x against 0.68x); the model
+      decodes 1.9x float32 at batch 1 and 0.78x at batch 64 with it (README "Quantization").
     """
 
     packed: torch.Tensor

@@ -15,8 +15,8 @@ W = qweight * scale (each row by its scale). Two kernels:
   features that are multiples of 16; other shapes take the fallback.
 - Elsewhere (CPU, older GPUs): the weight dequantized to the activations' dtype and F.linear:
   the weight stays 1 byte per value in memory, the arithmetic is the activations' dtype. On the
-  CPU this is slow: PyTorch converts float8 to float element by element (0.04x float32's
-  F.linear on one layer of the bench Llama; the model decodes at 0.1x), and its CPU _scaled_mm
+  CPU this is slow: PyTorch converts float8 to float element by element (0.03x float32's
+  F.linear on one layer of the bench Llama; the model decodes at 0.08x), and its CPU _scaled_mm
   is slower still (a 3072x512 projection: 4.4 ms against 0.1 ms). FP8 is a GPU format; on the
   CPU it saves memory only.
 """

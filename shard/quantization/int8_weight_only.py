@@ -8,15 +8,15 @@ one taken is chosen per device by measurement (bench/on_load_kernels.py, README 
   x), then PyTorch's int8 GEMM `torch._int_mm` (int32 accumulation, exact) and both scales applied
   to the int32 result. Reads 1 byte per weight and uses AVX512-VNNI / the GPU's int8 tensor
   cores. Chosen on CPUs with AVX-512 and on CUDA. On this project's CPU (float32, one layer of
-  the ~20M bench Llama) it was the only int8 kernel at least as fast as float32's F.linear:
-  1.05x at 1 token, 2.1x at 64 (the whole model decodes 1.2x / 1.4x faster than float32). It is
+  the ~20M bench Llama, one thread) it was the only int8 kernel faster than float32's F.linear:
+  1.17x at 1 token, 2.8x at 64 (the whole model decodes 1.5x / 1.6x faster than float32). It is
   W8A8 rather than EETQ's W8A16: each activation is also rounded to 1/254 of its token's range;
   the served perplexity on held-out text moves by +0.02% (tests/e2e/test_quantization_quality.py).
 - INT8PACK: `torch.ops.aten._weight_int8pack_mm` (weight-only, activations in their dtype):
-  0.26x float32 at 1 token and 0.03x at 64 on that CPU in float32; kept selectable, timed by
+  0.24x float32 at 1 token and 0.03x at 64 on that CPU in float32; kept selectable, timed by
   the bench on every device.
 - DEQUANT: the weight dequantized to the activations' dtype each call, then F.linear (0.21x /
-  0.55x there): exact weight-only arithmetic anywhere, the fallback where `_int_mm` has no fast
+  0.60x there): exact weight-only arithmetic anywhere, the fallback where `_int_mm` has no fast
   path (CPUs without AVX-512, where PyTorch's int8 GEMM is a scalar loop).
 
 On CUDA `_int_mm` needs more than 16 rows and in/out features that are multiples of 8: fewer
