@@ -11,6 +11,7 @@ round down. Part of `python -m pytgi_bench.quantization` (its --kernels-only run
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,15 +114,24 @@ def measure_kernels(
     g = torch.Generator().manual_seed(seed)
     shapes = layer_shapes(shape)
     weights = [(torch.randn(o, i, generator=g) * 0.02).to(device, dtype) for o, i in shapes]
-    built: dict[str, list[tuple[Linear, int]]] = {
-        name: [(make(w), w.shape[1]) for w in weights] for name, make in candidates(device).items()
-    }
+    built: dict[str, list[tuple[Linear, int]]] = {}
+    for name, make in candidates(device).items():
+        try:
+            built[name] = [(make(w), w.shape[1]) for w in weights]
+        except (RuntimeError, ValueError, NotImplementedError) as error:
+            print(f"kernel {name!r} left out on {device.type} {dtype}: {error}", file=sys.stderr)
     best: dict[tuple[str, int], float] = {}
     with torch.inference_mode():
         for n in tokens:
             xs = {i: torch.randn(n, i, generator=g).to(device, dtype) for _, i in shapes}
-            for layer in built.values():
-                _time_layer(layer, xs, 2, device)  # first-call costs, untimed
+            for name, layer in list(built.items()):
+                try:
+                    _time_layer(layer, xs, 2, device)  # first-call costs, untimed
+                except (RuntimeError, ValueError, NotImplementedError) as error:
+                    # A kernel this device or dtype lacks is left out of the table, said so.
+                    print(f"kernel {name!r} left out on {device.type} {dtype}: {error}",
+                          file=sys.stderr)  # fmt: skip
+                    del built[name]
             for _ in range(rounds):
                 for name, layer in built.items():
                     us = _time_layer(layer, xs, reps, device)
