@@ -34,9 +34,9 @@ def test_int_mm_on_cuda(tokens: int, dtype: torch.dtype) -> None:
     xq, xs = quantize_rows(x)
     ref = (xq.double() * xs.double()[:, None]) @ q.dequantize().double().T
     assert close(q(x), ref, 1e-2)
-    for kernel in (Int8Kernel.INT8PACK, Int8Kernel.DEQUANT):
-        other = Int8WeightOnly(q.qweight, q.scale, dtype, kernel)
-        assert close(other(x), x.double() @ q.dequantize().double().T, 1e-2)
+    # The fallback for shapes _int_mm does not take (the bench times _weight_int8pack_mm too).
+    fallback = Int8WeightOnly(q.qweight, q.scale, dtype, Int8Kernel.DEQUANT)
+    assert close(fallback(x), x.double() @ q.dequantize().double().T, 1e-2)
 
 
 @pytest.mark.skipif(
