@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, NamedTuple, TypeVar, cast
+from typing import NamedTuple, TypeVar, cast
 
 import torch
 from opentelemetry import trace
@@ -32,8 +32,9 @@ from pytgi_shard.generation import (
     prefill_tokens,
     resume_texts,
 )
-from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
+from pytgi_shard.grammar import GrammarCompiler
 from pytgi_shard.grammar_worker import MaskWorker
+from pytgi_shard.info import info_response
 from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.lookahead import Lookahead, Lookaheads
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
@@ -52,7 +53,6 @@ from pytgi_shard.warmup import (
     warmup_response,
 )
 
-DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 _Response = TypeVar("_Response", generate_pb2.PrefillResponse, generate_pb2.DecodeResponse)
 
 
@@ -125,44 +125,13 @@ class Engine:
         )
 
     def info(self) -> generate_pb2.InfoResponse:
-        m = self.model
-        out = generate_pb2.InfoResponse(
-            requires_padding=False,
-            dtype=DTYPE_NAMES.get(m.dtype, str(m.dtype)),
-            device_type=m.device.type,
-            speculate=0,
-            # A Prefill mixes the cached batch's decode rows with the newcomers' chunks, and
-            # new tokens attend over KV already in their blocks (cache_len). An encoder-decoder's
-            # prompt is encoded whole and leaves no decoder KV to continue from or reuse.
-            support_chunking=not self.encoder_decoder,
-            use_prefix_caching=not self.encoder_decoder,
-            attention_impl=self.settings.attention or "reference",
-            block_size=self.block_size,
-            model_type=m.model_type,
-            world_size=self.dist.world_size,
-            max_position_embeddings=m.max_position_embeddings,
-            vocab_size=m.vocab_size,
-            quantize=self.settings.quantize or "",
+        return info_response(
+            self.model, self.settings, self.dist.world_size, self.block_size, self.encoder_decoder
         )
-        if m.sliding_window is not None:
-            out.window_size = m.sliding_window
-        return out
 
     def prepare_grammar(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
-        """PrepareGrammar: the grammar compiled into the cache off the engine's thread (the
-        compile pool); True when it was cached already. InvalidRequest (raised, or from the
-        future) for a missing or refused grammar."""
-        params = generate_pb2.NextTokenChooserParameters(
-            grammar=request.grammar, grammar_type=request.grammar_type
-        )
-        spec = GrammarSpec.from_pb(params)
-        if spec is None:
-            raise InvalidRequest("PrepareGrammar needs a grammar")
-        compiling = self.grammars.prepare(spec)
-        cached = compiling.done()
-        prepared: Future[bool] = Future()
-        compiling.add_done_callback(lambda done: _settle(prepared, done, cached))
-        return prepared
+        """PrepareGrammar, compiled off the engine's thread (GrammarCompiler.prepare_request)."""
+        return self.grammars.prepare_request(request)
 
     @torch.inference_mode()
     def health(self) -> None:
@@ -437,11 +406,3 @@ class Engine:
             return nullcontext()
         return self.tracer.start_as_current_span(name)
 
-
-def _settle(prepared: Future[bool], done: Future[Any], cached: bool) -> None:
-    """`prepared` answers `cached` once `done` compiled, or fails as it did."""
-    error = done.exception()
-    if error is not None:
-        prepared.set_exception(error)
-    else:
-        prepared.set_result(cached)

@@ -139,6 +139,22 @@ class GrammarCompiler:
         done.set_result(compiled)
         return done
 
+    def prepare_request(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
+        """PrepareGrammar: the request's grammar compiled into the cache (`prepare`); the future
+        says whether it was cached already. InvalidRequest (raised, or from the future) for a
+        missing or refused grammar."""
+        params = generate_pb2.NextTokenChooserParameters(
+            grammar=request.grammar, grammar_type=request.grammar_type
+        )
+        spec = GrammarSpec.from_pb(params)
+        if spec is None:
+            raise InvalidRequest("PrepareGrammar needs a grammar")
+        compiling = self.prepare(spec)
+        cached = compiling.done()
+        prepared: Future[bool] = Future()
+        compiling.add_done_callback(lambda done: _settle(prepared, done, cached))
+        return prepared
+
     def compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
         """The compiled matcher of `spec` (to be copied, never advanced): from the cache, from
         a compilation under way, or compiled now; InvalidRequest when llguidance refuses it."""
@@ -205,3 +221,12 @@ def _tokenizer(tokenizer_json: str, vocab_size: int, eos_ids: list[int]) -> llgu
 def _first_line(error: str) -> str:
     """llguidance's messages end with a dump of the parser state: the first lines name the problem."""
     return error.split("\n<state>")[0].strip()
+
+
+def _settle(prepared: Future[bool], done: Future[llguidance.LLMatcher], cached: bool) -> None:
+    """`prepared` answers `cached` once `done` compiled, or fails as it did."""
+    error = done.exception()
+    if error is not None:
+        prepared.set_exception(error)
+    else:
+        prepared.set_result(cached)
