@@ -86,3 +86,26 @@ def test_rows_quantize_to_the_full_e4m3_range() -> None:
     top = q.float().abs().amax(dim=1)
     assert torch.equal(top[top > 0], torch.full_like(top[top > 0], 448.0))
     assert scale[9] == 1.0
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_the_scaled_mm_path_through_pytorchs_cpu_scaled_mm(static: bool) -> None:
+    """The FP8-GPU path's arithmetic and torch._scaled_mm call, run by the op's CPU
+    implementation: FP8 activations (per token, or the static scale) times the FP8 weight, both
+    scales applied to the float32 result."""
+    w = weight()
+    input_scale = torch.tensor(0.004) if static else None
+    q = Fp8Weight(*quantize_fp8_rows(w), input_scale)
+    q.use_scaled_mm = True  # what a compute capability >= 8.9 GPU takes
+    x = torch.randn(2, 3, 48)
+    x[0, 0, 0] = 3.0  # beyond the static scale's range (448 * 0.004): saturates at 1.792
+    rows = x.reshape(-1, 48)
+    if static:
+        xq = (rows / 0.004).clamp(-448, 448).to(FP8_DTYPE).double() * 0.004
+    else:
+        qx, sx = quantize_fp8_rows(rows)
+        xq = qx.double() * sx.double()[:, None]
+    ref = xq @ q.dequantize().double().T
+    y = q(x)
+    assert y.shape == (2, 3, 64)
+    assert torch.allclose(y.reshape(-1, 64).double(), ref, rtol=1e-5, atol=1e-5)
