@@ -76,3 +76,27 @@ def test_bitsandbytes_on_cuda(tokens: int) -> None:
     int8 = BnbInt8Weight.from_float(w)
     exact = x.double() @ w.double().T
     assert (int8(x).double() - exact).norm() / exact.norm() < 0.02
+
+
+def test_eetq_and_fp8_run_inside_a_cuda_graph() -> None:
+    """pytgi captures its decode steps as CUDA graphs: no host sync in these forwards. (The
+    bitsandbytes modes are not capturable, LLM.int8's outlier search syncs; TGI runs them
+    without CUDA graphs.)"""
+    w = weight(torch.bfloat16)
+    layers = [Int8WeightOnly.from_float(w)]
+    if scaled_mm_supported(torch.device("cuda")):
+        layers.append(Fp8Weight.from_float(w))
+    for layer in layers:
+        x = torch.randn(4, IN, device="cuda", dtype=torch.bfloat16)
+        eager = layer(x)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            layer(x)  # warm-up off the capture, as torch.cuda.graphs asks
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = layer(x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, eager), type(layer).__name__
