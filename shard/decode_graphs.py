@@ -24,11 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.batch import ForwardInputs
 from pytgi_shard.kv_cache import SCRATCH_SLOT, KVCache
 from pytgi_shard.models.model import Model
+from pytgi_shard.quantization.linear_weight import QuantizedWeight
 from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,12 @@ def graphs_off_reason(settings: ShardSettings, model: Model) -> str | None:
     if not model.graph_capturable:
         return (f"{model.model_type}'s forward is not capturable (the transformers fallback, "
                 "an encoder-decoder)")
+    uncapturable = sorted({
+        type(m).__name__ for m in (model.modules() if isinstance(model, nn.Module) else ())
+        if isinstance(m, QuantizedWeight) and not m.graph_capturable
+    })
+    if uncapturable:
+        return f"{', '.join(uncapturable)} synchronises with the host in its matmul"
     return None
 
 

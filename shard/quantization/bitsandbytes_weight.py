@@ -66,6 +66,9 @@ class BnbInt8Weight(QuantizedWeight):
 
     cb: torch.Tensor
     scb: torch.Tensor
+    # The outlier columns of each call's activations are found on the host (TGI decodes every
+    # bitsandbytes mode without CUDA graphs; pytgi only this one, whose kernel needs it).
+    graph_capturable = False
 
     def __init__(
         self, cb: torch.Tensor, scb: torch.Tensor, dtype: torch.dtype,

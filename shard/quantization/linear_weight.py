@@ -25,6 +25,9 @@ class QuantizedWeight(nn.Module, ABC):
 
     in_features: int
     out_features: int
+    # Whether the matmul can run inside a CUDA graph: no host synchronisation, no shapes that
+    # depend on the data (LLM.int8's outlier columns are found on the host: it cannot).
+    graph_capturable: bool = True
 
     @abstractmethod
     def forward(self, x: torch.Tensor) -> torch.Tensor:

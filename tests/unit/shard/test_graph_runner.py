@@ -278,3 +278,30 @@ def test_replayed_graphs_match_the_eager_forward(tiny_model: Callable[..., Path]
         assert gpu.decode_graphs is not None and gpu.decode_graphs is not runner
         assert gpu.decode_graphs.takes(decode_inputs(gpu, 3, batch_id=400), gpu.kv_cache)
         gpu.clear(None)
+
+
+def test_graphs_off_for_a_weight_that_synchronises() -> None:
+    """LLM.int8 finds its outlier columns on the host: a model holding one decodes without
+    graphs, even on a GPU with a capturable backend (its device is only read, never used)."""
+    pytest.importorskip("bitsandbytes")
+    from torch import nn
+
+    from pytgi_shard.quantization.bitsandbytes_weight import BnbInt8Weight
+    from pytgi_shard.quantization.int8_weight_only import Int8WeightOnly
+
+    class OnGpu(nn.Module):
+        device = torch.device("cuda")
+        graph_capturable = True
+        model_type = "llama"
+
+        def __init__(self, weight: nn.Module) -> None:
+            super().__init__()
+            self.proj = weight
+
+    settings = ShardSettings(model_path=Path("."), attention="triton")
+    weight = torch.randn(16, 32)
+    int8 = OnGpu(BnbInt8Weight.from_float(weight))
+    assert graphs_off_reason(settings, int8) == (  # type: ignore[arg-type]
+        "BnbInt8Weight synchronises with the host in its matmul"
+    )
+    assert graphs_off_reason(settings, OnGpu(Int8WeightOnly.from_float(weight))) is None  # type: ignore[arg-type]
