@@ -57,6 +57,10 @@ class Int4PackWeight(QuantizedWeight):
     [runs, out, 2] scales and offsets in `compute_dtype` (COMPUTE_DTYPE when serving; float32
     on CPU computes the exact weight)."""
 
+    scales_and_zeros: torch.Tensor
+    packed: torch.Tensor
+    perm: torch.Tensor | None
+
     def __init__(
         self, weight: GroupQuantized, layout: Int4PackLayout,
         compute_dtype: torch.dtype = COMPUTE_DTYPE,

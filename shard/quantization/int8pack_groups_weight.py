@@ -37,6 +37,11 @@ class Int8PackGroupsWeight(QuantizedWeight):
     """Per group: int8 weights [groups, out, group_size] and bfloat16 scales [groups, out]; the
     zero points folded into offsets [groups, out] (float32) applied to the groups' input sums."""
 
+    w8: torch.Tensor
+    scales: torch.Tensor
+    offsets: torch.Tensor
+    order: torch.Tensor | None
+
     def __init__(self, weight: GroupQuantized, compute_dtype: torch.dtype = COMPUTE_DTYPE) -> None:
         super().__init__()
         grouping = even_groups(weight.g_idx)

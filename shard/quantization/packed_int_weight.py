@@ -21,6 +21,12 @@ class PackedIntWeight(QuantizedWeight):
     [groups, out] (scales as stored, zeros as exact small integers in their dtype), g_idx int32
     [in]; `dtype` is the model's, which the weight is dequantized to."""
 
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    g_idx: torch.Tensor
+    dtype: torch.dtype
+
     def __init__(self, weight: GroupQuantized) -> None:
         super().__init__()
         self.bits = weight.bits
