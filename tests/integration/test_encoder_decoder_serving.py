@@ -6,8 +6,9 @@ small for all of them (preempted, then resumed with their generated tokens, whic
 resumed sequence past the prefill budget). Every request's greedy tokens and their logprobs equal
 transformers' `generate` on the same weights.
 
-tests/integration/test_model_families_serving.py serves t5 and mt5 on 1 and 2 ranks as every
-registered architecture; tests/unit/shard/test_t5.py drives the engine step by step.
+tests/integration/test_model_families_serving.py (1 rank) and
+tests/e2e/test_model_families_launcher.py (2 ranks) serve t5 and mt5 as every registered
+architecture; tests/unit/shard/test_t5.py drives the engine step by step.
 """
 
 from __future__ import annotations

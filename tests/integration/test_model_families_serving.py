@@ -1,12 +1,14 @@
-"""Every architecture in the registry served for real: `pytgi-shard serve` processes over gRPC
-(2 ranks for each, 1 rank for a few) driven by the router's core (Infer), greedy tokens equal to
+"""Every architecture in the registry served for real: a `pytgi-shard serve` process over gRPC
+(one rank) driven by the router's core (Infer), greedy tokens and their logprobs equal to
 transformers' `generate` on the same tiny random checkpoint (tests/tiny_models.py).
 
 Two prompts run batched: one across three KV blocks and longer than any family's sliding window,
 one shorter that still crosses a block boundary. The unit tests compare logits in-process
 (tests/unit/shard/test_model_families.py, test_models_gpt.py); this is the served path: config.json
-read by the shard, weights sliced per rank at load, warmup, the paged cache sized from the model,
-prefill and decode steps over gRPC, sampling on the shard.
+read by the shard, warmup, the paged cache sized from the model, prefill and decode steps over
+gRPC, sampling on the shard. Two ranks (weights sliced per rank at load) are served with the same
+prompts and checks by tests/e2e/test_model_families_launcher.py, through `pytgi-launcher
+--num-shard 2`, whose router drives the same Infer over the same gRPC.
 """
 
 from __future__ import annotations
@@ -34,9 +36,6 @@ TEXTS = [
     "To be, or not to be, that is the question: def main():",
 ]
 MAX_NEW = 10
-# Families also served by a single rank: learned positions, ALiBi, multi-query, soft-capping with
-# alternating windows, the plain Llama.
-CASES = [(family, ranks) for family in sorted(MODELS) for ranks in (1, 2)]
 # Random matrices large enough that attention is sharp: served without rotary positions, ALiBi or
 # a window, the tokens change (tests/tiny_models.py's default leaves attention near uniform).
 STD = 0.3
@@ -51,23 +50,15 @@ def test_every_registered_architecture_has_a_tiny_model() -> None:
 Case = tuple[Path, list[list[int]], list[tuple[list[int], list[float]]]]
 
 
-@pytest.fixture(scope="module")
-def cases() -> dict[str, Case]:
-    """family -> (model, prompts, transformers' greedy tokens), built on first use and shared by
-    the 1- and 2-rank cases."""
-    return {}
-
-
-def case_of(family: str, cases: dict[str, Case], root: Path) -> Case:
-    if family not in cases:
-        path = build_model(root / family, family, std=STD)
-        tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-        prompts = [tokenizer.encode(text).ids for text in TEXTS]
-        window = FAMILIES[family].get("sliding_window") or 0
-        assert len(prompts[0]) > 2 * BLOCK and len(prompts[0]) > window
-        assert len(prompts[1]) > BLOCK
-        cases[family] = path, prompts, [hf_greedy(path, p, MAX_NEW) for p in prompts]
-    return cases[family]
+def case_of(family: str, root: Path) -> Case:
+    """family's model built under `root`, its prompts, transformers' greedy tokens for each."""
+    path = build_model(root / family, family, std=STD)
+    tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+    prompts = [tokenizer.encode(text).ids for text in TEXTS]
+    window = FAMILIES[family].get("sliding_window") or 0
+    assert len(prompts[0]) > 2 * BLOCK and len(prompts[0]) > window
+    assert len(prompts[1]) > BLOCK
+    return path, prompts, [hf_greedy(path, p, MAX_NEW) for p in prompts]
 
 
 def valid(prompt: list[int]) -> ValidRequest:
@@ -104,21 +95,14 @@ def same_greedy(got: list[int], expected: list[int], eos: int) -> bool:
     return got[: len(expected)] == expected and len(got) == MAX_NEW
 
 
-@pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("families")
-
-
-@pytest.mark.parametrize(("family", "ranks"), CASES)
-def test_served_greedy_tokens_equal_transformers(
-    cases: dict[str, Case], root: Path, family: str, ranks: int
-) -> None:
-    path, prompts, expected = case_of(family, cases, root)
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_served_greedy_tokens_equal_transformers(tmp_path: Path, family: str) -> None:
+    path, prompts, expected = case_of(family, tmp_path)
     eos = Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(EOS)
-    with start_shards(path, world_size=ranks) as shards:
+    with start_shards(path, world_size=1) as shards:
         got = asyncio.run(serve(shards.urls[0], prompts))
     for (tokens, logprobs), (want, want_logprobs) in zip(got, expected, strict=True):
-        assert same_greedy(tokens, want, eos), (family, ranks, tokens, want)
+        assert same_greedy(tokens, want, eos), (family, tokens, want)
         # The logits behind them agree too (fp32): each token's logprob under the raw logits.
         shared = len(want_logprobs)
-        assert logprobs[:shared] == pytest.approx(want_logprobs, abs=1e-3), (family, ranks)
+        assert logprobs[:shared] == pytest.approx(want_logprobs, abs=1e-3), family

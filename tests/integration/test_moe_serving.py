@@ -4,9 +4,9 @@
 An MoE block routes each token on its own and groups tokens by expert across the whole batch,
 so a request's neighbours change which tokens share an expert's matmul, never the result. The
 three MoE families share that code; Qwen2-MoE, which also has a shared expert and a dense layer,
-stands for them here (each ~10 s on 2 busy cores). Greedy tokens equal to transformers' over gRPC
-on 1 and 2 ranks, two prompts of different lengths batched, for every family:
-test_model_families_serving.py.
+stands for them here (each ~10 s on 2 busy cores). Greedy tokens equal to transformers' on 1 rank
+over gRPC and 2 through the launcher, two prompts of different lengths batched, for every
+family: test_model_families_serving.py, tests/e2e/test_model_families_launcher.py.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ with a decoder deeper than the encoder and few relative-position buckets. The en
 the router drives it (blocks for the known tokens plus one, never past prompt + max_new_tokens
 - 1, so a request's last step has no slot for the token it feeds), in blocks of 4 tokens.
 
-tests/integration/test_model_families_serving.py serves both over gRPC on 1 and 2 ranks;
+tests/integration/test_model_families_serving.py serves both over gRPC on 1 rank and
+tests/e2e/test_model_families_launcher.py through the launcher on 2;
 tests/integration/test_encoder_decoder_serving.py staggers, preempts and resumes them on 2 ranks.
 """
 
