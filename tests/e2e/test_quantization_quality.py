@@ -1,8 +1,15 @@
 """Issue 17's quality proof for the quantize-on-load modes: the perplexity of the trained demo
-model (launcher/demo_model) on held-out Shakespeare, from the prompt logprobs that
-`pytgi-launcher --quantize MODE` serves (decoder_input_details), against the same server in
-float32: bitsandbytes and eetq within 1%, fp8 within 2%, bitsandbytes-nf4 within 5%,
-bitsandbytes-fp4 within 8%.
+model (launcher/demo_model) on held-out Shakespeare, from the prompt logprobs pytgi computes
+(decoder_input_details), against float32: bitsandbytes and eetq within 1%, fp8 within 2%,
+bitsandbytes-nf4 within 5%, bitsandbytes-fp4 within 8%.
+
+Through the server, once: `pytgi-launcher --quantize SERVED` serves the prompt logprobs over
+HTTP, and they equal those of the shard's engine loaded in this process with the same
+`--quantize` (pytgi_shard.startup.load_engine, the start-up path every `pytgi-shard serve` runs,
+then the same Prefill with prefill_logprobs). Float32 and every mode are then measured through
+that in-process engine: each launcher start cost ~5-10 s on 2 cores, and a mode changes which
+weight class the loader builds, not the serving path around it. (Until this change every mode
+had its own launcher start; the bounds and the text are the same.)
 
 The text (shakespeare_heldout.txt, public domain) is the end of Hamlet from "Exchange forgiveness
 with me, noble Hamlet" and the end of Macbeth from Malcolm's "I would the friends we miss were safe
@@ -20,12 +27,21 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
+from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.engine import Engine
+from pytgi_shard.settings import ShardSettings
+from pytgi_shard.startup import load_engine
 from tests.launcher_process import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = Path(__file__).with_name("shakespeare_heldout.txt")
 TOKENIZER = ROOT / "launcher" / "demo_model" / "tokenizer.json"
+DEMO_MODEL = TOKENIZER.parent
 CHUNK_TOKENS = 200
+BLOCK = 16
+# The mode served through pytgi-launcher: a bitsandbytes one, so the launcher's shard process
+# imports and runs the optional library too.
+SERVED = "bitsandbytes-nf4"
 # Largest perplexity increase over float32 allowed per mode (issue 17).
 BOUNDS = {
     "bitsandbytes": 0.01,
@@ -47,52 +63,96 @@ def chunks(text: str, tokenizer: Tokenizer, limit: int) -> list[str]:
     return [*out, current]
 
 
-def served_nll(url: str, texts: list[str]) -> tuple[float, int]:
-    """Sum of -log p over every prompt token after the first of each text, and their count."""
-    total, count = 0.0, 0
+def served_prompts(url: str, texts: list[str]) -> list[tuple[list[int], list[float]]]:
+    """Each text's prompt token ids and, after the first, their logprobs served over HTTP."""
+    out = []
     with httpx.Client(base_url=url, timeout=120) as client:
         for text in texts:
             response = client.post("/generate", json={"inputs": text, "parameters": {
                 "max_new_tokens": 1, "details": True, "decoder_input_details": True}})  # fmt: skip
             response.raise_for_status()
-            logprobs = [t["logprob"] for t in response.json()["details"]["prefill"][1:]]
-            total -= sum(logprobs)
-            count += len(logprobs)
-    return total, count
+            prefill = response.json()["details"]["prefill"]
+            out.append(([t["id"] for t in prefill], [t["logprob"] for t in prefill[1:]]))
+    return out
 
 
-def perplexity(mode: str | None, texts: list[str]) -> float:
-    flags = ("--quantize", mode) if mode else ()
-    launcher = Launcher(*flags)
-    try:
-        launcher.wait_ready()
-        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
-        assert info.get("quantize") == mode, info
-        nll, count = served_nll(launcher.url, texts)
-    finally:
-        launcher.close()
+def load(mode: str | None) -> Engine:
+    """The demo model as a shard loads it for `--quantize mode` (None: float32 on the CPU)."""
+    engine = load_engine(ShardSettings(model_path=DEMO_MODEL, quantize=mode, block_size=BLOCK))
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=1024))
+    assert engine.settings.quantize == (mode or "")
+    return engine
+
+
+def engine_logprobs(engine: Engine, prompts: list[list[int]]) -> list[list[float]]:
+    """Each prompt's logprobs after its first token, from a one-request Prefill as the router
+    sends it (decoder_input_details: prefill_logprobs; one new token, so nothing stays cached)."""
+    out = []
+    for rid, ids in enumerate(prompts):
+        blocks = list(range(1, 2 + len(ids) // BLOCK))
+        request = pb.Request(
+            id=rid, input_ids=ids, prefill_logprobs=True, blocks=blocks,
+            stopping_parameters=pb.StoppingCriteriaParameters(max_new_tokens=1),
+        )  # fmt: skip
+        response = engine.prefill(pb.PrefillRequest(batch=pb.Batch(id=rid, requests=[request],
+                                                                    size=1)))
+        assert not response.HasField("batch")
+        [generation] = response.generations
+        assert list(generation.prefill_tokens.ids) == ids
+        out.append(list(generation.prefill_tokens.logprobs[1:]))
+    return out
+
+
+def perplexity(logprobs: list[list[float]]) -> float:
+    count = sum(len(x) for x in logprobs)
     assert count > 1800
-    return math.exp(nll / count)
+    return math.exp(-sum(sum(x) for x in logprobs) / count)
+
+
+def engine_perplexity(mode: str | None, prompts: list[list[int]]) -> float:
+    return perplexity(engine_logprobs(load(mode), prompts))
 
 
 @pytest.fixture(scope="module")
-def texts() -> list[str]:
-    return chunks(TEXT.read_text(), Tokenizer.from_file(str(TOKENIZER)), CHUNK_TOKENS)
+def prompts() -> list[list[int]]:
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    return [tokenizer.encode(text).ids for text in chunks(TEXT.read_text(), tokenizer,
+                                                          CHUNK_TOKENS)]
 
 
 @pytest.fixture(scope="module")
-def float_perplexity(texts: list[str]) -> float:
-    value = perplexity(None, texts)
+def float_perplexity(prompts: list[list[int]]) -> float:
+    value = engine_perplexity(None, prompts)
     # The demo model's validation loss is 4.11 nats/token (TRAINING.md): e^4.11 = 61.
     assert 40 < value < 90
     return value
 
 
+def test_the_launcher_serves_the_engine_logprobs() -> None:
+    """`pytgi-launcher --quantize SERVED`: the prompt logprobs over HTTP are the in-process
+    engine's, token for token, so the per-mode numbers below are the served ones."""
+    tokenizer = Tokenizer.from_file(str(TOKENIZER))
+    texts = chunks(TEXT.read_text(), tokenizer, CHUNK_TOKENS)
+    launcher = Launcher("--quantize", SERVED)
+    try:
+        launcher.wait_ready()
+        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
+        assert info.get("quantize") == SERVED, info
+        served = served_prompts(launcher.url, texts)
+    finally:
+        launcher.close()
+    assert [ids for ids, _ in served] == [tokenizer.encode(text).ids for text in texts]
+    ours = engine_logprobs(load(SERVED), [ids for ids, _ in served])
+    for (_, logprobs), expected in zip(served, ours, strict=True):
+        assert logprobs == pytest.approx(expected, abs=1e-4)
+    assert perplexity([x for _, x in served]) == pytest.approx(perplexity(ours), rel=1e-5)
+
+
 @pytest.mark.parametrize("mode", list(BOUNDS))
 def test_quantized_perplexity_stays_near_float32(
-    mode: str, texts: list[str], float_perplexity: float
+    mode: str, prompts: list[list[int]], float_perplexity: float
 ) -> None:
-    value = perplexity(mode, texts)
+    value = engine_perplexity(mode, prompts)
     increase = value / float_perplexity - 1
     print(f"{mode}: perplexity {value:.3f} vs float32 {float_perplexity:.3f} ({increase:+.3%})")
     assert increase <= BOUNDS[mode], f"{mode}: {increase:+.3%} > {BOUNDS[mode]:.0%}"
