@@ -15,9 +15,19 @@ from pytgi_shard.model_resolution import ModelNotFound, WeightsSource, hub_token
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.resolution import resolve_quantization
 
+# Device nodes a GPU driver creates (NVIDIA; ROCm's kfd; WSL's dxg): with none of them there is
+# no GPU to find, and the launcher need not import torch (~1.6 s before any shard starts) to say so.
+GPU_DEVICE_NODES = ("nvidiactl", "nvidia0", "kfd", "dxg")
 
-def visible_gpus() -> tuple[int, str]:
+
+def driver_present(dev: Path = Path("/dev")) -> bool:
+    return any((dev / node).exists() for node in GPU_DEVICE_NODES)
+
+
+def visible_gpus(dev: Path = Path("/dev")) -> tuple[int, str]:
     """(count, name of GPU 0) as torch sees them; CUDA_VISIBLE_DEVICES narrows both."""
+    if not driver_present(dev):
+        return 0, ""
     import torch
 
     if not torch.cuda.is_available():
