@@ -13,19 +13,17 @@ differently and zero_point false stores no zeros: both are refused at start-up.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from pytgi_shard.quantization.dense_loader import DenseLoader
 from pytgi_shard.quantization.errors import QuantizationError
-from pytgi_shard.quantization.gptq import check_bits, quantized_prefixes
-from pytgi_shard.quantization.group_quantized import GroupQuantized, concat_outputs
+from pytgi_shard.quantization.group_quantized import GroupQuantized
+from pytgi_shard.quantization.group_quantized_loader import GroupQuantizedLoader, check_bits
 from pytgi_shard.quantization.group_sharding import input_range, output_range
-from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weight
+from pytgi_shard.quantization.int_kernel_choice import IntKernel
 from pytgi_shard.quantization.int_packing import awq_columns_to_natural, pack_int32, unpack_int32
-from pytgi_shard.quantization.linear_weight import LinearLoader, LinearWeight, OutputPart
+from pytgi_shard.quantization.linear_weight import LinearLoader, OutputPart
 
 if TYPE_CHECKING:
     from pytgi_shard.weights import Weights
@@ -34,8 +32,8 @@ AWQ_BITS = 4
 WORD = 32 // AWQ_BITS
 
 
-class AWQLoader:
-    """LinearLoader of AWQ GEMM checkpoints; `kernel` forces one, else int_kernel_choice picks."""
+class AWQLoader(GroupQuantizedLoader):
+    """LinearLoader of AWQ GEMM checkpoints."""
 
     def __init__(
         self, bits: int, group_size: int, zero_point: bool = True, version: str = "gemm",
@@ -54,36 +52,15 @@ class AWQLoader:
         if group_size <= 0:
             raise QuantizationError(f"AWQ group_size {group_size} is not supported (must be > 0)")
         self.group_size = group_size
-        self.kernel = kernel
-        self.dense = dense if dense is not None else DenseLoader()
+        super().__init__(kernel, dense)
 
-    def column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
-    ) -> LinearWeight:
-        if not quantized_prefixes(weights, prefixes):
-            return self.dense.column(weights, prefixes, parts)
-        return self._build(weights, self.read_column(weights, prefixes, parts))
-
-    def row(self, weights: Weights, prefix: str) -> LinearWeight:
-        if not quantized_prefixes(weights, [prefix]):
-            return self.dense.row(weights, prefix)
-        return self._build(weights, self.read_row(weights, prefix))
-
-    def read_column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+    def read_column_part(
+        self, weights: Weights, prefix: str, part: OutputPart
     ) -> GroupQuantized:
-        """What column() hands its kernel: each projection's output part, fused."""
-        pieces = [
-            self._read(weights, p, column=part) for p, part in zip(prefixes, parts, strict=True)
-        ]
-        return concat_outputs(pieces, prefixes)
+        return self._read(weights, prefix, column=part)
 
     def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
-        """What row() hands its kernel: this rank's input features."""
         return self._read(weights, prefix, column=None)
-
-    def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
-        return build_int_weight(weight, weights.dist.device, weights.dtype, self.kernel)
 
     def _groups(self, weights: Weights, prefix: str) -> torch.Tensor:
         in_features = weights.shape(f"{prefix}.qweight")[0]

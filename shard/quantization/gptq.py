@@ -15,18 +15,17 @@ refused. Projections the quantizer skipped (a `.weight` and no `.qweight`) load 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
-from pytgi_shard.quantization.dense_loader import DenseLoader
 from pytgi_shard.quantization.errors import QuantizationError
-from pytgi_shard.quantization.group_quantized import GroupQuantized, concat_outputs
+from pytgi_shard.quantization.group_quantized import GroupQuantized
+from pytgi_shard.quantization.group_quantized_loader import GroupQuantizedLoader, check_bits
 from pytgi_shard.quantization.group_sharding import input_range, is_sorted, output_range
-from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weight
+from pytgi_shard.quantization.int_kernel_choice import IntKernel
 from pytgi_shard.quantization.int_packing import PACKED_BITS, unpack_int32
-from pytgi_shard.quantization.linear_weight import LinearLoader, LinearWeight, OutputPart
+from pytgi_shard.quantization.linear_weight import LinearLoader, OutputPart
 
 if TYPE_CHECKING:
     from pytgi_shard.weights import Weights
@@ -34,31 +33,8 @@ if TYPE_CHECKING:
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> what to add to a stored zero
 
 
-def check_bits(method: str, bits: int, supported: Sequence[int]) -> None:
-    """The one-line refusal of a bit width this reader has no packing for."""
-    if bits not in supported:
-        raise QuantizationError(
-            f"{method} with {bits} bits is not supported (pytgi reads {method} at "
-            f"{' and '.join(str(b) for b in supported)} bits)"
-        )
-
-
-def quantized_prefixes(weights: Weights, prefixes: Sequence[str]) -> bool:
-    """True when every projection is stored quantized, False when none is (the quantizer
-    skipped it); a fused group mixing both is refused."""
-    stored = [f"{p}.qweight" in weights for p in prefixes]
-    if all(stored):
-        return True
-    if not any(stored):
-        return False
-    raise QuantizationError(
-        f"{', '.join(prefixes)} are fused into one matmul but only some are quantized"
-    )
-
-
-class GPTQLoader:
-    """LinearLoader of GPTQ checkpoints; `kernel` forces one (tests, benchmarks), else each
-    layer's is chosen by int_kernel_choice."""
+class GPTQLoader(GroupQuantizedLoader):
+    """LinearLoader of GPTQ checkpoints."""
 
     def __init__(
         self, bits: int, group_size: int, desc_act: bool = False, sym: bool = True,
@@ -77,32 +53,7 @@ class GPTQLoader:
         self.desc_act = desc_act
         self.sym = sym
         self.zero_offset = CHECKPOINT_FORMATS[checkpoint_format]
-        self.kernel = kernel
-        self.dense = dense if dense is not None else DenseLoader()
-
-    def column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
-    ) -> LinearWeight:
-        if not quantized_prefixes(weights, prefixes):
-            return self.dense.column(weights, prefixes, parts)
-        return self._build(weights, self.read_column(weights, prefixes, parts))
-
-    def row(self, weights: Weights, prefix: str) -> LinearWeight:
-        if not quantized_prefixes(weights, [prefix]):
-            return self.dense.row(weights, prefix)
-        return self._build(weights, self.read_row(weights, prefix))
-
-    def read_column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
-    ) -> GroupQuantized:
-        """What column() hands its kernel: each projection's output part, fused."""
-        pieces = [
-            self._read_column(weights, p, part) for p, part in zip(prefixes, parts, strict=True)
-        ]
-        return concat_outputs(pieces, prefixes)
-
-    def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
-        return build_int_weight(weight, weights.dist.device, weights.dtype, self.kernel)
+        super().__init__(kernel, dense)
 
     def g_idx(self, weights: Weights, prefix: str) -> torch.Tensor:
         """The checkpoint's g_idx, or arange // group_size when it stores none."""
@@ -123,7 +74,9 @@ class GPTQLoader:
         packed = weights.get_range(name, dim, start, stop)
         return unpack_int32(packed, self.bits, dim=1) + self.zero_offset
 
-    def _read_column(self, weights: Weights, prefix: str, part: OutputPart) -> GroupQuantized:
+    def read_column_part(
+        self, weights: Weights, prefix: str, part: OutputPart
+    ) -> GroupQuantized:
         out_features = weights.shape(f"{prefix}.qweight")[1]
         start, stop = output_range(prefix, out_features, part, self.pack)
         zeros = self._zeros(weights, f"{prefix}.qzeros", 1, start // self.pack, stop // self.pack)
@@ -137,7 +90,6 @@ class GPTQLoader:
         )
 
     def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
-        """What row() hands its kernel: this rank's input features."""
         dist = weights.dist
         g_idx = self.g_idx(weights, prefix)
         start, stop = input_range(prefix, g_idx, dist.rank, dist.world_size, self.pack)
