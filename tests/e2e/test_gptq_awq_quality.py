@@ -17,7 +17,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from tests.e2e.test_quantization_quality import CHUNK_TOKENS, TEXT, TOKENIZER, chunks
+from tests.e2e.test_quantization_quality import (
+    CHUNK_TOKENS,
+    TEXT,
+    TOKENIZER,
+    chunks,
+    served_prompts,
+)
 from tests.int_quantized_checkpoints import write_quantized_llama
 from tests.launcher_process import Launcher
 
@@ -25,19 +31,6 @@ DEMO_MODEL = TOKENIZER.parent
 # (method, checkpoint format, act-order, symmetric)
 EXPORTS = [("gptq", "gptq", True, False), ("awq", "gemm", False, False)]
 BOUND = 0.01
-
-
-def served_prompts(url: str, texts: list[str]) -> list[tuple[list[int], list[float]]]:
-    """Each text's prompt token ids and, after the first, their served logprobs."""
-    out = []
-    with httpx.Client(base_url=url, timeout=120) as client:
-        for text in texts:
-            response = client.post("/generate", json={"inputs": text, "parameters": {
-                "max_new_tokens": 1, "details": True, "decoder_input_details": True}})  # fmt: skip
-            response.raise_for_status()
-            prefill = response.json()["details"]["prefill"]
-            out.append(([t["id"] for t in prefill], [t["logprob"] for t in prefill[1:]]))
-    return out
 
 
 def transformers_nll(model_dir: Path, prompts: list[list[int]]) -> float:

@@ -13,9 +13,11 @@ import math
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 from text_generation import Client
+from text_generation.types import Response
 
 from tests.e2e.test_launcher import transformers_greedy
 from tests.fp8_checkpoints import write_fp8_checkpoint
@@ -40,19 +42,26 @@ def transformers_logprobs(model_dir: Path, ids: list[int], prompt: str) -> list[
     return [float(logprobs[start + i, token]) for i, token in enumerate(ids)]
 
 
+def serve_greedy(launcher: Launcher, max_new_tokens: int) -> tuple[dict[str, Any], Response]:
+    """`launcher`'s /info and its greedy generation from PROMPT; the launcher is closed after
+    (its output stays readable)."""
+    try:
+        launcher.wait_ready()
+        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
+        response = Client(launcher.url, timeout=60).generate(
+            PROMPT, max_new_tokens=max_new_tokens, do_sample=False
+        )
+    finally:
+        launcher.close()
+    return info, response
+
+
 def test_a_gptq_checkpoint_is_served_sharded(
     tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
     gptq, oracle = write_gptq_checkpoint(tiny_model("llama"), tmp_path)
     launcher = Launcher("--model-id", str(gptq), "--num-shard", "2")
-    try:
-        launcher.wait_ready()
-        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
-        response = Client(launcher.url, timeout=60).generate(
-            PROMPT, max_new_tokens=10, do_sample=False
-        )
-    finally:
-        launcher.close()
+    info, response = serve_greedy(launcher, 10)
     out = launcher.output
     assert "quantization gptq 4-bit, group size 32, act-order, asymmetric, format gptq " \
         "(pre-quantized, declared by config.json `quantization_config`)" in out
@@ -94,14 +103,7 @@ def test_an_fp8_checkpoint_serves_its_dequantized_weights(
 ) -> None:
     fp8, oracle = write_fp8_checkpoint(tiny_model("llama"), tmp_path, "compressed-tensors")
     launcher = Launcher("--model-id", str(fp8), "--num-shard", "2")
-    try:
-        launcher.wait_ready()
-        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
-        response = Client(launcher.url, timeout=60).generate(
-            PROMPT, max_new_tokens=10, do_sample=False
-        )
-    finally:
-        launcher.close()
+    info, response = serve_greedy(launcher, 10)
     assert info["quantize"] == "fp8"
     assert "quantization fp8 8-bit, per-channel weight scales, static activation scales, " \
         "format compressed-tensors (pre-quantized" in launcher.output
@@ -116,14 +118,7 @@ def test_an_fp8_checkpoint_serves_its_dequantized_weights(
 def test_quantize_on_load_from_the_environment(tiny_model: Callable[..., Path]) -> None:
     launcher = Launcher("--model-id", str(tiny_model("llama")), "--num-shard", "1",
                         env={"QUANTIZE": "eetq"})
-    try:
-        launcher.wait_ready()
-        info = httpx.get(f"{launcher.url}/info", timeout=30).json()
-        response = Client(launcher.url, timeout=60).generate(
-            PROMPT, max_new_tokens=8, do_sample=False
-        )
-    finally:
-        launcher.close()
+    info, response = serve_greedy(launcher, 8)
     assert info["quantize"] == "eetq"
     assert "quantization eetq (quantized on load, declared by --quantize)" in launcher.output
     assert "linear layers 8 on Int8WeightOnly" in launcher.output
