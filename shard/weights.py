@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,14 @@ class Weights:
                         f"tensor {name!r} is in both {self._routing[name].name} and {file.name}"
                     )
                 self._routing[name] = file
+
+    def with_dtype(self, dtype: torch.dtype) -> Weights:
+        """The same checkpoint read into `dtype` (a module a model keeps in another precision,
+        as T5 keeps wo in float32 under float16): the files' handles and the name map are
+        shared, not opened and scanned again, and close with these."""
+        view = copy.copy(self)
+        view.dtype = dtype
+        return view
 
     def _handle(self, file: Path) -> Any:
         if file not in self._handles:

@@ -289,11 +289,7 @@ class T5(nn.Module, EncoderDecoderModel):
         def build(weights: Weights) -> T5:
             if dtype != torch.float16:
                 return cls(t5, weights, weights)
-            wo_weights = Weights(config.path, torch.float32, dist, weights.linear_format)
-            try:
-                return cls(t5, weights, wo_weights)
-            finally:
-                wo_weights.close()
+            return cls(t5, weights, weights.with_dtype(torch.float32))
 
         return with_weights(config, dtype, dist, build)
 

@@ -336,3 +336,19 @@ def test_config_defaults_match_transformers(tmp_path: Path, model_type: str) -> 
         assert getattr(ours, name) == getattr(hf, theirs), name
     (tmp_path / "generation_config.json").write_text(json.dumps({"decoder_start_token_id": 5}))
     assert T5Config.read({"model_type": model_type}, tmp_path).decoder_start_token_id == 5
+
+
+def test_float16_keeps_wo_in_float32(engines: dict[str, Engine]) -> None:
+    """transformers keeps T5's wo in float32 under float16 (_keep_in_fp32_modules): read
+    through a float32 view of the same checkpoint, the rest of the layer in float16."""
+    from pytgi_shard.distributed import single_process
+    from pytgi_shard.models.model_config import ModelConfig
+
+    path = engines["t5"].settings.model_path
+    dist = single_process(torch.device("cpu"))
+    model = T5.load(ModelConfig.read(path), torch.float16, dist, None)  # type: ignore[arg-type]
+    for layer in [*model.encoder_layers, *model.decoder_layers]:
+        ff = layer.ff
+        assert ff.wo.weight.dtype == torch.float32
+        assert ff.wi.weight.dtype == torch.float16
+        assert ff.wo_dtype == torch.float32
