@@ -125,7 +125,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from pytgi_shard.startup import load_engine
 
     model = build_model(args.root, args.tokenizer_source)
-    settings = ShardSettings(model_path=model, block_size=args.block, overlap=args.overlap)
+    settings = ShardSettings(model_path=model, block_size=args.block, overlap=args.overlap,
+                             grammar_thread=args.grammar_thread)
     engine = load_engine(settings)
     total = args.batch * (args.input_len + args.new_tokens)
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=args.batch * args.input_len,
@@ -154,7 +155,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ratio = summary["constrained"]["tokens_per_s"] / summary["unconstrained"]["tokens_per_s"]
     return {
         "batch": args.batch, "input_len": args.input_len, "new_tokens": args.new_tokens,
-        "vocab": vocab, "overlap": engine.overlap, "rounds": rounds, "median": summary,
+        "vocab": vocab, "overlap": engine.overlap,
+        "grammar_thread": not compiler.worker.inline, "rounds": rounds, "median": summary,
         "constrained_over_unconstrained": round(ratio, 3),
         "compile_cold_ms": round(cold, 2),
         "breakdown_ms_per_step": breakdown,
@@ -252,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="each request its own schema (property names prefixed by its row), "
                              "so rows rarely share a mask")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--grammar-thread", action=argparse.BooleanOptionalAction, default=None,
+                        help="the shard's setting (default: inline on the CPU)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     result = measure(args)

@@ -94,6 +94,13 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         help="queue each decode step's next forward before reading its tokens back (default: "
         "on for CUDA devices)",
     )
+    p.add_argument(
+        "--grammar-thread",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="advance constrained requests' grammars in a thread alongside the forward "
+        "(default: on for accelerators; on the CPU inline, where the forward holds every core)",
+    )
     p.add_argument("--watermark-gamma", type=float, help="env WATERMARK_GAMMA; default 0.5")
     p.add_argument("--watermark-delta", type=float, help="env WATERMARK_DELTA; default 2.0")
     p.add_argument(
@@ -162,6 +169,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         block_size=args.block_size,
         max_total_tokens=args.max_total_tokens,
         overlap=args.overlap,
+        grammar_thread=args.grammar_thread,
         grpc_reflection=args.grpc_reflection,
         instance_id=args.instance_id,
         json_output=args.json_output,

@@ -93,10 +93,10 @@ class Engine:
         )
         self.lookaheads = Lookaheads()
         # Constrained requests' grammars, cached by content; the vocabulary is prepared for
-        # them in the grammar thread from now on (shard/grammar.py).
+        # them in the compile pool from now on (shard/grammar.py).
         self.grammars = GrammarCompiler(
             detokenizer.tokenizer.to_str(), model.vocab_size, sorted(detokenizer.eos_ids),
-            MaskWorker(),
+            MaskWorker.for_device(model.device, settings.grammar_thread),
         )
 
     def allocate_kv_cache(self, num_blocks: int) -> KVCache:

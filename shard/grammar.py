@@ -110,7 +110,7 @@ class GrammarCompiler:
         # Grammars being compiled in the compile pool, by whoever asked first.
         self._compiling: dict[GrammarSpec, Future[llguidance.LLMatcher]] = {}
         self._lock = threading.Lock()
-        self._tokenizer: Future[llguidance.LLTokenizer] = worker.pool.submit(
+        self._tokenizer: Future[llguidance.LLTokenizer] = worker.compile_pool.submit(
             _tokenizer, tokenizer_json, vocab_size, sorted(eos_ids)
         )
 

@@ -1,15 +1,14 @@
-"""The grammar state of a batch's constrained rows, and their next token masks, computed off the
-engine's thread.
+"""The grammar state of a batch's constrained rows, and their next token masks.
 
 Each constrained row holds its request's llguidance matcher. Once a step's tokens reach the host
-(generation.emit_generations), `advance` hands them to the mask worker, one thread that feeds
-each matcher its token and computes every constrained row's bitmask of allowed next tokens
-(llguidance's batch entry point, which releases the GIL) while the engine answers the router and
-the next forward runs. The next step's `banned` waits for those words and turns them into what
-sampling applies to the logits in one op before anything else (on the CPU a float32 bias, built
-there on the engine's thread once the forward is over, so it never fights the forward for the
-cores; on an accelerator banned tokens for a masked fill: shard/grammar_masks.py), wherever the
-logits came from (a forward, a look-ahead, a CUDA graph).
+(generation.emit_generations), `advance` hands them to the mask worker (shard/grammar_worker.py),
+which feeds each matcher its token and computes every constrained row's bitmask of allowed next
+tokens: in the grammar thread while the engine answers the router and the next forward runs (an
+accelerator), or at once on the engine's thread (the CPU, where the forward holds every core).
+The next step's `banned` waits for those words and turns them into what sampling applies to the
+logits in one op before anything else (on the CPU a float32 bias, built on the engine's thread
+once the forward is over; on an accelerator banned tokens for a masked fill:
+shard/grammar_masks.py), wherever the logits came from (a forward, a look-ahead, a CUDA graph).
 
 Rows move between batches (filter, concatenate) while their masks may still be on the way: a
 row is a `GrammarRow` whose identity survives the moves, and the pending masks are matched back
@@ -96,7 +95,7 @@ class BatchGrammar:
             if row is not None and c is not None
         ]
         out = tuple(row for row, _, _ in work)
-        future = compiler.worker.pool.submit(_first_masks, work, compiler)
+        future = compiler.worker.run(_first_masks, work, compiler)
         return cls(rows, [_PendingMasks(out, future)], compiler, device)
 
     def banned(self) -> tuple[torch.Tensor | None, torch.Tensor | SharedBias]:
@@ -144,7 +143,7 @@ class BatchGrammar:
         worker = self.compiler.worker
         rows = tuple(r for r in self.rows if r is not None)
         taken = [tokens[row] for row in self.constrained]
-        future = worker.pool.submit(_advance_and_mask, rows, taken, self.compiler)
+        future = worker.run(_advance_and_mask, rows, taken, self.compiler)
         self.pending = [_PendingMasks(rows, future)]
         worker.timings.handoff_s += time.perf_counter() - start
 
@@ -181,32 +180,27 @@ def _first_masks(
 def _advance_and_mask(
     rows: tuple[GrammarRow, ...], tokens: list[int], compiler: GrammarCompiler
 ) -> torch.Tensor:
-    # One call for the batch (GIL released). A refused token (never one the mask allowed)
-    # leaves its matcher in the error state, whose mask allows only EOS.
     start = time.perf_counter()
-    pairs = [(_matcher(row), token) for row, token in zip(rows, tokens, strict=True)]
-    compiler.worker.executor.consume_token_par(pairs)
+    compiler.worker.consume([_matcher(row) for row in rows], tokens)
     compiler.worker.timings.consume_s += time.perf_counter() - start
     compiler.worker.timings.steps += 1
     return _masks(list(rows), compiler)
 
 
 def _masks(rows: Sequence[GrammarRow], compiler: GrammarCompiler) -> torch.Tensor:
-    """The rows' next-token masks: [rows, mask_width] int32 bitmask words (llguidance's own
-    parallel call, GIL released). What sampling applies is made of them on the engine's thread
-    (BatchGrammar._on_device): the grammar thread only does what needs the matchers, so the
-    least of it competes with the forward for the cores."""
+    """The rows' next-token masks: [rows, mask_width] int32 bitmask words. What sampling
+    applies is made of them on the engine's thread (BatchGrammar._on_device): this only does
+    what needs the matchers."""
     worker = compiler.worker
     start = time.perf_counter()
     words = np.zeros((len(rows), compiler.mask_width), dtype=np.int32)
-    pairs = [(_matcher(row), i) for i, row in enumerate(rows)]
-    worker.executor.unsafe_compute_mask_ptr(pairs, words.ctypes.data, words.shape[1] * 4, len(rows))
+    worker.fill_masks([_matcher(row) for row in rows], words)
     worker.timings.mask_s += time.perf_counter() - start
     return torch.from_numpy(words)
 
 
 def _matcher(row: GrammarRow) -> llguidance.LLMatcher:
-    """The row's matcher: set by the worker's earlier task for that row (the pool runs in order)."""
+    """The row's matcher: set by the worker's earlier task for that row (it runs in order)."""
     if row.matcher is None:
         raise RuntimeError("a grammar row was advanced before its matcher was built")
     return row.matcher

@@ -58,6 +58,9 @@ class ShardSettings:
     # Queue each step's next decode forward before reading its tokens back (shard/lookahead.py);
     # None: on for CUDA devices.
     overlap: bool | None = None
+    # Advance constrained requests' grammars in a grammar thread alongside the forward
+    # (shard/grammar_worker.py); None: on for accelerators, inline on the CPU.
+    grammar_thread: bool | None = None
     # Decode batch sizes to capture as CUDA graphs; () disables them.
     cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
     watermark_gamma: float = 0.5

@@ -17,16 +17,25 @@ from pytgi_shard.startup import load_engine
 from tests.unit.shard.test_engine import Run
 
 BLOCK = 4
-# engines(overlap=False, attention="reference") -> Engine (the `engines` fixture).
+# engines(overlap=False, attention="reference", grammar_thread=None) -> Engine (the fixture).
 Engines = Callable[..., Engine]
 
 
 def build_engine(
-    model: Path, overlap: bool = False, attention: str = "reference", block: int = BLOCK
+    model: Path,
+    overlap: bool = False,
+    attention: str = "reference",
+    grammar_thread: bool | None = None,
+    block: int = BLOCK,
 ) -> Engine:
-    engine = load_engine(
-        ShardSettings(model_path=model, block_size=block, overlap=overlap, attention=attention)
+    settings = ShardSettings(
+        model_path=model,
+        block_size=block,
+        overlap=overlap,
+        attention=attention,
+        grammar_thread=grammar_thread,
     )
+    engine = load_engine(settings)
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
     return engine
 

@@ -161,11 +161,15 @@ def script(engine: Engine) -> Run:
     return run
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+# (overlap, grammar_thread): the CPU's default (grammar inline), an accelerator's (overlap and
+# the grammar thread), and the grammar thread without overlap.
+@pytest.mark.parametrize(("overlap", "thread"), [(False, None), (True, True), (False, True)])
 def test_grammar_state_survives_concatenate_filter_and_overlap(
-    engines: Engines, overlap: bool
+    engines: Engines, overlap: bool, thread: bool | None
 ) -> None:
-    run = script(engines(overlap))
+    engine = engines(overlap, grammar_thread=thread)
+    assert engine.grammars.worker.inline is (thread is None)
+    run = script(engine)
     reference = script(engines(False))
     assert run.tokens == reference.tokens
     for rid, schema in ((1, SCHEMAS["nested objects"]), (5, SCHEMAS["anyOf"])):

@@ -1,5 +1,6 @@
 """The grammar threads yield the cores to the forward: the grammar thread and llguidance's own
-threads (spawned by it) run at a nice value `nice` above the process's, on Linux."""
+threads (spawned by it) run at a nice value `nice` above the process's, on Linux. On the CPU the
+work runs inline instead, in order, on the engine's thread."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from pytgi_shard.grammar_worker import MaskWorker, lower_thread_priority
 
@@ -59,3 +61,38 @@ def test_nice_zero_leaves_the_priority_and_the_value_stops_at_19() -> None:
     base = os.getpriority(os.PRIO_PROCESS, 0)
     assert run(0) == base
     assert run(40) == 19
+
+
+def test_an_inline_worker_runs_on_the_callers_thread_in_order_and_keeps_errors() -> None:
+    worker = MaskWorker(inline=True)
+    try:
+        assert worker.pool is None and worker.executor is None
+        seen: list[int] = []
+
+        def note() -> int:
+            seen.append(threading.get_native_id())
+            return len(seen)
+
+        first, second = worker.run(note), worker.run(note)
+        assert (first.result(), second.result()) == (1, 2)
+        assert seen == [threading.get_native_id()] * 2
+
+        def refuse() -> None:
+            raise ValueError("refused")
+
+        failed = worker.run(refuse)
+        assert failed.done()
+        with pytest.raises(ValueError, match="refused"):
+            failed.result()
+    finally:
+        worker.shutdown()
+
+
+def test_the_device_chooses_inline_or_the_thread_unless_told() -> None:
+    cases = [("cpu", None, True), ("cuda", None, False), ("cpu", True, False), ("cuda", False, True)]
+    for device, thread, inline in cases:
+        worker = MaskWorker.for_device(torch.device(device), thread)
+        try:
+            assert worker.inline is inline
+        finally:
+            worker.shutdown()
