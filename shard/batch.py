@@ -109,10 +109,10 @@ class Batch:
         # The constrained rows' grammar state; None when no row is constrained.
         self.grammar = grammar
         self.block_size = block_size
-        # Per row, slots held minus tokens known, as of `_steps` appends ago: every append uses
-        # one more slot of every row, so `headroom` needs no per-row update per step.
+        # Per row, slots held minus tokens known, as of `steps` appends ago (the Batch's start):
+        # each append uses one slot of every row, so `headroom` and `stops` need no row updates.
         self._slack = slack
-        self._steps = 0
+        self.steps = 0
         # Host copy of max(lengths), so that a decode step needs no device-to-host sync.
         self.max_length = max((r.length for r in requests), default=0)
         # Per row, how many top tokens to report; None when no request asked (the usual case).
@@ -153,9 +153,7 @@ class Batch:
         all_ids = torch.zeros(len(sequences), width, dtype=torch.long)
         for row, sequence in enumerate(sequences):
             all_ids[row, : len(sequence)] = torch.tensor(sequence, dtype=torch.long)
-        stops = BatchStops.build(
-            [r.prompt_length for r in requests], [r.stopping for r in requests], ctx.device
-        )
+        stops = BatchStops.build([r.stopping for r in requests])
         block_tables = _block_table([r.blocks for r in requests], ctx.device)
         chooser = NextTokenChooser.create(params, ctx.device, ctx.watermark)
         # A resumed seeded request's generator continues where its sampled tokens left it (only
@@ -240,12 +238,12 @@ class Batch:
     def headroom(self) -> int:
         """min over rows of (slots held - tokens known): a forward feeding every row's last
         token needs >= 0; a look-ahead launched after this step's append needed >= 0 then."""
-        return min(self._slack) - self._steps
+        return min(self._slack) - self.steps
 
     def slack_after(self, grants: Mapping[int, Sequence[int]]) -> list[int]:
         """Per row, slots held minus tokens known once `grants` (request id -> blocks appended)
         are applied; ids of other batches are ignored."""
-        slack = [s - self._steps for s in self._slack]
+        slack = [s - self.steps for s in self._slack]
         row_of = self.row_of()
         for rid, blocks in grants.items():
             row = row_of.get(rid)
@@ -299,7 +297,7 @@ class Batch:
         self.lengths += 1
         self.last_ids = next_ids
         self.max_length += 1
-        self._steps += 1
+        self.steps += 1
 
     def filter(self, request_ids: Sequence[int]) -> Batch:
         """The batch of the listed requests only, in their current order."""
@@ -323,9 +321,9 @@ class Batch:
             block_tables=self.block_tables[index, :max_blocks],
             slot_table=self.slot_table[index, : max_blocks * self.block_size],
             chooser=self.chooser.filter(indices),
-            stops=self.stops.index(index),
+            stops=self.stops.index(indices, self.steps),
             block_size=self.block_size,
-            slack=[self._slack[i] - self._steps for i in indices],
+            slack=[self._slack[i] - self.steps for i in indices],
             grammar=self.grammar.filter(indices) if self.grammar is not None else None,
         )
 
@@ -347,9 +345,9 @@ class Batch:
                 [_pad_columns(b.slot_table, max_blocks * b.block_size) for b in batches]
             ),
             chooser=NextTokenChooser.concatenate([b.chooser for b in batches]),
-            stops=BatchStops.concatenate([b.stops for b in batches]),
+            stops=BatchStops.concatenate([b.stops for b in batches], [b.steps for b in batches]),
             block_size=batches[0].block_size,
-            slack=[s - b._steps for b in batches for s in b._slack],
+            slack=[s - b.steps for b in batches for s in b._slack],
             grammar=BatchGrammar.concatenate([b.grammar for b in batches], [len(b) for b in batches]),
         )
 

@@ -1,11 +1,12 @@
 """Turns one forward's logits into each request's next token and its Generation message.
 
 This is the "decode" part of a step (TGI's decode_ns): the shard's work between two forwards,
-during which an accelerator idles, so it is built to cost little per request. Tokens, their
-logprobs and the length/EOS stops are decided for the whole batch with tensor ops and reach the
-host in one transfer; then one short loop per request appends the token to its text and writes
-its Generation straight into the step's response (no message is built twice). Stop sequences,
-prefill logprobs, top tokens and final texts cost more only for the requests that have them.
+during which an accelerator idles, so it is built to cost little per request. Tokens and their
+logprobs are decided for the whole batch with tensor ops and reach the host in one transfer; the
+length/EOS stops are decided there for the whole batch at once (shard/stopping.py); then one
+short loop per request appends the token to its text and writes its Generation straight into the
+step's response (no message is built twice). Stop sequences, prefill logprobs, top tokens and
+final texts cost more only for the requests that have them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.generation_wire import one_token_generations
 from pytgi_shard.sampling import top_tokens
 from pytgi_shard.step_inputs import ForwardInputs, predicted_count
-from pytgi_shard.stopping import RUNNING, STOP_SEQUENCE
+from pytgi_shard.stopping import STOP_SEQUENCE
 
 NAN = float("nan")
 _Generations = RepeatedCompositeFieldContainer[generate_pb2.Generation]
@@ -38,62 +39,60 @@ class Choice:
 
 
 class HostTransfer:
-    """The step's ids, their logprobs and finish codes, on their way to the host.
+    """The step's ids and their logprobs, on their way to the host.
 
-    On a GPU every read is a synchronisation, so the three travel as one float64 tensor (which
+    On a GPU every read is a synchronisation, so the two travel as one float64 tensor (which
     holds each exactly) copied without blocking into pinned memory behind an event: work queued
     after it (the overlap scheduler's next forward) does not delay reading it. On the CPU the
     lists come straight from the tensors.
     """
 
-    def __init__(self, next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor) -> None:
+    def __init__(self, next_ids: torch.Tensor, chosen: torch.Tensor) -> None:
         self._event: torch.cuda.Event | None = None
         if next_ids.device.type != "cuda":
-            self._lists = (next_ids.tolist(), chosen.tolist(), reasons.tolist())
+            self._lists = (next_ids.tolist(), chosen.tolist())
             return
-        packed = pack(next_ids, chosen, reasons)
+        packed = pack(next_ids, chosen)
         self._host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
         self._host.copy_(packed, non_blocking=True)
         self._event = torch.cuda.Event()
         self._event.record()
 
-    def wait(self) -> tuple[list[int], list[float], list[int]]:
+    def wait(self) -> tuple[list[int], list[float]]:
         if self._event is None:
             return self._lists
         self._event.synchronize()
         return unpack(self._host)
 
 
-def pack(next_ids: torch.Tensor, chosen: torch.Tensor, reasons: torch.Tensor) -> torch.Tensor:
-    """[3, batch] float64: ids, logprobs and codes, each held exactly, for one transfer."""
-    return torch.stack((next_ids.double(), chosen.double(), reasons.double()))
+def pack(next_ids: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """[2, batch] float64: ids and logprobs, each held exactly, for one transfer."""
+    return torch.stack((next_ids.double(), chosen.double()))
 
 
-def unpack(packed: torch.Tensor) -> tuple[list[int], list[float], list[int]]:
-    ints = packed[0::2].long().tolist()
-    return ints[0], packed[1].tolist(), ints[1]
+def unpack(packed: torch.Tensor) -> tuple[list[int], list[float]]:
+    return packed[0].long().tolist(), packed[1].tolist()
 
 
 def choose_tokens(
     batch: Batch, last: torch.Tensor, prefill: dict[int, generate_pb2.Tokens] | None = None
 ) -> Choice:
     """The device half of a step: next tokens chosen from `last` (one logits row per request,
-    in order) and appended to the batch, stops decided, the results on their way to the host.
+    in order) and appended to the batch, the results on their way to the host.
     Top tokens read the host here; `prefill` (prefill_tokens) rides along to the Generations."""
     banned = batch.grammar.banned() if batch.grammar is not None else None
     next_ids, logprobs = batch.chooser(last, batch.all_ids, batch.lengths, banned)
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
     tops = top_tokens(logprobs, batch.top_n) if batch.top_n is not None else None
     batch.append(next_ids)
-    reasons = batch.stops.reasons(next_ids, batch.lengths)
-    return Choice(HostTransfer(next_ids, chosen, reasons), prefill or {}, tops)
+    return Choice(HostTransfer(next_ids, chosen), prefill or {}, tops)
 
 
 def emit_generations(
     batch: Batch, choice: Choice, detokenizer: Detokenizer
 ) -> tuple[generate_pb2.DecodeResponse, list[int]]:
     """The host half: texts, Generations, stop sequences; the ids of the finished requests."""
-    ids, lps, codes = choice.transfer.wait()
+    ids, lps = choice.transfer.wait()
     if batch.grammar is not None:
         # The constrained rows' next masks, computed while this step is answered and the next
         # forward runs.
@@ -104,7 +103,9 @@ def emit_generations(
     wire = one_token_generations(batch.request_fields, ids, lps, texts, detokenizer.special_ids)
     response.MergeFromString(wire)
     generations = response.generations
-    finished = _finished(requests, texts, codes, batch.stop_rows)
+    finished = _finished(
+        requests, texts, batch.stops.finished(ids, batch.steps), batch.stop_rows
+    )
     if choice.prefill:
         for g in generations:
             if g.request_id in choice.prefill:
@@ -117,19 +118,23 @@ def emit_generations(
 
 
 def _finished(
-    requests: list[RequestState], texts: list[str], codes: list[int], stop_rows: list[int]
+    requests: list[RequestState],
+    texts: list[str],
+    stopped: list[tuple[int, int]],
+    stop_rows: list[int],
 ) -> list[tuple[int, int]]:
-    """(row, FinishReason) of each request that finished, in row order: `codes` holds the
-    length/EOS stops; stop sequences are checked here, for the rows that have any."""
-    finished: list[tuple[int, int]] = [
-        (row, code) for row, code in enumerate(codes) if code != RUNNING
-    ]
-    stopped: list[tuple[int, int]] = [
+    """(row, FinishReason) of each request that finished, in row order: `stopped` holds the
+    length/EOS stops (BatchStops.finished); stop sequences are checked here, for the rows that
+    have any and did not stop already."""
+    if not stop_rows:
+        return stopped
+    done = {row for row, _ in stopped}
+    matched = [
         (row, STOP_SEQUENCE)
         for row in stop_rows
-        if codes[row] == RUNNING and requests[row].stopping.matches(texts[row])
+        if row not in done and requests[row].stopping.matches(texts[row])
     ]
-    return sorted(finished + stopped) if stopped else finished
+    return sorted(stopped + matched) if matched else stopped
 
 
 def _set_generated_text(

@@ -1,17 +1,14 @@
 """When a request stops: max_new_tokens, an EOS token, or a stop sequence in its text.
 
 `StoppingCriteria` is one request's rule, checked per token (the reference). A decode step decides
-the length and EOS stops of the whole batch at once on the device with `BatchStops`, so they come
-back with the step's tokens in one transfer; only stop sequences, which need the new text, are
-checked per request on the host (`StoppingCriteria.matches`).
+the length and EOS stops of the whole batch at once with `BatchStops`, from two numbers and one set
+test on the step's ids (no device op, no per-row loop unless some row stops); only stop sequences,
+which need the new text, are checked per request (`StoppingCriteria.matches`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
-import torch
 
 from pytgi_proto import generate_pb2
 
@@ -20,8 +17,6 @@ EOS_TOKEN = generate_pb2.FINISH_REASON_EOS_TOKEN
 STOP_SEQUENCE = generate_pb2.FINISH_REASON_STOP_SEQUENCE
 # Not a FinishReason: the request goes on.
 RUNNING = -1
-# Pads rows of BatchStops.eos_ids: no token id equals it.
-_NO_TOKEN = -1
 
 
 class StoppingCriteria:
@@ -74,51 +69,56 @@ class StoppingCriteria:
         return False
 
 
-@dataclass(frozen=True, slots=True)
 class BatchStops:
-    """The length and EOS stops of a batch's rows, as device tensors aligned with its rows."""
+    """The length and EOS stops of a batch's rows, decided on the host from the step's ids.
 
-    # [batch] int64: the length (prompt + generated) at which a row reached max_new_tokens.
-    stop_lengths: torch.Tensor
-    # [batch, n] int64: each row's EOS ids, padded with -1 (all -1 under ignore_eos).
-    eos_ids: torch.Tensor
+    Both are known without any per-row work on most steps: every row appends one token per
+    step, so no row reaches its length before the fewest tokens any row has left, and no row
+    ends on EOS unless one of the step's ids is some row's EOS id (one set test). Only a step
+    where either may happen looks at the rows.
+    """
 
-    @classmethod
-    def build(
-        cls,
-        prompt_lengths: Sequence[int],
-        criteria: Sequence[StoppingCriteria],
-        device: torch.device,
-    ) -> BatchStops:
-        stop_lengths = [p + c.max_new_tokens for p, c in zip(prompt_lengths, criteria, strict=True)]
-        width = max((len(c.eos_ids) for c in criteria), default=0) or 1
-        eos = [sorted(c.eos_ids) + [_NO_TOKEN] * (width - len(c.eos_ids)) for c in criteria]
-        return cls(
-            torch.tensor(stop_lengths, dtype=torch.long, device=device),
-            torch.tensor(eos, dtype=torch.long, device=device).view(len(criteria), width),
-        )
+    __slots__ = ("left", "eos_ids", "_min_left", "_any_eos")
 
-    def index(self, rows: torch.Tensor) -> BatchStops:
-        return BatchStops(self.stop_lengths[rows], self.eos_ids[rows])
+    def __init__(self, left: Sequence[int], eos_ids: Sequence[frozenset[int]]) -> None:
+        # Per row, the tokens it may append before max_new_tokens, as of the batch's start
+        # (its appends since are the `steps` the caller passes).
+        self.left = list(left)
+        # Per row, its EOS ids (empty under ignore_eos).
+        self.eos_ids = list(eos_ids)
+        self._min_left = min(self.left, default=0)
+        self._any_eos = frozenset().union(*self.eos_ids)
 
     @classmethod
-    def concatenate(cls, stops: Sequence[BatchStops]) -> BatchStops:
-        width = max(s.eos_ids.shape[1] for s in stops)
+    def build(cls, criteria: Sequence[StoppingCriteria]) -> BatchStops:
+        """The stops of a batch starting now, of requests that generated `criteria[i].generated`
+        tokens so far (a request resumed after preemption: its generated_ids)."""
         return cls(
-            torch.cat([s.stop_lengths for s in stops]),
-            torch.cat(
-                [
-                    torch.nn.functional.pad(
-                        s.eos_ids, (0, width - s.eos_ids.shape[1]), value=_NO_TOKEN
-                    )
-                    for s in stops
-                ]
-            ),
+            [c.max_new_tokens - c.generated for c in criteria], [c.eos_ids for c in criteria]
         )
 
-    def reasons(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """[batch] int64: LENGTH, EOS_TOKEN or RUNNING once `tokens` are appended and `lengths`
-        count them, as StoppingCriteria decides before it looks at stop sequences."""
-        eos = (self.eos_ids == tokens.unsqueeze(1)).any(dim=1)
-        reasons = torch.where(eos, EOS_TOKEN, RUNNING)
-        return reasons.masked_fill_(lengths >= self.stop_lengths, LENGTH)
+    def index(self, rows: Sequence[int], steps: int) -> BatchStops:
+        """The listed rows' stops for a batch that starts now, `steps` appends after this one."""
+        return BatchStops([self.left[i] - steps for i in rows], [self.eos_ids[i] for i in rows])
+
+    @classmethod
+    def concatenate(cls, stops: Sequence[BatchStops], steps: Sequence[int]) -> BatchStops:
+        """One batch's stops, starting now, from batches `steps[i]` appends after theirs began."""
+        return cls(
+            [n - k for s, k in zip(stops, steps, strict=True) for n in s.left],
+            [e for s in stops for e in s.eos_ids],
+        )
+
+    def finished(self, tokens: Sequence[int], steps: int) -> list[tuple[int, int]]:
+        """(row, LENGTH or EOS_TOKEN) of each row that stops, in row order, once `tokens` are
+        appended as the batch's `steps`-th token of every row, as StoppingCriteria decides
+        before it looks at stop sequences."""
+        if self._min_left > steps and self._any_eos.isdisjoint(tokens):
+            return []
+        return [
+            (row, LENGTH if left <= steps else EOS_TOKEN)
+            for row, (left, eos, token) in enumerate(
+                zip(self.left, self.eos_ids, tokens, strict=True)
+            )
+            if left <= steps or token in eos
+        ]

@@ -1,5 +1,5 @@
-"""A step's token choice and Generations (choose_tokens, then emit_generations: batched stops, one
-transfer, Generations built in place) against a plain per-request reference: the same messages,
+"""A step's token choice and Generations (choose_tokens, then emit_generations: one transfer,
+batched stops, Generations built in place) against a plain per-request reference: the same messages,
 byte for byte, step after step."""
 
 from __future__ import annotations
@@ -130,20 +130,19 @@ def test_decode_steps_give_the_reference_messages(detok: Detokenizer) -> None:
     assert len(finished_any) == 3, "length, EOS and stop sequence must all occur"
 
 
-def test_one_transfer_holds_ids_logprobs_and_reasons_exactly() -> None:
+def test_one_transfer_holds_ids_and_logprobs_exactly() -> None:
     ids = torch.tensor([0, 5, 2**31 - 1, 2**40 + 3])
     lps = torch.tensor([-0.1234567, float("-inf"), float("nan"), -1e-30], dtype=torch.float32)
-    reasons = torch.tensor([-1, 0, 1, 2])
-    got_ids, got_lps, got_reasons = unpack(pack(ids, lps, reasons))
-    assert got_ids == ids.tolist() and got_reasons == reasons.tolist()
+    got_ids, got_lps = unpack(pack(ids, lps))
+    assert got_ids == ids.tolist()
     expected = lps.tolist()
     assert got_lps[:2] + got_lps[3:] == expected[:2] + expected[3:] and math.isnan(got_lps[2])
-    assert all(type(i) is int for i in got_ids + got_reasons)
+    assert all(type(i) is int for i in got_ids)
     half = torch.tensor([-0.3333, -7.5], dtype=torch.bfloat16)
-    assert unpack(pack(ids[:2], half, reasons[:2]))[1] == half.tolist()
+    assert unpack(pack(ids[:2], half))[1] == half.tolist()
     # On the CPU the lists come straight from the tensors: the same values.
-    on_cpu = HostTransfer(ids, lps, reasons).wait()
-    assert on_cpu[0] == got_ids and on_cpu[2] == got_reasons and math.isnan(on_cpu[1][2])
+    on_cpu = HostTransfer(ids, lps).wait()
+    assert on_cpu[0] == got_ids and math.isnan(on_cpu[1][2])
 
 
 def test_prefill_step_keeps_prefill_and_top_tokens(detok: Detokenizer, tmp_path: Path) -> None:

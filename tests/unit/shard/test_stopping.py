@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytgi_shard.stopping import (
     EOS_TOKEN,
     LENGTH,
-    RUNNING,
     STOP_SEQUENCE,
     BatchStops,
     StoppingCriteria,
@@ -63,45 +61,70 @@ def test_empty_stop_sequences_are_ignored() -> None:
     assert feed(stop, [(1, "a"), (1, "b")]) == [None, None]
 
 
-def stops_of(criteria: list[StoppingCriteria], prompt_lengths: list[int]) -> BatchStops:
-    return BatchStops.build(prompt_lengths, criteria, torch.device("cpu"))
-
-
 @settings(max_examples=100, deadline=None)
 @given(
     rows=st.lists(
         st.tuples(
-            st.integers(1, 6),  # prompt length
-            st.integers(1, 5),  # max_new_tokens
+            st.integers(0, 3),  # tokens generated before this batch (a batch ran them)
+            st.integers(3, 8),  # max_new_tokens
             st.sets(st.integers(0, 6), max_size=3),  # EOS ids (empty: ignore_eos)
-            st.lists(st.integers(0, 8), min_size=5, max_size=5),  # tokens, one per step
+            st.lists(st.integers(0, 8), min_size=8, max_size=8),  # tokens, one per step
         ),
         min_size=1,
         max_size=6,
     ),
     split=st.integers(0, 6),
+    ran=st.integers(0, 3),
 )
-def test_batch_stops_decide_length_and_eos_as_the_criteria(rows: list, split: int) -> None:
-    """Rows advance together (the finished ones too, unlike a real batch, to cover every step);
-    the batch is built from two concatenated parts and a filtered copy is checked alongside."""
-    criteria = [StoppingCriteria(new, eos) for _, new, eos, _ in rows]
-    reference = [StoppingCriteria(new, eos) for _, new, eos, _ in rows]
-    prompts = [p for p, _, _, _ in rows]
+def test_batch_stops_decide_length_and_eos_as_the_criteria(
+    rows: list, split: int, ran: int
+) -> None:
+    """Rows advance together (the finished ones too, unlike a real batch, to cover every step).
+    The batch is two parts concatenated; the second part's batch started `ran` steps earlier
+    (when its rows had `ran` fewer tokens, as far as they had any) and a copy of the odd rows,
+    filtered out of a batch that started as long before, is checked alongside."""
+    reference = []
+    for done, new, eos, tokens in rows:
+        stop = StoppingCriteria(new, eos)
+        for token in tokens[:done]:
+            stop(token, "")
+        reference.append(stop)
+    done = [d for d, _, _, _ in rows]
+
+    def started(rows_of: list[int], steps: int) -> BatchStops:
+        """The stops of a batch of `rows_of` that started `steps` appends ago."""
+        criteria = []
+        for i in rows_of:
+            stop = StoppingCriteria(rows[i][1], rows[i][2])
+            stop.generated = done[i] - steps
+            criteria.append(stop)
+        return BatchStops.build(criteria)
+
+    def earlier(rows_of: list[int]) -> int:
+        """How long ago a batch of `rows_of` can have started (`ran`, as far as they ran)."""
+        return min([ran, *(done[i] for i in rows_of)])
+
     split = min(split, len(rows) - 1) or len(rows)
-    parts = [(criteria[:split], prompts[:split]), (criteria[split:], prompts[split:])]
-    stops = BatchStops.concatenate([stops_of(c, p) for c, p in parts if c])
-    odd = torch.arange(1, len(rows), 2)
-    odd_stops = stops.index(odd)
-    lengths = torch.tensor(prompts)
-    for step in range(5):
-        tokens = torch.tensor([t[step] for _, _, _, t in rows])
-        lengths += 1
+    parts, steps_of = [started(list(range(split)), 0)], [0]
+    if split < len(rows):
+        second = list(range(split, len(rows)))
+        parts.append(started(second, earlier(second)))
+        steps_of.append(earlier(second))
+    stops = BatchStops.concatenate(parts, steps_of)
+    odd = list(range(1, len(rows), 2))
+    steps = earlier(list(range(len(rows))))
+    odd_stops = started(list(range(len(rows))), steps).index(odd, steps)
+    for step in range(8 - max(done)):
+        tokens = [t[d + step] for d, _, _, t in rows]
         expected = []
-        for stop, token in zip(reference, tokens.tolist(), strict=True):
+        for row, (stop, token) in enumerate(zip(reference, tokens, strict=True)):
             reason = stop(token, "")
-            expected.append(RUNNING if reason is None else reason)
-        assert stops.reasons(tokens, lengths).tolist() == expected
-        assert odd_stops.reasons(tokens[odd], lengths[odd]).tolist() == expected[1::2]
+            if reason is not None:
+                expected.append((row, reason))
+        assert stops.finished(tokens, step + 1) == expected
+        assert odd_stops.finished([tokens[i] for i in odd], step + 1) == [
+            (odd.index(row), reason) for row, reason in expected if row in odd
+        ]
 
 
 def test_matches_keeps_the_tail_between_texts() -> None:
