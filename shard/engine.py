@@ -26,12 +26,8 @@ from pytgi_shard.distributed import Dist
 from pytgi_shard.encoder_decoder_batch import Encoding, decoder_inputs, new_batch, prefill_inputs
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.forward_timer import ForwardTimer
-from pytgi_shard.generation import (
-    choose_tokens,
-    emit_generations,
-    prefill_tokens,
-    resume_texts,
-)
+from pytgi_shard.generation import choose_tokens, emit_generations, prefill_tokens, resume_texts
+from pytgi_shard.generation_wire import GenerationWriter
 from pytgi_shard.grammar import GrammarCompiler
 from pytgi_shard.grammar_worker import MaskWorker
 from pytgi_shard.info import info_response
@@ -73,6 +69,8 @@ class Engine:
     ) -> None:
         self.model = model
         self.detokenizer = detokenizer
+        # Each step's Generations, as wire bytes (shard/generation_wire.py).
+        self.writer = GenerationWriter(detokenizer.special_ids)
         self.dist = dist
         self.settings = settings
         self.block_size = settings.block_size
@@ -300,7 +298,7 @@ class Engine:
             choice = choose_tokens(batch, last, prefill)
             if self.overlap:
                 self._look_ahead(batch)
-            generations, finished = emit_generations(batch, choice, self.detokenizer)
+            generations, finished = emit_generations(batch, choice, self.detokenizer, self.writer)
             live: Batch | None = batch
             if finished:
                 done = set(finished)

@@ -19,7 +19,7 @@ from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from pytgi_proto import generate_pb2
 from pytgi_shard.batch import Batch, RequestState
 from pytgi_shard.detokenizer import Detokenizer
-from pytgi_shard.generation_wire import one_token_generations
+from pytgi_shard.generation_wire import GenerationWriter
 from pytgi_shard.sampling import top_tokens
 from pytgi_shard.step_inputs import ForwardInputs, predicted_count
 from pytgi_shard.stopping import STOP_SEQUENCE
@@ -89,7 +89,7 @@ def choose_tokens(
 
 
 def emit_generations(
-    batch: Batch, choice: Choice, detokenizer: Detokenizer
+    batch: Batch, choice: Choice, detokenizer: Detokenizer, writer: GenerationWriter
 ) -> tuple[generate_pb2.DecodeResponse, list[int]]:
     """The host half: texts, Generations, stop sequences; the ids of the finished requests."""
     ids, lps = choice.transfer.wait()
@@ -100,7 +100,7 @@ def emit_generations(
     requests = batch.requests
     texts = detokenizer.advance(batch.streams, ids)
     response = generate_pb2.DecodeResponse()
-    wire = one_token_generations(batch.request_fields, ids, lps, texts, detokenizer.special_ids)
+    wire = writer.one_token_generations(batch.request_fields, ids, lps, texts)
     response.MergeFromString(wire)
     generations = response.generations
     finished = _finished(

@@ -21,6 +21,7 @@ from pytgi_shard.generation import (
     prefill_tokens,
     unpack,
 )
+from pytgi_shard.generation_wire import GenerationWriter
 from pytgi_shard.sampling import Watermark
 from tests.tiny_models import train_tokenizer, write_tokenizer
 from tests.unit.shard.test_batch import batch_of, request
@@ -37,12 +38,18 @@ def detok(tmp_path_factory: pytest.TempPathFactory) -> Detokenizer:
 
 
 def step(
-    batch: Batch, logits: torch.Tensor, inputs: ForwardInputs, detok: Detokenizer
+    batch: Batch,
+    logits: torch.Tensor,
+    inputs: ForwardInputs,
+    detok: Detokenizer,
+    writer: GenerationWriter | None = None,
 ) -> tuple[pb.DecodeResponse, list[int]]:
-    """One step's host side as the engine runs it: prompt logprobs, choose, then emit."""
+    """One step's host side as the engine runs it: prompt logprobs, choose, then emit (with the
+    engine's writer, which keeps token bytes from step to step)."""
     prefill = prefill_tokens(batch, logits, inputs, detok)
     last = logits if logits.shape[0] == len(batch) else logits.index_select(0, inputs.last_rows)
-    return emit_generations(batch, choose_tokens(batch, last, prefill), detok)
+    writer = writer or GenerationWriter(detok.special_ids)
+    return emit_generations(batch, choose_tokens(batch, last, prefill), detok, writer)
 
 
 def context() -> BatchContext:
@@ -104,6 +111,7 @@ def mixed_batch() -> pb.Batch:
 
 def test_decode_steps_give_the_reference_messages(detok: Detokenizer) -> None:
     plain = Detokenizer(detok.tokenizer, piece_table=False)
+    writer = GenerationWriter(detok.special_ids)
     fast, slow = (Batch.from_pb(mixed_batch(), context()) for _ in range(2))
     gen = torch.Generator().manual_seed(0)
     finished_any = set()
@@ -112,7 +120,7 @@ def test_decode_steps_give_the_reference_messages(detok: Detokenizer) -> None:
         logits = torch.randn(len(fast), VOCAB, generator=gen) * 4
         logits[:, EOS] += 7
         inputs = fast.decode_inputs()
-        response, done = step(fast, logits.clone(), inputs, detok)
+        response, done = step(fast, logits.clone(), inputs, detok, writer)
         expected, expected_done = reference_step(slow, logits.clone(), detok, plain)
         assert done == expected_done
         assert [g.SerializeToString() for g in response.generations] == [
