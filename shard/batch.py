@@ -17,7 +17,7 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.detokenizer import TextStream
+from pytgi_shard.detokenizer import TextStream, TextStreams
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.generation_wire import request_field
 from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
@@ -124,7 +124,7 @@ class Batch:
         self.cu_seqlens_decode = torch.arange(
             len(requests) + 1, dtype=torch.int32, device=lengths.device
         )
-        self.streams = [r.text for r in requests]
+        self.streams = TextStreams([r.text for r in requests])
         self.request_ids = [r.id for r in requests]
         self.request_fields = [request_field(r.id) for r in requests]
         self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]

@@ -19,7 +19,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tokenizers import Tokenizer, decoders
 
@@ -34,22 +34,38 @@ class TextStream:
 
     ids: list[int]
     prompt_context: int
-    prefix_offset: int
-    read_offset: int
-    # ids[prefix_offset:read_offset] is one token with a plain piece (see Detokenizer.advance).
-    plain_window: bool = False
+    # The window ids[prefix_offset:read_offset] (TGI's offsets), kept here while not `plain`.
+    _prefix: int
+    _read: int
+    # The window is the last id alone, a token with a plain piece, and every id is read: the
+    # offsets are len(ids) - 1 and len(ids) then, so that a plain step (Detokenizer.advance)
+    # only appends its token.
+    plain: bool = False
 
     @classmethod
     def start(cls, prompt_ids: Sequence[int], generated_ids: Sequence[int] = ()) -> TextStream:
         """The stream of a new request; `generated_ids` (a request resumed after preemption)
         count as generated but are not read yet: Detokenizer.catch_up reads them."""
         context = list(prompt_ids[-PROMPT_CONTEXT:])
-        return cls(
-            ids=[*context, *generated_ids],
-            prompt_context=len(context),
-            prefix_offset=0,
-            read_offset=len(context),
-        )
+        return cls([*context, *generated_ids], len(context), 0, len(context))
+
+    @property
+    def prefix_offset(self) -> int:
+        return len(self.ids) - 1 if self.plain else self._prefix
+
+    @property
+    def read_offset(self) -> int:
+        return len(self.ids) if self.plain else self._read
+
+    def leave_plain(self) -> None:
+        """Makes the offsets explicit before a token that is not plain is appended."""
+        if self.plain:
+            self._prefix, self._read, self.plain = len(self.ids) - 1, len(self.ids), False
+
+    def read_window(self, plain: bool) -> None:
+        """The window moves on to the tokens just read (their text was emitted); `plain`: it is
+        one plain token."""
+        self._prefix, self._read, self.plain = self._read, len(self.ids), plain
 
     @property
     def generated_ids(self) -> list[int]:
@@ -59,6 +75,25 @@ class TextStream:
     def generated(self) -> int:
         """How many tokens were generated (every one is appended here)."""
         return len(self.ids) - self.prompt_context
+
+
+class TextStreams:
+    """A batch's text streams in row order, with what each step reads at hand: every stream's
+    ids list (one append each) and the rows whose window is not plain (decoded by windows).
+
+    Those rows are found at the first step (a resumed request's catch_up may have run since the
+    batch was built); from then on the batch's steps are the only ones to advance its streams.
+    """
+
+    __slots__ = ("streams", "ids", "windowed")
+
+    def __init__(self, streams: Sequence[TextStream]) -> None:
+        self.streams = list(streams)
+        self.ids = [s.ids for s in self.streams]
+        self.windowed: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.streams)
 
 
 def clean_up_tokenization(text: str) -> str:
@@ -128,47 +163,46 @@ class Detokenizer:
         """Each token decoded on its own (prefill and top tokens, as TGI reports them)."""
         return self.decode_batch([[i] for i in ids])
 
-    def advance(self, streams: Sequence[TextStream], tokens: Sequence[int]) -> list[str]:
-        """Appends tokens[i] to streams[i]; returns the new text of each ("" if withheld).
+    def advance(self, streams: TextStreams, tokens: Sequence[int]) -> list[str]:
+        """Appends tokens[i] to the i-th stream; returns the new text of each ("" if withheld).
 
-        A stream whose window is one plain token and that got one plain token reads that token's
-        piece (exactly what decoding the two windows gives, see `_plain_pieces`); the others
-        decode their windows in two batched calls.
+        A plain stream (its window one plain token) that got a plain token reads that token's
+        piece (exactly what decoding the two windows gives, see `_plain_pieces`) and stays
+        plain, with nothing of its own to update; the others decode their windows in two batched
+        calls.
         """
         pieces = self.plain_pieces
         known = len(pieces)
-        out: list[str] = []
-        windowed: list[int] = []
-        for i, (s, token) in enumerate(zip(streams, tokens, strict=True)):
-            ids = s.ids
+        texts: list[str | None] = [pieces[t] if 0 <= t < known else None for t in tokens]
+        rows = streams.windowed
+        if rows is None:
+            rows = [row for row, s in enumerate(streams.streams) if not s.plain]
+        if None in texts:
+            rows = sorted({*rows, *(row for row, text in enumerate(texts) if text is None)})
+        for row in rows:
+            streams.streams[row].leave_plain()
+            texts[row] = ""
+        for ids, token in zip(streams.ids, tokens, strict=True):
             ids.append(token)
-            n = len(ids)
-            if s.plain_window and s.read_offset == n - 1:
-                piece = pieces[token] if 0 <= token < known else None
-                if piece is not None:
-                    s.prefix_offset = n - 1
-                    s.read_offset = n
-                    out.append(piece)
-                    continue
-            out.append("")
-            windowed.append(i)
-        if windowed:
-            self._advance_windows([streams[i] for i in windowed], windowed, out)
+        out = cast(list[str], texts)
+        if rows:
+            self._advance_windows([streams.streams[row] for row in rows], rows, out)
+        streams.windowed = [row for row in rows if not streams.streams[row].plain]
         return out
 
     def _advance_windows(
         self, streams: Sequence[TextStream], rows: Sequence[int], out: list[str]
     ) -> None:
-        """TGI's two-window step for `streams`, writing each new text to `out[rows[i]]`."""
+        """TGI's two-window step for `streams` (none plain), writing each new text to
+        `out[rows[i]]`."""
         before = self.decode_batch([s.ids[s.prefix_offset : s.read_offset] for s in streams])
         after = self.decode_batch([s.ids[s.prefix_offset :] for s in streams])
         for row, stream, old, new in zip(rows, streams, before, after, strict=True):
             if len(new) > len(old) and not new.endswith(REPLACEMENT_CHAR):
                 out[row] = new[len(old) :]
-                stream.prefix_offset = stream.read_offset
-                stream.read_offset = len(stream.ids)
-                stream.plain_window = stream.read_offset - stream.prefix_offset == 1 and (
-                    self.piece(stream.ids[stream.prefix_offset]) is not None
+                read = stream.read_offset
+                stream.read_window(
+                    len(stream.ids) - read == 1 and self.piece(stream.ids[read]) is not None
                 )
 
     def catch_up(self, stream: TextStream) -> str:
@@ -179,7 +213,8 @@ class Detokenizer:
         text (what the stop sequences have seen)."""
         pending = stream.ids[stream.read_offset :]
         del stream.ids[stream.read_offset :]
-        return "".join(self.advance([stream], [token])[0] for token in pending)
+        alone = TextStreams([stream])
+        return "".join(self.advance(alone, [token])[0] for token in pending)
 
     def piece(self, token: int) -> str | None:
         """The token's own text when it can be appended as is (see `_plain_pieces`), else None."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from pytgi_shard.detokenizer import REPLACEMENT_CHAR, Detokenizer, TextStream
+from pytgi_shard.detokenizer import REPLACEMENT_CHAR, Detokenizer, TextStream, TextStreams
 from tests.tiny_models import BOS, EOS, PAD, train_tokenizer, write_tokenizer
 
 TEXT = "Unicode: café, naïve, 東京, Привет, ✓, 🙂 emoji. The quick brown fox!"
@@ -30,10 +30,10 @@ def detok(model_dir: Path) -> Detokenizer:
 
 
 def stream_texts(detok: Detokenizer, prompt: list[int], generated: list[int]) -> list[str]:
-    stream = TextStream.start(prompt)
+    streams = TextStreams([TextStream.start(prompt)])
     out = []
     for token in generated:
-        out.extend(detok.advance([stream], [token]))
+        out.extend(detok.advance(streams, [token]))
     return out
 
 
@@ -56,9 +56,8 @@ def test_batched_streams_advance_independently(detok: Detokenizer) -> None:
     for step in range(max(len(a), len(b))):
         active = [i for i, seq in enumerate((a, b)) if step < len(seq)]
         tokens = [(a, b)[i][step] for i in active]
-        for i, text in zip(
-            active, detok.advance([streams[i] for i in active], tokens), strict=True
-        ):
+        batch = TextStreams([streams[i] for i in active])
+        for i, text in zip(active, detok.advance(batch, tokens), strict=True):
             pieces[i].append(text)
     assert ["".join(p) for p in pieces] == ["🙂 fox", "The dog"]
     assert streams[0].generated_ids == a and streams[1].generated_ids == b
@@ -118,15 +117,19 @@ def reference(detok: Detokenizer) -> Detokenizer:
 
 
 def steps_of(detok: Detokenizer, prompts: list[list[int]], tokens: list[list[int]]) -> list:
-    """Advances one stream per prompt in one batch, a token per step while it has any; returns
-    every step's texts and the streams' final offsets."""
+    """Advances one stream per prompt in one batch, a token per step while it has any (the
+    batch is rebuilt, as a filter does, when a stream has no more); returns every step's texts
+    and the streams' offsets after each step."""
     streams = [TextStream.start(p) for p in prompts]
     out = []
+    batch, active = TextStreams([]), list[int]()
     for step in range(max(len(t) for t in tokens)):
-        active = [i for i, t in enumerate(tokens) if step < len(t)]
+        if active != (active := [i for i, t in enumerate(tokens) if step < len(t)]):
+            batch = TextStreams([streams[i] for i in active])
         new = [tokens[i][step] for i in active]
-        out.append(detok.advance([streams[i] for i in active], new))
-    return [out, [(s.prefix_offset, s.read_offset) for s in streams]]
+        out.append(detok.advance(batch, new))
+        out.append([(s.prefix_offset, s.read_offset, s.generated_ids) for s in streams])
+    return out
 
 
 def test_byte_level_tokenizers_get_a_table_of_whole_utf8_pieces(detok: Detokenizer) -> None:
@@ -167,7 +170,11 @@ def test_a_withheld_byte_is_not_lost_by_the_next_plain_token(
     (a,), (b,) = (detok.tokenizer.encode(c, add_special_tokens=False).ids for c in "ab")
     lead = detok.tokenizer.encode("東", add_special_tokens=False).ids[0]
     tokens = [[a, lead, b, a]]
-    expected = [[["a"], [""], [REPLACEMENT_CHAR + "b"], ["a"]], [(3, 4)]]
+    texts = [["a"], [""], [REPLACEMENT_CHAR + "b"], ["a"]]
+    offsets = [(0, 1), (0, 1), (1, 3), (3, 4)]
+    expected: list = []
+    for step, (text, (prefix, read)) in enumerate(zip(texts, offsets, strict=True)):
+        expected += [text, [(prefix, read, tokens[0][: step + 1])]]
     assert steps_of(reference, [[]], tokens) == expected
     assert steps_of(detok, [[]], tokens) == expected
 

@@ -12,7 +12,7 @@ import torch
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.batch import Batch, BatchContext, ForwardInputs
-from pytgi_shard.detokenizer import Detokenizer
+from pytgi_shard.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.generation import (
     HostTransfer,
     choose_tokens,
@@ -64,7 +64,7 @@ def reference_step(
     chosen = logprobs.gather(1, next_ids.unsqueeze(1)).squeeze(1)
     batch.append(next_ids)
     ids, lps = next_ids.tolist(), chosen.tolist()
-    texts = plain.advance([r.text for r in batch.requests], ids)
+    texts = plain.advance(TextStreams([r.text for r in batch.requests]), ids)
     generations, finished = [], []
     for r, token, lp, text in zip(batch.requests, ids, lps, texts, strict=True):
         g = pb.Generation(
