@@ -32,6 +32,9 @@ from dataclasses import dataclass
 import torch
 
 NEG_INF = float("-inf")
+# Scores in a batch's constrained rows below which their bias is made per row, runs or not
+# (64 x 4k: the whole bias written and added in ~0.07 ms, about what finding the runs costs).
+SHARED_FROM = 1 << 20
 
 
 def byte_bias_table() -> torch.Tensor:
@@ -86,11 +89,18 @@ class SharedBias:
 
 
 def host_masks(
-    host: HostBias, words: torch.Tensor, vocab_size: int, rows: Sequence[int]
+    host: HostBias,
+    words: torch.Tensor,
+    vocab_size: int,
+    rows: Sequence[int],
+    shared_from: int = SHARED_FROM,
 ) -> torch.Tensor | SharedBias:
     """What sampling adds for the words of the constrained batch rows `rows` (in order): a
     SharedBias when runs of equal masks in consecutive rows make it at most half as many
-    biases as rows, else the [len(rows), vocab_size] bias."""
+    biases as rows, else the [len(rows), vocab_size] bias (always below `shared_from` scores,
+    where finding the runs costs more than writing and adding every row's bias)."""
+    if len(rows) * vocab_size < shared_from:
+        return host(words, vocab_size)
     flat = words.numpy()  # numpy's compare of 64 x 4k words is ~4x faster than torch's
     same = (flat[1:] == flat[:-1]).all(axis=1).tolist()
     firsts = [0] + [

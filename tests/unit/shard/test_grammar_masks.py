@@ -119,8 +119,10 @@ def test_rows_sharing_a_mask_are_biased_as_the_reference_masked_fill(
     vocab = 45
     distinct = random_words(2, vocab, 5)
     words = distinct[pattern]
-    masks = host_masks(HostBias(), words, vocab, rows)
+    masks = host_masks(HostBias(), words, vocab, rows, shared_from=0)
     assert isinstance(masks, SharedBias) == shared
+    # Below shared_from scores every row gets its own bias, runs or not.
+    assert not isinstance(host_masks(HostBias(), words, vocab, rows), SharedBias)
     scores = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(5))
     out = scores.clone()
     index = None if rows == list(range(batch)) else torch.tensor(rows)
