@@ -94,8 +94,8 @@ def emit_generations(
     """The host half: texts, Generations, stop sequences; the ids of the finished requests."""
     ids, lps = choice.transfer.wait()
     if batch.grammar is not None:
-        # The constrained rows' next masks, computed while this step is answered and the next
-        # forward runs.
+        # The constrained rows' next masks: on an accelerator computed in the grammar thread
+        # while this step is answered and the next forward runs; on the CPU now.
         batch.grammar.advance(ids)
     requests = batch.requests
     texts = detokenizer.advance(batch.streams, ids)
