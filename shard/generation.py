@@ -129,7 +129,7 @@ def _finished(
     if not stop_rows:
         return stopped
     done = {row for row, _ in stopped}
-    matched = [
+    matched: list[tuple[int, int]] = [
         (row, STOP_SEQUENCE)
         for row in stop_rows
         if row not in done and requests[row].stopping.matches(texts[row])
