@@ -44,12 +44,12 @@ from pytgi_shard.grammar_masks import HostBias
 
 @dataclass(slots=True)
 class GrammarTimings:
-    """Where constrained steps spend their time, summed over steps (seconds): in the grammar
-    thread (consume: tokens fed to the matchers; mask: llguidance's bitmasks) and on the
-    engine's thread (handoff: submitting a step's tokens; wait: waiting for the masks when
-    sampling needs them; convert: the words to what sampling applies, the CPU's bias;
-    shared_steps: how many steps' bias was made per run of rows sharing a mask, not per row).
-    bench/grammar.py prints them."""
+    """Where constrained steps spend their time, summed over steps (seconds): the grammar work
+    (consume: tokens fed to the matchers; mask: llguidance's bitmasks), in the grammar thread or
+    inline, and on the engine's thread (handoff: submitting a step's tokens, which inline
+    includes consume and mask; wait: waiting for the masks when sampling needs them; convert:
+    the words to what sampling applies, the CPU's bias; shared_steps: how many steps' bias was
+    made per run of rows sharing a mask, not per row). bench/grammar.py prints them."""
 
     steps: int = 0
     shared_steps: int = 0
@@ -97,7 +97,7 @@ class MaskWorker:
     conversion (used on the engine's thread) and the timings."""
 
     def __init__(self, inline: bool = False, nice: int = GRAMMAR_NICE) -> None:
-        self.inline = inline
+        # None: inline; the executor exists exactly when the pool does.
         self.pool: ThreadPoolExecutor | None = None
         self.executor: llguidance.LLExecutor | None = None
         if not inline:
@@ -112,6 +112,10 @@ class MaskWorker:
         self.compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pytgi-compile")
         self.host_bias = HostBias()
         self.timings = GrammarTimings()
+
+    @property
+    def inline(self) -> bool:
+        return self.pool is None
 
     @classmethod
     def for_device(cls, device: torch.device, thread: bool | None) -> MaskWorker:
