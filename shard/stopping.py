@@ -15,8 +15,6 @@ from pytgi_proto import generate_pb2
 LENGTH = generate_pb2.FINISH_REASON_LENGTH
 EOS_TOKEN = generate_pb2.FINISH_REASON_EOS_TOKEN
 STOP_SEQUENCE = generate_pb2.FINISH_REASON_STOP_SEQUENCE
-# Not a FinishReason: the request goes on.
-RUNNING = -1
 
 
 class StoppingCriteria:
