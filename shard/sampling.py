@@ -16,6 +16,7 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.argmax import first_max
+from pytgi_shard.blocked_choice import block_rows, blocked_greedy
 from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.grammar_masks import SharedBias
@@ -128,6 +129,14 @@ class NextTokenChooser:
         # Every row keeps at most its top-k (and ties): top-p and typical-p need only those.
         self.top_k_everywhere = min(top_k, default=0) > 0
         self.top_k = torch.tensor(top_k, dtype=torch.long, device=device).unsqueeze(1)
+        # Nothing but the grammar masks and argmax: the choice may run in row blocks.
+        self.greedy_only = not (
+            self.watermark_rows
+            or self.sample_rows
+            or self.max_top_k
+            or any(x is not None for x in (self.temperature, self.repetition, self.frequency))
+            or any(x is not None for x in (self.top_p, self.typical_p))
+        )
 
     @classmethod
     def create(
@@ -187,6 +196,10 @@ class NextTokenChooser:
         logprobs are the log-softmax of the processed scores, as TGI reports them.
         """
         scores = logits
+        if banned is not None and self.greedy_only and _host_bias(banned[1]):
+            block = block_rows(scores)
+            if block is not None:
+                return blocked_greedy(scores, *banned, block), scores
         if banned is not None:
             ban_tokens(scores, *banned)
         if self.watermark_rows:
@@ -263,6 +276,10 @@ def ban_tokens(
         scores.masked_fill_(masks, NEG_INF)
     else:
         scores.index_copy_(0, rows, scores.index_select(0, rows).masked_fill_(masks, NEG_INF))
+
+
+def _host_bias(masks: torch.Tensor | SharedBias) -> bool:
+    return isinstance(masks, SharedBias) or masks.dtype != torch.bool
 
 
 def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -134,6 +134,26 @@ def test_rows_sharing_a_mask_are_biased_as_the_reference_masked_fill(
     assert torch.equal(out, expected)
 
 
+def test_run_biases_are_kept_by_content_across_steps_and_evicted_oldest_first() -> None:
+    vocab = 70
+    words = random_words(4, vocab, 11).numpy()
+    host = HostBias(kept_rows=2)
+    first = host.rows(words[[0, 1]], vocab)
+    banned = reference_banned(torch.from_numpy(words), vocab)
+    for j, bias in enumerate(first):
+        assert bias.shape == (vocab,) and torch.equal(bias == NEG_INF, banned[j])
+    # The per-row buffer is written over by every call; the kept rows are tensors of their own.
+    host(torch.from_numpy(words[[2, 3]]), vocab)
+    again = host.rows(words[[1, 0]], vocab)
+    assert again[0] is first[1] and again[1] is first[0]
+    assert torch.equal(again[1] == NEG_INF, banned[0])
+    # A third mask evicts the least recently used (row 1's), which is then made anew.
+    host.rows(words[[2]], vocab)
+    assert host.rows(words[[0]], vocab)[0] is first[0]
+    remade = host.rows(words[[1]], vocab)[0]
+    assert remade is not first[1] and torch.equal(remade, first[1])
+
+
 def test_grammar_fields_of_the_wire() -> None:
     assert GrammarSpec.from_pb(pb.NextTokenChooserParameters()) is None
     spec = GrammarSpec.from_pb(
@@ -157,3 +177,35 @@ def test_the_cache_keeps_the_most_recently_used_grammars() -> None:
     compiler.compile(b)
     assert (compiler.stats.hits, compiler.stats.misses) == (1, 4)
     assert compiler.mask_width == (400 + 31) // 32
+
+
+@pytest.mark.parametrize("through_executor", [False, True])
+def test_a_mask_computation_writes_every_word_of_its_row(through_executor: bool) -> None:
+    """grammar_batch._masks hands llguidance an unzeroed buffer: what it leaves there must not
+    depend on what was there before, in a fresh, an advanced, and an error state."""
+    import llguidance
+    import numpy as np
+
+    from pytgi_shard.grammar import new_matcher
+
+    tokenizer: Tokenizer = train_tokenizer(_CORPUS)
+    worker = MaskWorker()
+    if through_executor:
+        worker.executor = llguidance.LLExecutor()
+    compiler = GrammarCompiler(tokenizer.to_str(), 400, [1], worker)
+    compiled = compiler.compile(GrammarSpec(pb.GRAMMAR_TYPE_REGEX, "[ab]+c"))
+    fresh = new_matcher(compiled, [])
+    advanced = new_matcher(compiled, [])
+    errored = new_matcher(compiled, [])
+    allowed = np.zeros((1, compiler.mask_width), dtype=np.int32)
+    worker.fill_masks([fresh], allowed)
+    first = next(t for t in range(400) if (allowed[0, t // 32] >> (t % 32)) & 1)
+    banned = next(t for t in range(400) if not (allowed[0, t // 32] >> (t % 32)) & 1)
+    assert advanced.consume_token(first)
+    assert not errored.consume_token(banned) and errored.is_error()
+    matchers = [fresh, advanced, errored]
+    zeroed = np.zeros((3, compiler.mask_width), dtype=np.int32)
+    dirty = np.full((3, compiler.mask_width), 0x5A5A5A5A, dtype=np.int32)
+    worker.fill_masks(matchers, zeroed)
+    worker.fill_masks(matchers, dirty)
+    assert np.array_equal(zeroed, dirty)
