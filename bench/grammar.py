@@ -72,11 +72,13 @@ def row_schema(row: int, distinct: bool) -> dict[str, Any]:
 
 
 def batch(batch_id: int, size: int, input_len: int, new_tokens: int, vocab: int, block: int,
-          constrained: bool, distinct: bool = False) -> pb.Batch:  # fmt: skip
+          constrained: bool, distinct: bool = False, temperature: float = 0.0) -> pb.Batch:  # fmt: skip
     per = math.ceil((input_len + new_tokens) / block)
     requests = []
     for i in range(size):
         params = pb.NextTokenChooserParameters()
+        if temperature > 0:
+            params.do_sample, params.temperature, params.seed = True, temperature, i
         if constrained:
             params.grammar = json.dumps(row_schema(i, distinct))
             params.grammar_type = pb.GRAMMAR_TYPE_JSON
@@ -137,7 +139,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
     def one(batch_id: int, constrained: bool) -> dict[str, Any]:
         return run(engine, batch(batch_id, args.batch, args.input_len, args.new_tokens, vocab,
-                                 args.block, constrained, args.distinct_schemas))  # fmt: skip
+                                 args.block, constrained, args.distinct_schemas,
+                                 args.temperature))  # fmt: skip
 
     one(1, False)  # warm: first-touch allocations, thread pools
     first = (compiler.stats.hits, compiler.stats.misses)
@@ -155,7 +158,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     ratio = summary["constrained"]["tokens_per_s"] / summary["unconstrained"]["tokens_per_s"]
     return {
         "batch": args.batch, "input_len": args.input_len, "new_tokens": args.new_tokens,
-        "vocab": vocab, "overlap": engine.overlap,
+        "vocab": vocab, "temperature": args.temperature, "overlap": engine.overlap,
         "grammar_thread": not compiler.worker.inline, "rounds": rounds, "median": summary,
         "constrained_over_unconstrained": round(ratio, 3),
         "compile_cold_ms": round(cold, 2),
@@ -253,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distinct-schemas", action="store_true",
                         help="each request its own schema (property names prefixed by its row), "
                              "so rows rarely share a mask")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="every request samples at this temperature (seeded per row); "
+                             "0: greedy")
     parser.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--grammar-thread", action=argparse.BooleanOptionalAction, default=None,
                         help="the shard's setting (default: inline on the CPU)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pytgi_proto import generate_pb2
+from pytgi_shard import categorical
 from pytgi_shard.argmax import first_max
 from pytgi_shard.blocked_choice import block_rows, blocked_greedy
 from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
@@ -150,15 +151,22 @@ class NextTokenChooser:
 
     def skip_draws(self, counts: Sequence[int], vocab_size: int) -> None:
         """Advances each sampling row's generator past `counts[row]` steps' draws, as if it had
-        sampled that many tokens (a request resumed after preemption): `_sample` draws one
-        [vocab] row of Exponential(1) noise per step from it, so the same draws, discarded,
-        leave it in the same state (on the same device, with the same vocabulary width)."""
+        sampled that many tokens (a request resumed after preemption): `_sample` draws, per
+        step, one float64 uniform on the CPU and one [vocab] row of Exponential(1) noise
+        elsewhere, so the same draws, discarded, leave it in the same state (on the same
+        device, with the same vocabulary width)."""
         for row in self.sample_rows:
             generator = self.generators[row]
             if counts[row] and generator is not None:
-                noise = torch.empty(vocab_size, device=self.device)
                 for _ in range(counts[row]):
-                    noise.exponential_(generator=generator)
+                    self._draw(generator, vocab_size)
+
+    def _draw(self, generator: torch.Generator | None, vocab_size: int) -> torch.Tensor:
+        """One step's random numbers for one sampling row, as `_sample` draws them."""
+        if self.device.type == "cpu":
+            return torch.rand(1, dtype=torch.float64, generator=generator)
+        noise = torch.empty(vocab_size, device=self.device)
+        return noise.exponential_(generator=generator)
 
     def _optional(self, values: list[float], neutral: float) -> torch.Tensor | None:
         if all(v == neutral for v in values):
@@ -218,12 +226,25 @@ class NextTokenChooser:
                 _top_p(scores, self.top_p)
             if self.typical_p is not None:
                 _typical_p(scores, self.typical_p)
-        next_ids = first_max(scores)
-        if self.sample_rows:
+        batch = scores.shape[0]
+        every_row_samples = len(self.sample_rows) == batch
+        if every_row_samples:
+            next_ids = torch.empty(batch, dtype=torch.long, device=self.device)
+        else:
+            next_ids = first_max(scores)
+        if self.sample_rows and self.device.type != "cpu":
             next_ids.index_copy_(0, self.sample_index, self._sample(scores[self.sample_index]))
         # Written over the scores: no second [batch, vocab] tensor to allocate and fill (after
         # a forward, its first touch costs ~0.1 ms at 256 x 4096 on the CPU).
-        return next_ids, torch.log_softmax(scores, dim=-1, out=scores)
+        logprobs = torch.log_softmax(scores, dim=-1, out=scores)
+        if self.sample_rows and self.device.type == "cpu":
+            # The CPU draws from the logprobs themselves, one uniform per row, with no
+            # [rows, vocab] probabilities made (shard/categorical.py).
+            uniforms = torch.cat([self._draw(self.generators[i], 0) for i in self.sample_rows])
+            rows = None if every_row_samples else self.sample_index
+            drawn = categorical.draw_from_logprobs(logprobs, rows, uniforms)
+            next_ids.index_copy_(0, self.sample_index, drawn)
+        return next_ids, logprobs
 
     def _warp_candidates(self, scores: torch.Tensor, top_k_ids: torch.Tensor) -> None:
         """Top-p and typical-p on the top-k candidates only (the same result, no vocab sort)."""
@@ -246,7 +267,9 @@ class NextTokenChooser:
             scores.sub_(self.frequency * counts / lengths.unsqueeze(1).to(counts.dtype))
 
     def _sample(self, scores: torch.Tensor) -> torch.Tensor:
-        """argmax(p / E) with E ~ Exponential(1) is a draw from p, with no host sync."""
+        """An accelerator's draw from softmax(scores) per row, each from its request's own
+        generator: argmax(p / E) with E ~ Exponential(1) per token, vectorised and with no
+        host sync."""
         probs = torch.softmax(scores, dim=-1)
         # Each request draws its row from its own generator, straight into the batch's tensor.
         noise = torch.empty(probs.shape, device=self.device)

@@ -237,7 +237,7 @@ def test_params_from_proto_read_zero_as_unset_and_reject_bad_values() -> None:
         SamplingParams.from_pb(generate_pb2.NextTokenChooserParameters(top_p=1.5))
 
 
-def test_exponential_noise_never_picks_an_impossible_token() -> None:
+def test_sampling_never_picks_an_impossible_token() -> None:
     logits = torch.tensor([[0.0, math.log(1e-3), float("-inf")]])
     draws = run(chooser(SamplingParams(do_sample=True, seed=1)), logits, 500)[0]
     assert 2 not in draws
