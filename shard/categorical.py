@@ -35,10 +35,12 @@ def draw_from_logprobs(
     logprobs: torch.Tensor, rows: torch.Tensor | None, uniforms: torch.Tensor
 ) -> torch.Tensor:
     """[n] int64: for each of `rows` (n row indices of [batch, vocab] `logprobs`; None: every
-    row) its token drawn from exp(logprobs[row]) by uniforms[i] in [0, 1) (float64, for the
-    resolution a large vocabulary needs). No [n, vocab] tensor is made: the rows are
-    exponentiated a block of about BLOCK_BYTES at a time into one buffer, summed by chunk
-    there, and only the chosen chunk's CHUNK probabilities are made again."""
+    row; normalised, as log_softmax makes them: the chunk sums come from their softmax, the
+    chosen chunk's weights from their exp, which agree only then) its token drawn from
+    exp(logprobs[row]) by uniforms[i] in [0, 1) (float64, for the
+    resolution a large vocabulary needs). No [n, vocab] tensor is made: the rows' probabilities
+    are made a block of about BLOCK_BYTES at a time into one buffer, summed by chunk there,
+    and only the chosen chunk's CHUNK probabilities are made again."""
     batch, vocab = logprobs.shape
     count = batch if rows is None else rows.numel()
     per = max(1, BLOCK_BYTES // (vocab * logprobs.element_size()))
@@ -47,10 +49,10 @@ def draw_from_logprobs(
     for lo in range(0, count, per):
         hi = min(lo + per, count)
         part = buffer[: hi - lo]
-        if rows is None:
-            torch.exp(logprobs[lo:hi], out=part)
-        else:
-            torch.index_select(logprobs, 0, rows[lo:hi], out=part).exp_()
+        block = logprobs[lo:hi] if rows is None else logprobs.index_select(0, rows[lo:hi])
+        # softmax of logprobs is their exp; its kernel takes the -inf of banned tokens in its
+        # stride, where torch.exp falls to a slow path (64 x 128k, 99% -inf: 15.7 ms vs 4.6).
+        torch.softmax(block, dim=-1, out=part)
         _chunk_sums(part, out=sums[lo:hi])
     chunk, remainder = _pick(sums.double(), uniforms.to(torch.float64))
     source = torch.arange(batch, device=logprobs.device) if rows is None else rows

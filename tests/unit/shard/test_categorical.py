@@ -16,13 +16,15 @@ from pytgi_shard.categorical import CHUNK, draw_from_logprobs
 
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    return draw_from_logprobs(probs.log(), None, uniforms)
+    """The draw from rows of probabilities, given as the sampler gives them: normalised
+    logprobs."""
+    return draw_from_logprobs(torch.log_softmax(probs.log(), dim=-1), None, uniforms)
 
 
 def reference(probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one-level draw from exp(log(probs)) in float64, and whether each row's target lies
-    clear of the running sums' boundaries (where float32 chunk sums may decide otherwise)."""
-    p = probs.log().double().exp()
+    """The one-level draw from the normalised probs in float64, and whether each row's target
+    lies clear of the running sums' boundaries (where float32 sums may decide otherwise)."""
+    p = probs.double() / probs.double().sum(dim=-1, keepdim=True)
     running = p.cumsum(dim=-1)
     targets = (uniforms.double() * running[:, -1]).unsqueeze(1)
     clear = ((running - targets).abs() > 1e-6 * running[:, -1:]).all(dim=1)
