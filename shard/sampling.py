@@ -241,8 +241,8 @@ class NextTokenChooser:
             # The CPU draws from the logprobs themselves, one uniform per row, with no
             # [rows, vocab] probabilities made (shard/categorical.py).
             uniforms = torch.cat([self._draw(self.generators[i], 0) for i in self.sample_rows])
-            rows = None if every_row_samples else self.sample_index
-            drawn = categorical.draw_from_logprobs(logprobs, rows, uniforms)
+            subset = None if every_row_samples else self.sample_index
+            drawn = categorical.draw_from_logprobs(logprobs, subset, uniforms)
             next_ids.index_copy_(0, self.sample_index, drawn)
         return next_ids, logprobs
 
