@@ -27,10 +27,14 @@ BLOCK_BYTES = 1 << 21
 
 def block_rows(scores: torch.Tensor) -> int | None:
     """Rows per block for this batch's choice, or None when it should not be blocked."""
-    rows, vocab = scores.shape
     if scores.device.type != "cpu" or scores.numel() < BLOCKED_FROM or not scores.is_contiguous():
         return None
-    return max(1, BLOCK_BYTES // (vocab * scores.element_size()))
+    return rows_per_block(scores)
+
+
+def rows_per_block(scores: torch.Tensor) -> int:
+    """How many of `scores`' rows make a block of about BLOCK_BYTES (at least one)."""
+    return max(1, BLOCK_BYTES // (scores.shape[-1] * scores.element_size()))
 
 
 def blocked_greedy(

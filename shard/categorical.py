@@ -15,20 +15,18 @@ A token of probability 0 (banned by a grammar, cut by top-k or top-p) is never c
 choice is the first index whose running sum exceeds the target, which a zero cannot be the
 first to do; where rounding leaves the target past the end of a row or chunk, the last one of
 non-zero probability is taken instead (a logprob of -inf is a probability of exactly 0). NaN
-probabilities (a model that emitted NaN) still give
-an index inside the vocabulary.
+probabilities (a model that emitted NaN) still give an index inside the vocabulary.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pytgi_shard.blocked_choice import rows_per_block
+
 # Tokens per chunk: long enough for the chunk sums' vector loop, short enough that a row's
 # chunk sums (2k at 128k) and one chunk are cheap to scan.
 CHUNK = 64
-# Bytes of a block of rows exponentiated at once: about a core's L2 cache, and a buffer small
-# enough for the allocator to reuse from step to step without faulting pages in.
-BLOCK_BYTES = 1 << 21
 
 
 def draw_from_logprobs(
@@ -37,13 +35,15 @@ def draw_from_logprobs(
     """[n] int64: for each of `rows` (n row indices of [batch, vocab] `logprobs`; None: every
     row; normalised, as log_softmax makes them: the chunk sums come from their softmax, the
     chosen chunk's weights from their exp, which agree only then) its token drawn from
-    exp(logprobs[row]) by uniforms[i] in [0, 1) (float64, for the
-    resolution a large vocabulary needs). No [n, vocab] tensor is made: the rows' probabilities
-    are made a block of about BLOCK_BYTES at a time into one buffer, summed by chunk there,
-    and only the chosen chunk's CHUNK probabilities are made again."""
+    exp(logprobs[row]) by uniforms[i] in [0, 1) (float64, for the resolution a large
+    vocabulary needs). No [n, vocab] tensor is made: the rows' probabilities are made a block
+    of rows at a time into one buffer, summed by chunk there, and only the chosen chunk's
+    CHUNK probabilities are made again."""
     batch, vocab = logprobs.shape
     count = batch if rows is None else rows.numel()
-    per = max(1, BLOCK_BYTES // (vocab * logprobs.element_size()))
+    # About a core's L2 at a time, in a buffer small enough for the allocator to reuse from
+    # step to step without faulting pages in.
+    per = rows_per_block(logprobs)
     buffer = torch.empty(min(per, count), vocab, dtype=logprobs.dtype, device=logprobs.device)
     sums = torch.empty(count, -(-vocab // CHUNK), dtype=logprobs.dtype, device=logprobs.device)
     for lo in range(0, count, per):

@@ -89,9 +89,8 @@ class HostBias:
             key = (vocab_size, row.tobytes())
             bias = self._kept.get(key)
             if bias is None:
-                width = (vocab_size + 7) // 8
-                index = torch.from_numpy(row.view(np.uint8)[:width].astype(np.int32))
-                bias = self.table.index_select(0, index).view(width * 8)[:vocab_size]
+                # Made in the per-row buffer like any bias, then kept in a tensor of its own.
+                bias = self(torch.from_numpy(row[None]), vocab_size)[0].clone()
                 self._kept[key] = bias
                 if len(self._kept) > self.kept_rows:
                     self._kept.popitem(last=False)
