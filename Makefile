@@ -52,7 +52,12 @@ bench: install
 # Every wheel a GPU machine without network needs beyond its own torch, triton and transformers
 # (bench/gpu-wheels.txt says which and why), for CPython 3.12 on manylinux x86_64, into .whl/;
 # bench/gpu.sh and the README's offline install read them from there.
+# pip matches a manylinux tag exactly, so each glibc level a pinned wheel is built for is named
+# (llguidance's is 2_31); the GPU machine's glibc is newer than all of them. bench/gpu.sh's
+# smoke install names the same list (tests/unit/bench/test_gpu_bench.py).
 GPU_WHEEL_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp \
+	--platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 \
+	--platform manylinux_2_31_x86_64 \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	--platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any

@@ -117,13 +117,15 @@ def compare_result(report: dict[str, Any] | None) -> str:
         return "no compare JSON"
     rows = _rows(report)
     parts = []
-    ours, cb = rows.get("pytgi-http"), rows.get("hf-cb")
+    # The smoke run's CPU row is the patched one (transformers' memory probe fails on a CPU).
+    name = "hf-cb" if "hf-cb" in rows else "hf-cb-cpu-patched"
+    ours, cb = rows.get("pytgi-http"), rows.get(name)
     if ours is not None:
         speed = ours.get("tokens_per_s")
         text = f"pytgi {speed:,.0f} tok/s" if speed else f"pytgi {ours['status']}"
         if cb is not None:
             theirs = cb.get("tokens_per_s")
-            text += f" vs hf-cb {theirs:,.0f}" if theirs else f" vs hf-cb {cb['status']}"
+            text += f" vs {name} {theirs:,.0f}" if theirs else f" vs {name} {cb['status']}"
             if speed and theirs:
                 text += f" ({speed / theirs:.2f}x)"
         parts.append(text)

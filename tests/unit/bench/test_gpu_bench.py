@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -99,6 +100,21 @@ def test_requirements_check_passes_on_this_environment() -> None:
     report = check(["pytgi"])
     assert report.ok, report.missing
     assert any(c.startswith("grpcio==") for c in report.checked)
+
+
+def _platforms(text: str) -> list[str]:
+    return re.findall(r"--platform\s+([\w.]+)", text)
+
+
+def test_make_gpu_wheels_and_the_smoke_install_name_the_same_platforms() -> None:
+    """pip matches manylinux tags exactly: a level missing from `make gpu-wheels` drops a pinned
+    wheel (llguidance's is manylinux_2_31) and the GPU machine's install fails; the smoke run
+    proves the list resolves only if it asks with the same tags."""
+    make = (ROOT / "Makefile").read_text()
+    block = make.split("GPU_WHEEL_TAGS :=", 1)[1].split("\ngpu-wheels:", 1)[0]
+    made = _platforms(block)
+    assert "manylinux_2_31_x86_64" in made
+    assert sorted(made) == sorted(_platforms(GPU_SH.read_text()))
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess[str]:
