@@ -14,6 +14,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.quantization.spec import QuantizationSpec
 
 
@@ -21,7 +22,8 @@ from pytgi_shard.quantization.spec import QuantizationSpec
 class ModelConfig:
     # The model directory the file was read from (error messages, weights, tokenizer).
     path: Path
-    # config.json's top-level object, read-only.
+    # config.json's top-level object, read-only, with transformers 5's renamed keys also under
+    # their transformers 4 names (config_layout.py), which the family readers read.
     raw: Mapping[str, Any]
     # How the linear weights are stored or quantized, as get_model resolved it (None: float);
     # the model's Weights read the checkpoint with it (decoder_model.with_weights).
@@ -39,7 +41,7 @@ class ModelConfig:
             raise ValueError(f"{config_file} is not a JSON object: {e}") from e
         if not isinstance(config, dict):
             raise ValueError(f"{config_file} is not a JSON object")
-        return cls(model_path, MappingProxyType(config))
+        return cls(model_path, MappingProxyType(legacy_layout(config)))
 
     @property
     def model_type(self) -> str:

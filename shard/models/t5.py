@@ -266,8 +266,8 @@ class T5(nn.Module, EncoderDecoderModel):
         self.decoder_norm = T5LayerNorm.load(weights, "decoder.final_layer_norm", c.eps)
         head = shared if c.tie_word_embeddings else "lm_head.weight"
         self.lm_head = ParallelLMHead.load(weights, head)
-        # A head tied to the embedding reads the hidden state rescaled (Mesh TensorFlow's T5).
-        self.head_scale = c.d_model**-0.5 if c.tie_word_embeddings else None
+        # T5 v1.0's tied head reads the hidden state rescaled (Mesh TensorFlow's T5).
+        self.head_scale = c.d_model**-0.5 if c.scale_decoder_outputs else None
         self.model_type = c.model_type
         self.num_layers = c.num_decoder_layers
         self.num_kv_heads = c.num_heads // dist.world_size

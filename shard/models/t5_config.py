@@ -46,6 +46,8 @@ class T5Config:
     gated: bool
     activation: str
     tie_word_embeddings: bool
+    # The decoder's output times d_model ** -0.5 before the head (T5 v1.0's tied head).
+    scale_decoder_outputs: bool
     decoder_start_token_id: int
     max_position_embeddings: int
 
@@ -73,6 +75,7 @@ class T5Config:
             gated=gated,
             activation=activation,
             tie_word_embeddings=bool(c["tie_word_embeddings"]),
+            scale_decoder_outputs=_scales_decoder_outputs(c),
             decoder_start_token_id=_decoder_start(c, generation or {}),
             max_position_embeddings=int(c.get("n_positions") or DEFAULT_CONTEXT),
         )
@@ -94,6 +97,18 @@ def _feed_forward(proj: str) -> tuple[bool, str]:
         )
     # transformers' backward compatibility: "gated-gelu" runs the tanh approximation.
     return len(parts) == 2, "gelu_new" if proj == "gated-gelu" else parts[-1]
+
+
+def _scales_decoder_outputs(c: Mapping[str, Any]) -> bool:
+    """transformers 4 scaled exactly when the head was tied to the embedding (T5 v1.0; v1.1,
+    FLAN-T5 and mT5 checkpoints say tie_word_embeddings false). transformers 5 ties every head,
+    writes T5's choice as scale_decoder_outputs, and never scales mT5."""
+    if "scale_decoder_outputs" in c:
+        return bool(c["scale_decoder_outputs"])
+    written_by = str(c.get("transformers_version") or "4").split(".", 1)[0]
+    if written_by.isdigit() and int(written_by) >= 5:
+        return False
+    return bool(c["tie_word_embeddings"])
 
 
 def _decoder_start(config: Mapping[str, Any], generation: Mapping[str, Any]) -> int:

@@ -30,6 +30,7 @@ from pytgi_shard.layers.rotary import (
 from pytgi_shard.models.llama_config import LlamaConfig
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.weights import Weights
+from tests.hf_config import hf_fields
 
 CPU = torch.device("cpu")
 
@@ -60,13 +61,14 @@ def hf_windows(hf: Any) -> list[int | None]:
 
 
 def assert_same_config(ours: LlamaConfig, hf: Any) -> None:
+    fields = hf_fields(hf)
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                  "num_attention_heads", "num_key_value_heads", "hidden_act",
                  "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings"):
-        assert getattr(ours, name) == getattr(hf, name), name
+        assert getattr(ours, name) == fields[name], name
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     assert ours.head_dim == head_dim
-    hf_scaling = getattr(hf, "rope_scaling", None)
+    hf_scaling = fields.get("rope_scaling")
     assert rope_type_of(ours.rope_scaling) == rope_type_of(hf_scaling)
     if hf_scaling:
         assert ours.rope_scaling is not None
@@ -117,7 +119,10 @@ ROPE_SCALINGS: list[dict[str, Any] | None] = [
 ]
 
 
-def hf_rope_config(scaling: dict[str, Any] | None, theta: float = 500000.0) -> HFLlamaConfig:
+THETA = 500000.0
+
+
+def hf_rope_config(scaling: dict[str, Any] | None, theta: float = THETA) -> HFLlamaConfig:
     return HFLlamaConfig(hidden_size=256, num_attention_heads=4, max_position_embeddings=128,
                          rope_theta=theta, rope_scaling=scaling)
 
@@ -132,7 +137,7 @@ def hf_cos_sin(config: HFLlamaConfig, positions: torch.Tensor) -> tuple[torch.Te
 @pytest.mark.parametrize("scaling", ROPE_SCALINGS)
 def test_rotary_matches_transformers(scaling: dict[str, Any] | None) -> None:
     config = hf_rope_config(scaling)
-    ours = RotaryEmbedding(64, config.rope_theta, 128, scaling, CPU)
+    ours = RotaryEmbedding(64, THETA, 128, scaling, CPU)
     positions = torch.tensor([0, 1, 5, 31, 32, 100, 127, 500])
     cos, sin = ours.cos_sin(positions)
     expected_cos, expected_sin = hf_cos_sin(config, positions)
@@ -161,7 +166,7 @@ def test_apply_rotary_matches_transformers(dtype: torch.dtype) -> None:
     config = hf_rope_config(ROPE_SCALINGS[2])
     positions = torch.arange(9) * 7
     q, k = torch.randn(9, 4, 64, dtype=dtype), torch.randn(9, 2, 64, dtype=dtype)
-    cos, sin = RotaryEmbedding(64, config.rope_theta, 128, ROPE_SCALINGS[2], CPU).cos_sin(positions)
+    cos, sin = RotaryEmbedding(64, THETA, 128, ROPE_SCALINGS[2], CPU).cos_sin(positions)
     rotary = LlamaRotaryEmbedding(config)
     hf_cos, hf_sin = rotary(q, positions.unsqueeze(0))
     # transformers' layout is [batch, heads, tokens, dim].

@@ -38,16 +38,26 @@ def hub_cache(root: Path, repo_id: str, files: Path, commit: str = COMMIT, ref: 
     return snapshot
 
 
-def bin_model(tiny_model: Callable[..., Path], dest: Path, shard_size: str | None = None) -> Path:
-    """The tiny llama re-saved the pre-safetensors way (pytorch_model*.bin)."""
-    from transformers import AutoModelForCausalLM
-
+def bin_model(tiny_model: Callable[..., Path], dest: Path, shards: int = 1) -> Path:
+    """The tiny llama re-saved the pre-safetensors way: pytorch_model.bin, or `shards` files
+    with a pytorch_model.bin.index.json (written by hand: transformers 5 saves only
+    safetensors)."""
     src = tiny_model("llama")
     shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.safetensors*"))
-    model = AutoModelForCausalLM.from_pretrained(src)
-    kwargs = {"max_shard_size": shard_size} if shard_size else {}
-    model.save_pretrained(dest, safe_serialization=False, **kwargs)
-    assert not list(dest.glob("*.safetensors"))
+    state = load_file(str(src / "model.safetensors"))
+    if shards == 1:
+        torch.save(state, dest / "pytorch_model.bin")
+        return dest
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        file = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        part = names[i::shards]
+        torch.save({n: state[n] for n in part}, dest / file)
+        weight_map.update(dict.fromkeys(part, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (dest / "pytorch_model.bin.index.json").write_text(json.dumps(index))
     return dest
 
 
@@ -88,7 +98,7 @@ def test_bin_is_converted_once_and_equal(tiny_model: Callable[..., Path], tmp_pa
 def test_sharded_bin_gets_a_safetensors_index(
     tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
-    path = bin_model(tiny_model, tmp_path / "m", shard_size="100KB")
+    path = bin_model(tiny_model, tmp_path / "m", shards=6)
     bins = sorted(path.glob("pytorch_model-*.bin"))
     assert len(bins) > 1
     resolve_model(WeightsSource(str(path)))
