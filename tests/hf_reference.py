@@ -7,9 +7,13 @@ from pathlib import Path
 import torch
 
 
-def hf_greedy(model_path: Path, prompt: list[int], max_new: int) -> tuple[list[int], list[float]]:
+def hf_greedy(
+    model_path: Path, prompt: list[int], max_new: int, ignore_eos: bool = False
+) -> tuple[list[int], list[float]]:
     """Greedy tokens after `prompt` and the logprob of each under the raw logits. An
-    encoder-decoder (T5) generates from its decoder start token, its prompt encoded."""
+    encoder-decoder (T5) generates from its decoder start token, its prompt encoded.
+    `ignore_eos`: an EOS token does not stop it (TGI's ignore_eos_token), so there are always
+    `max_new` tokens, whichever random weights the installed transformers initialised."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     seq2seq = AutoConfig.from_pretrained(model_path).is_encoder_decoder
@@ -17,6 +21,8 @@ def hf_greedy(model_path: Path, prompt: list[int], max_new: int) -> tuple[list[i
     model = (AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM).from_pretrained(
         model_path, torch_dtype=torch.float32, attn_implementation="eager"
     )
+    if ignore_eos:
+        model.generation_config.eos_token_id = None
     out = model.generate(
         torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
         output_logits=True, return_dict_in_generate=True,
