@@ -4,11 +4,10 @@ Checkpoints saved by transformers >= 5 (new Hub uploads, and any model a user sa
 RoPE's settings in one `rope_parameters` object instead of the top-level `rope_theta`,
 `rope_scaling`, `partial_rotary_factor` (GPT-NeoX's `rotary_pct` and `rotary_emb_base`, which
 its reader takes under these names too) and, for Gemma 3, `rope_local_base_freq`; Gemma 3's
-object is keyed by layer type. Qwen3-MoE names its
-expert count `num_local_experts`. The family readers read the transformers 4 keys, which most
-published checkpoints still carry, so start-up maps the newer layout onto them once
-(`ModelConfig.read`) and every reader sees one layout. A key the file
-already has is never overwritten: the mapping only fills what is absent.
+object is keyed by layer type. Qwen3-MoE names its expert count `num_local_experts`. The family
+readers read the transformers 4 keys, which most published checkpoints still carry, so start-up
+maps the newer layout onto them once (`ModelConfig.read`) and every reader sees one layout. A
+key the file already has is never overwritten: the mapping only fills what is absent.
 """
 
 from __future__ import annotations
