@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast proto lint bench demo-model gpu-wheels clean
+.PHONY: install run test test-fast proto lint bench demo-model gpu-wheel-tags gpu-wheels clean
 
 install: $(STAMP)
 
@@ -54,13 +54,15 @@ bench: install
 # bench/gpu.sh and the README's offline install read them from there.
 # pip matches a manylinux tag exactly, so each glibc level a pinned wheel is built for is named
 # (llguidance's is 2_31); the GPU machine's glibc is newer than all of them. bench/gpu.sh's
-# smoke install names the same list (tests/unit/bench/test_gpu_bench.py).
+# smoke install asks with the same list (`make -s gpu-wheel-tags`).
 GPU_WHEEL_TAGS := --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 \
 	--platform manylinux_2_31_x86_64 \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	--platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any
+gpu-wheel-tags:
+	@echo $(GPU_WHEEL_TAGS)
 gpu-wheels:
 	rm -rf build/whl && mkdir -p build/whl
 	$(PYTHON) -m pip download -q --no-deps $(GPU_WHEEL_TAGS) -d build/whl -r bench/gpu-wheels.txt

@@ -64,13 +64,10 @@ stage_install() {
     fi
     local tags=()
     if [[ $SMOKE == 1 ]]; then
-        # The GPU machine's interpreter: proves the list resolves from .whl without using them.
-        tags=(--only-binary=:all: --python-version 3.12 --implementation cp
-              --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64
-              --platform manylinux_2_31_x86_64
-              --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
-              --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
-              --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 --platform any)
+        # The GPU machine's interpreter, as `make gpu-wheels` downloads for it: proves the list
+        # resolves from .whl without using them.
+        read -ra tags <<< "$(make -s --no-print-directory -C "$REPO" gpu-wheel-tags)"
+        [[ ${#tags[@]} -gt 0 ]] || return 1
     fi
     rm -rf "$SITE" && mkdir -p "$SITE"
     # The README's offline install ("On a GPU"), command for command.
