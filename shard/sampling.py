@@ -135,8 +135,11 @@ class NextTokenChooser:
             self.watermark_rows
             or self.sample_rows
             or self.max_top_k
-            or any(x is not None for x in (self.temperature, self.repetition, self.frequency))
-            or any(x is not None for x in (self.top_p, self.typical_p))
+            or any(
+                x is not None
+                for x in (self.temperature, self.repetition, self.frequency, self.top_p,
+                          self.typical_p)
+            )
         )
 
     @classmethod
