@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.http.http_errors import ToolError
@@ -26,9 +27,22 @@ DEFAULT_TOOL_PROMPT = (
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
-# Definitions a function's parameters may refer to (`#/$defs/X`): hoisted to the grammar's root,
-# where those references point once the parameters sit under `$functions`.
-_DEFINITIONS = ("$defs", "definitions")
+# Where the grammar keeps each function's closed object (`_name` first) and each tool's own
+# parameters schema, whole: the tool's local references (`#/$defs/X`, `#/properties/a`, `#`) are
+# moved under its `$parameters` entry, so that each resolves within its own tool (two tools may
+# both define `$defs/X`).
+FUNCTIONS = "$functions"
+PARAMETERS = "$parameters"
+
+# Keywords whose values are data, not schemas: a `{"$ref": ...}` inside them is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose values map names (not keywords) to schemas.
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions",
+                          "dependentSchemas"})
+# What a URI fragment may hold unencoded besides letters, digits and `-._~` (RFC 3986 pchar):
+# anything else in a name (`%`, a space, a quote, non-ASCII) is percent-encoded, as llguidance
+# and jsonschema decode fragments before they read the pointer.
+_FRAGMENT_SAFE = "!$&'()*+,;=:@"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +87,22 @@ def parse_tools(value: Any) -> list[Tool]:
         return []
     if not isinstance(value, list):
         raise ValidationError("`tools` must be an array of tools")
-    return [_tool(t, i) for i, t in enumerate(value)]
+    tools = [_tool(t, i) for i, t in enumerate(value)]
+    _check_unique(tools)
+    return tools
+
+
+def _check_unique(tools: list[Tool]) -> None:
+    """The grammar and the answer name a function by its name alone: two tools of one name
+    would be one function whose schema is either's."""
+    first: dict[str, int] = {}
+    for i, tool in enumerate(tools):
+        j = first.setdefault(tool.name, i)
+        if j != i:
+            raise ValidationError(
+                f"`tools[{i}].function.name` {tool.name!r} is already the name of `tools[{j}]`: "
+                "function names must be unique"
+            )
 
 
 def _tool(value: Any, i: int) -> Tool:
@@ -132,35 +161,38 @@ class ChatTools:
         tools = json.dumps(self.template_tools(), ensure_ascii=False)
         return f"\n---\n{tools}\n{self.prompt}"
 
+    def names(self) -> frozenset[str]:
+        """The functions the grammar lets the model name (`no_tool` among them under "auto")."""
+        return frozenset(t.name for t in self.tools)
+
     def grammar(self) -> dict[str, Any]:
         """TGI's tool grammar: `$functions` (each with a required `_name` const first, then its
         own properties, closed) and `function` as an `anyOf` of references to them. The root is
-        a required, closed object too, so `{}` is not an answer."""
-        functions: dict[str, Any] = {}
-        definitions: dict[str, dict[str, Any]] = {}
-        for tool in self.tools:
-            functions[tool.name] = _function_schema(tool)
-            for key in _DEFINITIONS:
-                if isinstance(tool.parameters.get(key), dict):
-                    definitions.setdefault(key, {}).update(tool.parameters[key])
-        refs = [{"$ref": f"#/$functions/{_pointer(t.name)}"} for t in self.tools]
+        a required, closed object too, so `{}` is not an answer. Each tool's parameters sit
+        whole under `$parameters`, where its own references resolve."""
+        functions = {t.name: _function_schema(t) for t in self.tools}
+        parameters = {t.name: _scoped_parameters(t) for t in self.tools}
+        refs = [{"$ref": _ref(FUNCTIONS, t.name)} for t in self.tools]
         schema: dict[str, Any] = {
-            "$functions": functions,
+            FUNCTIONS: functions,
+            PARAMETERS: parameters,
             "type": "object",
             "properties": {"function": {"anyOf": refs}},
             "required": ["function"],
             "additionalProperties": False,
-            **definitions,
         }
         return {"type": "json", "value": schema}
 
 
 def _function_schema(tool: Tool) -> dict[str, Any]:
+    """The closed object the model writes for `tool`: `_name`, then each of its properties as a
+    reference to the property in the tool's own (scoped) parameters."""
     props = tool.parameters.get("properties")
     required = tool.parameters.get("required")
     properties: dict[str, Any] = {"_name": {"type": "string", "const": tool.name}}
     if isinstance(props, dict):
-        properties.update(props)
+        base = _ref(PARAMETERS, tool.name)
+        properties.update({p: {"$ref": f"{base}/properties/{_token(p)}"} for p in props})
     out: dict[str, Any] = {"type": "object"}
     if tool.description is not None:
         out["description"] = tool.description
@@ -170,9 +202,45 @@ def _function_schema(tool: Tool) -> dict[str, Any]:
     return out
 
 
-def _pointer(name: str) -> str:
-    """A JSON-pointer token (RFC 6901) for a function name."""
-    return name.replace("~", "~0").replace("/", "~1")
+def _scoped_parameters(tool: Tool) -> dict[str, Any]:
+    """The tool's parameters as the grammar's subschema at `#/$parameters/<name>`, its local
+    references moved there. Its root `$id` (which would make them relative to itself again) and
+    `$schema` (a root-only keyword) are dropped."""
+    root = {k: v for k, v in tool.parameters.items() if k not in ("$id", "$schema")}
+    return _rebased(root, _ref(PARAMETERS, tool.name))
+
+
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with every local `$ref` (`#` or `#/...`) moved under `base`. Data (`enum`,
+    `const`...) is copied as is, and so is a subschema with its own `$id`: its references are
+    relative to itself."""
+    if isinstance(schema, list):
+        return [_rebased(s, base) for s in schema]
+    if not isinstance(schema, dict) or "$id" in schema:
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rebased(s, base) for name, s in value.items()}
+        elif key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            out[key] = base + value[1:]
+        else:
+            out[key] = _rebased(value, base)
+    return out
+
+
+def _ref(section: str, name: str) -> str:
+    """The reference to `name`'s entry in a section of the grammar's root."""
+    return f"#/{section}/{_token(name)}"
+
+
+def _token(name: str) -> str:
+    """`name` as one token of a JSON pointer (RFC 6901: `~` and `/` escaped) inside a URI
+    fragment (percent-encoded, so that `a%20b` stays `a%20b` once decoded)."""
+    escaped = name.replace("~", "~0").replace("/", "~1")
+    return quote(escaped, safe=_FRAGMENT_SAFE)
 
 
 def chat_tools(

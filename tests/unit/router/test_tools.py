@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import jsonschema
+import llguidance
 import pytest
 
 from pytgi_router.core.errors import ValidationError
@@ -29,6 +30,7 @@ from pytgi_router.http.tools import (
     parse_tools,
     with_tool_prompt,
 )
+from tests.tiny_models import _CORPUS, EOS, train_tokenizer
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",
@@ -177,3 +179,94 @@ def test_outputs_cut_short_read_as_far_as_they_go() -> None:
     said = read_partial_output('{"function": {"_name": "no_tool", "content": "Hel')
     assert said is not None and said.content == "Hel"
     assert read_partial_output('{"function": {"_na') is None
+
+
+# ---- each tool's schema resolves within itself -------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> llguidance.LLTokenizer:
+    tok = train_tokenizer(_CORPUS)
+    return llguidance.LLTokenizer(tok.to_str(), eos_token=tok.token_to_id(EOS))
+
+
+def enforced(tokenizer: llguidance.LLTokenizer, grammar: dict[str, Any], text: str) -> bool:
+    """Whether the shards' constraint (llguidance, compiling this grammar) lets the model write
+    `text` and end there."""
+    compiled = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(grammar["value"]))
+    matcher = llguidance.LLMatcher(tokenizer, compiled, log_level=0)
+    tokens = tokenizer.tokenize_str(text)
+    if matcher.validate_tokens(tokens) < len(tokens):
+        return False
+    assert matcher.consume_tokens(tokens)
+    return bool(matcher.is_accepting())
+
+
+def required_grammar(tools: list[Any]) -> dict[str, Any]:
+    offered = chat_tools(parse_tools(tools), ToolChoice("required"), None)
+    assert offered is not None
+    grammar = offered.grammar()
+    check_grammar(parse_grammar(grammar))
+    return grammar
+
+
+def defs_tool(name: str, x: dict[str, Any], key: str = "$defs") -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"x": {"$ref": f"#/{key}/X"},
+                                         "y": {"$ref": "#/properties/x"}},
+        "required": ["x"], key: {"X": x}}}}
+
+
+@pytest.mark.parametrize("key", ["$defs", "definitions"])
+def test_each_tool_resolves_its_own_definitions(
+    tokenizer: llguidance.LLTokenizer, key: str
+) -> None:
+    """Two tools that both define `X` (an integer, an enum): each call follows its own tool's
+    `X`, through `#/{key}/X` and through `#/properties/x` alike."""
+    grammar = required_grammar([defs_tool("a", {"type": "integer"}, key),
+                                defs_tool("b", {"enum": ["SURPRISE"]}, key)])
+    for text, ok in [('{"function": {"_name": "a", "x": 3, "y": 4}}', True),
+                     ('{"function": {"_name": "a", "x": "SURPRISE"}}', False),
+                     ('{"function": {"_name": "a", "x": 3, "y": "SURPRISE"}}', False),
+                     ('{"function": {"_name": "b", "x": "SURPRISE", "y": "SURPRISE"}}', True),
+                     ('{"function": {"_name": "b", "x": 3}}', False)]:
+        assert valid(grammar["value"], json.loads(text)) is ok, text
+        assert enforced(tokenizer, grammar, text) is ok, text
+
+
+def test_a_tool_may_refer_to_its_own_root(tokenizer: llguidance.LLTokenizer) -> None:
+    """`#` is the tool's parameters (recursion), not the grammar nor the function object: a
+    nested node needs no `_name`. References inside `enum` are data, left as they are."""
+    tree = {"type": "function", "function": {"name": "tree", "parameters": {
+        "$id": "https://example.com/tree", "type": "object",
+        "properties": {"v": {"enum": [{"$ref": "#"}, 1]},
+                       "kid": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+        "required": ["v", "kid"], "additionalProperties": False}}}
+    grammar = required_grammar([tree, defs_tool("a", {"type": "integer"})])
+    good = '{"function": {"_name": "tree", "v": 1, "kid": {"v": {"$ref": "#"}, "kid": null}}}'
+    for text, ok in [(good, True),
+                     ('{"function": {"_name": "tree", "v": 1, "kid": {"v": 1}}}', False),
+                     ('{"function": {"_name": "tree", "v": 1, "kid": {"_name": "tree", '
+                      '"v": 1, "kid": null}}}', False)]:
+        assert valid(grammar["value"], json.loads(text)) is ok, text
+        assert enforced(tokenizer, grammar, text) is ok, text
+
+
+@pytest.mark.parametrize("name", ["a%20b", "a b", "a/b~c", 'say "hi"', "été", "#x?y"])
+def test_any_tool_name_is_a_valid_reference(tokenizer: llguidance.LLTokenizer, name: str) -> None:
+    """A name is one JSON-pointer token, percent-encoded in the reference's fragment (a tool
+    named `a%20b` was refused: its reference decoded to `a b`)."""
+    grammar = required_grammar([defs_tool(name, {"type": "integer"}),
+                                defs_tool("other", {"type": "string"})])
+    call = {"function": {"_name": name, "x": 3}}
+    text = json.dumps(call, ensure_ascii=False)
+    assert valid(grammar["value"], call) and enforced(tokenizer, grammar, text)
+    assert not enforced(tokenizer, grammar, text.replace("3", '"s"'))
+
+
+def test_function_names_must_be_unique() -> None:
+    with pytest.raises(ValidationError) as info:
+        parse_tools([WEATHER, TIME, {"function": {"name": "get_time"}}])
+    assert info.value.message == (
+        "Input validation error: `tools[2].function.name` 'get_time' is already the name of "
+        "`tools[1]`: function names must be unique")
