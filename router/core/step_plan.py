@@ -133,12 +133,14 @@ def grow_running(
     gone: set[int] = set()
     by_age: list[Entry] | None = None
     for entry in running:
+        # A victim of an earlier entry's growth: its blocks are gone, even those a refused
+        # step left unsent (Scheduler._refuse).
+        if gone and entry.id in gone:
+            continue
         known = len(entry.tokens)
         if known < entry.blocks_held * size:  # holds known + 1: kv_tokens at most
             if entry.blocks_held > entry.blocks_sent:
                 growth.grants.append((entry, cache.table(entry.id, entry.blocks_sent)))
-            continue
-        if entry.id in gone:
             continue
         need = kv_tokens(entry)
         if need > entry.blocks_held * size:

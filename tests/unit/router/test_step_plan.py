@@ -280,3 +280,22 @@ def test_admission_never_exceeds_a_budget(
         assert entry.blocks_held * BS >= kv_tokens(entry)
         assert chunk.completes == (chunk.length == len(entry.tokens))
         assert chunking or chunk.completes
+
+
+def test_a_victim_met_later_in_the_loop_with_unsent_grants_is_skipped() -> None:
+    """A refused step (Scheduler._refuse) leaves its grants unsent, to go out with the next
+    one. When an older entry's growth preempts such an entry before the loop reaches it, its
+    blocks are gone: it must be skipped, not asked for its table (which raised, and the
+    scheduler then failed every running request)."""
+    cache = PrefixCache(7, BS)  # 6 blocks
+    old = running(cache, make_entry(0, 6), order=0, generated=1)  # 7 known, 2 blocks
+    new = running(cache, make_entry(2, 6), order=2, generated=2)  # 8 known: grows to 3
+    ((granted, _),) = grow_running(cache, [old, new]).grants
+    assert granted is new and (new.blocks_held, new.blocks_sent) == (3, 2)  # refused: unsent
+    mid = prefilling(cache, make_entry(1, 3), order=1, computed=0)  # the last free block
+    old.tokens.append(5)  # 8 known: old needs a 3rd block, and none is free
+    assert cache.free_count == 0
+    growth = grow_running(cache, [old, new], [mid])
+    assert growth.preempted == [new] and 2 not in cache and 1 in cache
+    assert [(e.id, b) for e, b in growth.grants] == [(0, cache.table(0)[2:])]
+    assert old.blocks_held == 3
