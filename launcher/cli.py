@@ -15,17 +15,24 @@ from typing import Any
 from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
+from pytgi_proto.version import add_version_flag
 from pytgi_shard.quantization.method import parse_quantize
+from pytgi_shard.settings import ROPE_SCALINGS
 
 # (flag, type, help); the default shown is LauncherSettings'.
 _VALUED: list[tuple[str, Any, str]] = [
     ("--model-id", str, f"local directory or Hub repo id (default: the bundled demo, {DEMO_MODEL})"),
     ("--revision", str, "Hub revision (branch, tag or commit)"),
+    ("--served-model-name", str, "the model's name in /v1/models and OpenAI responses' `model` "
+     "(default: --model-id; /info keeps --model-id)"),
     ("--num-shard", int, "number of shards (default: visible GPUs, 1 on CPU)"),
     ("--dtype", str, f"one of {', '.join(DTYPES)} (default: bfloat16 on GPU, float32 on CPU)"),
     ("--quantize", parse_quantize, "quantize a float checkpoint on load: bitsandbytes, "
      "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8; pre-quantized gptq, awq, fp8 and "
      "compressed-tensors checkpoints are detected without it (marlin: gptq)"),
+    ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
+     "unless --rope-factor)"),
+    ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),
     ("--max-concurrent-requests", int, "in-flight requests before 429 (default 128)"),
     ("--max-best-of", int, "upper bound of best_of (default 2)"),
     ("--max-stop-sequences", int, "upper bound of stop sequences (default 4)"),
@@ -75,9 +82,17 @@ _SWITCHES: list[tuple[str, str]] = [
     ("--trust-remote-code", "allow the model's own code from the Hub"),
     ("--disable-grammar-support", "reject `grammar` / `response_format`"),
     ("--json-output", "JSON log lines (launcher, router and shards)"),
+    ("--disable-custom-kernels", "shards run plain PyTorch only: reference attention, no Triton "
+     "norm/rotary/activation/MoE/dequantize kernels"),
 ]
 # Accepted because TGI deployments pass them; they change nothing in pytgi.
 _ACCEPTED: list[str] = ["--prometheus-port", "--usage-stats"]
+# TGI's switches that state what pytgi always does (shown in --help, so nobody expects more).
+_ACCEPTED_SWITCHES: list[tuple[str, str]] = [
+    ("--enable-prefill-logprobs", "accepted for TGI compatibility: pytgi always serves prompt "
+     "logprobs (`decoder_input_details`), computed per prefill chunk, so their memory is bounded "
+     "by --max-batch-prefill-tokens x vocabulary (TGI 3 drops them unless this is given)"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag, kind, text in _VALUED:
         names = ["-p", flag] if flag == "--port" else [flag]
-        choices = DTYPES if flag == "--dtype" else None
+        choices = {"--dtype": DTYPES, "--rope-scaling": ROPE_SCALINGS}.get(flag)
         p.add_argument(*names, type=kind, help=text, choices=choices)
     p.add_argument("--sharded", type=parse_bool, metavar="{true,false}",
                    help="true: shard across all visible GPUs; false: one shard")
@@ -102,8 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, action="store_true", help=text)
     for flag in _ACCEPTED:
         p.add_argument(flag, help=argparse.SUPPRESS)
+    for flag, text in _ACCEPTED_SWITCHES:
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("-e", "--env", action="store_true",
                    help="print the environment report (versions, CPU, GPUs) and exit")
+    add_version_flag(p)
     return p
 
 
@@ -114,10 +132,10 @@ def parse_settings(
     environ = os.environ if environ is None else environ
     parser = build_parser()
     cli = vars(parser.parse_args(argv))
-    values = env_values(parser, environ, skip=("env",))
+    values = env_values(parser, environ, skip=("env", "version"))
     values.update(cli)
     resolve_input_length_alias(parser, values, cli)
-    for flag in _ACCEPTED:
+    for flag in [*_ACCEPTED, *(flag for flag, _ in _ACCEPTED_SWITCHES)]:
         values.pop(flag.lstrip("-").replace("-", "_"), None)
     if "cors_allow_origin" in values:
         values["cors_allow_origin"] = tuple(values["cors_allow_origin"])

@@ -13,7 +13,7 @@ from pytgi_proto.contracts import (
     shard_socket,
     token_limit_problems,
 )
-from pytgi_shard.settings import parse_cuda_graphs
+from pytgi_shard.settings import kernel_problems, parse_cuda_graphs, rope_problems
 
 # The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
@@ -29,6 +29,8 @@ class LauncherSettings:
     # Resolved by `num_shards()` (TGI's find_num_shards) from these two and the visible GPUs.
     num_shard: int | None = None
     sharded: bool | None = None
+    # The name in /v1/models and OpenAI responses' `model`; None: model_id (/info keeps model_id).
+    served_model_name: str | None = None
     # None: bfloat16 on GPU, float32 on CPU.
     dtype: str | None = None
     # TGI's --quantize (checked by its parser, quantization/method.py); None: the checkpoint's.
@@ -68,6 +70,11 @@ class LauncherSettings:
     shard_token: str | None = field(default=None, repr=False)
     cuda_memory_fraction: float = 1.0
     attention: str | None = None
+    # TGI's --disable-custom-kernels: the shards run plain PyTorch (reference attention included).
+    disable_custom_kernels: bool = False
+    # TGI's --rope-scaling / --rope-factor, replacing the model's rope_scaling in every shard.
+    rope_scaling: str | None = None
+    rope_factor: float | None = None
     # TGI's comma list of decode batch sizes for CUDA graphs, passed to the shards; None: theirs.
     cuda_graphs: str | None = None
     watermark_gamma: float | None = None
@@ -100,6 +107,8 @@ class LauncherSettings:
             out.append(f"--num-shard must be >= 1, got {self.num_shard}")
         if self.sharded is True and self.num_shard is not None and self.num_shard <= 1:
             out.append(f"--sharded true needs --num-shard > 1, got {self.num_shard}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            out.append("--served-model-name must not be empty")
         if self.dtype is not None and self.dtype not in DTYPES:
             out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
         positive = {
@@ -131,6 +140,8 @@ class LauncherSettings:
                 parse_cuda_graphs(self.cuda_graphs)
             except ValueError as e:
                 out.append(str(e))
+        out += rope_problems(self.rope_scaling, self.rope_factor)
+        out += kernel_problems(self.disable_custom_kernels, self.attention)
         if self.shard_token is not None and not self.shard_token:
             out.append("--shard-token must not be empty")
         if self.max_shard_restarts < 0:

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
+from pytgi_proto.version import add_version_flag
 from pytgi_router.settings import DEFAULT_MASTER_SHARD_UDS_PATH, RouterSettings
 
 log = logging.getLogger("pytgi.router")
@@ -29,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
         "preferred: argv is visible to every user)")
     add("--tokenizer-name", help="model directory (or cached Hub id) holding tokenizer.json")
     add("--tokenizer-config-path", help="alternate tokenizer_config.json (e.g. a chat_template)")
-    add("--model-id", help="name served by /info and /v1/models (default: --tokenizer-name)")
+    add("--model-id", help="the model's id in /info (default: --tokenizer-name)")
+    add("--served-model-name", help="the name in /v1/models and OpenAI responses' `model` "
+        "(default: --model-id)")
     add("--revision", help="Hub revision of the tokenizer")
     add("--hostname", help="bind address (default 0.0.0.0)")
     add("-p", "--port", type=int, help="HTTP port (default 3000; 0 picks a free one)")
@@ -63,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     for flag in ("--prometheus-port", "--usage-stats"):
         add(flag, help=argparse.SUPPRESS)
     add("--trust-remote-code", action="store_true", help=argparse.SUPPRESS)
+    add_version_flag(p)
     return p
 
 
@@ -100,7 +104,7 @@ def parse_settings(
     """Command line > environment > defaults, into one RouterSettings (exits 2 on bad input)."""
     environ = os.environ if environ is None else environ
     parser = _parser()
-    values = env_values(parser, environ)
+    values = env_values(parser, environ, skip=("version",))
     cli = vars(parser.parse_args(argv))
     values.update(cli)
     resolve_input_length_alias(parser, values, cli)

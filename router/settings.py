@@ -26,8 +26,10 @@ class RouterSettings:
     shard_token: str | None = field(default=None, repr=False)
     tokenizer_name: str = ""
     tokenizer_config_path: str | None = None
-    # The name served in /info, /v1/models and OpenAI responses; defaults to tokenizer_name.
+    # The model's id in /info; defaults to tokenizer_name.
     model_id: str | None = None
+    # The name OpenAI clients see (/v1/models, responses' `model`); defaults to the model's id.
+    served_model_name: str | None = None
     revision: str | None = None
     hostname: str = "0.0.0.0"
     port: int = TGI_HTTP_PORT
@@ -74,6 +76,8 @@ class RouterSettings:
         out = []
         if not self.tokenizer_name:
             out.append("--tokenizer-name is required")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            out.append("--served-model-name must not be empty")
         positive = {
             "max_concurrent_requests": self.max_concurrent_requests,
             "max_best_of": self.max_best_of,
@@ -120,7 +124,13 @@ class RouterSettings:
 
     @property
     def served_model_id(self) -> str:
+        """The model's id, as /info reports it (TGI keeps the model id there)."""
         return self.model_id or self.tokenizer_name
+
+    @property
+    def openai_model_name(self) -> str:
+        """The name in /v1/models and OpenAI responses: --served-model-name, else the id."""
+        return self.served_model_name or self.served_model_id
 
     @property
     def shard_uri(self) -> str:

@@ -14,13 +14,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pytgi_proto.cli_env import parse_bool
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
+from pytgi_proto.version import add_version_flag
 from pytgi_shard.ctl import add_ctl_command
 from pytgi_shard.download_weights import add_download_command
 from pytgi_shard.logs import configure_logging
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.method import parse_quantize
-from pytgi_shard.settings import ShardSettings, parse_cuda_graphs
+from pytgi_shard.settings import ROPE_SCALINGS, ShardSettings, parse_cuda_graphs
 
 log = logging.getLogger("pytgi_shard")
 
@@ -34,6 +36,8 @@ ENV_FALLBACKS = {
     "watermark_gamma": ("WATERMARK_GAMMA", float),
     "watermark_delta": ("WATERMARK_DELTA", float),
     "shard_token": ("SHARD_TOKEN", str),
+    "rope_scaling": ("ROPE_SCALING", str),
+    "rope_factor": ("ROPE_FACTOR", float),
 }
 
 
@@ -72,6 +76,21 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         "--attention",
         help="attention backend: triton or reference (default: triton on CUDA when Triton is "
         "installed, else reference)",
+    )
+    p.add_argument(
+        "--disable-custom-kernels",
+        action="store_true",
+        help="plain PyTorch only: reference attention, no Triton norm, rotary, activation, MoE "
+        "or dequantize kernels (env DISABLE_CUSTOM_KERNELS)",
+    )
+    p.add_argument(
+        "--rope-scaling",
+        choices=ROPE_SCALINGS,
+        help="replace config.json's rope_scaling (env ROPE_SCALING; factor 1.0 unless "
+        "--rope-factor)",
+    )
+    p.add_argument(
+        "--rope-factor", type=float, help="RoPE scaling factor (env ROPE_FACTOR; alone: linear)"
     )
     p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
     p.add_argument(
@@ -134,6 +153,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pytgi-shard", description="pytgi model shard")
+    add_version_flag(parser)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for register in SUBCOMMANDS:
         register(subparsers)
@@ -166,6 +186,9 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
         attention=args.attention,
+        disable_custom_kernels=args.disable_custom_kernels or _env_switch(
+            env, "DISABLE_CUSTOM_KERNELS"
+        ),
         block_size=args.block_size,
         max_total_tokens=args.max_total_tokens,
         overlap=args.overlap,
@@ -178,6 +201,16 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         otlp_service_name=args.otlp_service_name,
         **values,
     )
+
+
+def _env_switch(env: Mapping[str, str], var: str) -> bool:
+    """A switch's environment form (TGI's launcher writes DISABLE_CUSTOM_KERNELS=True)."""
+    if not env.get(var, "").strip():
+        return False
+    try:
+        return parse_bool(env[var])
+    except argparse.ArgumentTypeError as e:
+        raise ValueError(f"{var}: {e}") from None
 
 
 def _cuda_graphs(args: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, ...] | None:
@@ -211,7 +244,7 @@ def run_serve(args: argparse.Namespace) -> int:
     # Heavy imports after argument parsing, so `--help` and bad flags answer at once.
     from pytgi_shard.server import serve
     from pytgi_shard.socket_guard import SocketInUse, claim_socket
-    from pytgi_shard.startup import load_engine, peer_urls
+    from pytgi_shard.startup import StartupRefused, load_engine, peer_urls
     from pytgi_shard.tracing import server_interceptors, setup_tracing
 
     if settings.socket_path is not None:
@@ -231,7 +264,7 @@ def run_serve(args: argparse.Namespace) -> int:
         engine = load_engine(settings)
         urls = peer_urls(settings, engine.dist)
         asyncio.run(serve(settings, engine, urls, server_interceptors(provider)))
-    except (SocketInUse, QuantizationError) as e:
+    except (SocketInUse, QuantizationError, StartupRefused) as e:
         # One line says it all (no traceback): the launcher shows it as the reason.
         log.error("shard %d cannot start: %s", settings.rank, e)
         return 1

@@ -21,6 +21,9 @@ class Dist:
     world_size: int
     device: torch.device
     group: ProcessGroup | None
+    # False (--disable-custom-kernels): the layers built for this rank take their plain-PyTorch
+    # path on any device (layernorm.triton_kernels_on, int_kernel_choice).
+    custom_kernels: bool = True
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums `t` over all ranks, in place; returns it."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES, shard_socket
 from pytgi_shard.quantization.method import VALUES as QUANTIZE_VALUES
@@ -31,6 +33,39 @@ def parse_cuda_graphs(text: str, source: str = "--cuda-graphs") -> tuple[int, ..
     return tuple(sorted(set(sizes)))
 
 
+# TGI's --rope-scaling values: the two kinds that take nothing but a factor.
+ROPE_SCALINGS = ("linear", "dynamic")
+
+
+def rope_override(scaling: str | None, factor: float | None) -> dict[str, Any] | None:
+    """The `rope_scaling` object --rope-scaling/--rope-factor put in place of config.json's, as
+    TGI reads the pair: the kind alone scales by 1.0, the factor alone is linear; neither keeps
+    the model's own (None)."""
+    if scaling is None and factor is None:
+        return None
+    kind = scaling or "linear"
+    # Both spellings: transformers 4 checkpoints wrote `type`, later ones `rope_type`.
+    return {"rope_type": kind, "type": kind, "factor": 1.0 if factor is None else factor}
+
+
+def rope_problems(scaling: str | None, factor: float | None) -> list[str]:
+    """Why a --rope-scaling/--rope-factor pair cannot be served (the launcher checks the same)."""
+    out = []
+    if scaling is not None and scaling not in ROPE_SCALINGS:
+        out.append(f"--rope-scaling must be one of {', '.join(ROPE_SCALINGS)}, got {scaling}")
+    if factor is not None and not (math.isfinite(factor) and factor > 0):
+        out.append(f"--rope-factor must be a positive number, got {factor}")
+    return out
+
+
+def kernel_problems(disable_custom_kernels: bool, attention: str | None) -> list[str]:
+    """--disable-custom-kernels asks for the reference attention: an explicit Triton one
+    contradicts it (refused rather than one of the two silently winning)."""
+    if disable_custom_kernels and attention == "triton":
+        return ["--attention triton contradicts --disable-custom-kernels (plain PyTorch only)"]
+    return []
+
+
 @dataclass(frozen=True, slots=True)
 class ShardSettings:
     model_path: Path
@@ -51,6 +86,12 @@ class ShardSettings:
     trust_remote_code: bool = False
     # None: the device's default (shard.attention.default_backend), resolved at start-up.
     attention: str | None = None
+    # Plain PyTorch only (TGI's --disable-custom-kernels): the reference attention, and no fused
+    # Triton norm, rotary, activation, MoE or dequantize-GEMM kernel (Dist.custom_kernels).
+    disable_custom_kernels: bool = False
+    # TGI's --rope-scaling / --rope-factor: replace config.json's rope_scaling (rope_override).
+    rope_scaling: str | None = None
+    rope_factor: float | None = None
     block_size: int = 16
     # CPU KV budget in tokens when the router's Warmup does not impose one.
     max_total_tokens: int | None = None
@@ -110,7 +151,13 @@ class ShardSettings:
             out.append("--shard-token must not be empty")
         if not 0.0 < self.watermark_gamma < 1.0:
             out.append(f"--watermark-gamma must be in (0, 1), got {self.watermark_gamma}")
+        out += rope_problems(self.rope_scaling, self.rope_factor)
+        out += kernel_problems(self.disable_custom_kernels, self.attention)
         return out
+
+    @property
+    def rope_scaling_override(self) -> dict[str, Any] | None:
+        return rope_override(self.rope_scaling, self.rope_factor)
 
     @property
     def reflection_enabled(self) -> bool:

@@ -13,7 +13,7 @@ from pytgi_shard.attention.backend import default_backend
 from pytgi_shard.detokenizer import Detokenizer
 from pytgi_shard.distributed import Dist, init_distributed
 from pytgi_shard.engine import Engine
-from pytgi_shard.models import get_model
+from pytgi_shard.models import MODELS, get_model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.quantization.resolution import resolve_quantization
 from pytgi_shard.settings import ShardSettings
@@ -46,9 +46,44 @@ def resolve_dtype(
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+class StartupRefused(ValueError):
+    """Settings this model cannot be served with: one line for the operator, no traceback."""
+
+
+def read_config(settings: ShardSettings) -> ModelConfig:
+    """config.json, read once, with --rope-scaling/--rope-factor in place of its rope_scaling.
+
+    The override reaches pytgi's own implementations, whose readers all take rope_scaling from
+    this object; the transformers fallback reads the file itself, so it is refused there rather
+    than silently ignored. Families without RoPE ignore it, as in TGI.
+    """
+    config = ModelConfig.read(settings.model_path)
+    override = settings.rope_scaling_override
+    if override is None:
+        return config
+    if config.model_type not in MODELS:
+        raise StartupRefused(
+            f"--rope-scaling/--rope-factor apply to pytgi's own model implementations; "
+            f"{config.model_type} runs through transformers, which reads config.json itself: "
+            "set rope_scaling there instead"
+        )
+    log.info("rope scaling %s in place of config.json's %s", override,
+             config.raw.get("rope_scaling"))
+    return config.with_rope_scaling(override)
+
+
+def resolve_attention(settings: ShardSettings, device: torch.device) -> str:
+    """--attention, else reference under --disable-custom-kernels, else the device's default."""
+    if settings.attention is not None:
+        return settings.attention
+    if settings.disable_custom_kernels:
+        return "reference"
+    return default_backend(device)
+
+
 def load_engine(settings: ShardSettings) -> Engine:
     # The one reading of config.json: everything below is handed this object.
-    config = ModelConfig.read(settings.model_path)
+    config = read_config(settings)
     # Before the process group: a refused quantization fails every rank at once, alike.
     quantization = resolve_quantization(settings.model_path, config.raw, settings.quantize)
     settings = dataclasses.replace(settings, quantize=quantization.method if quantization else "")
@@ -59,11 +94,13 @@ def load_engine(settings: ShardSettings) -> Engine:
     dist = init_distributed(
         settings.rank, settings.world_size, settings.master_addr, settings.master_port, device
     )
+    # Every layer built below reads its kernel choice from here (--disable-custom-kernels).
+    dist.custom_kernels = not settings.disable_custom_kernels
     dtype = resolve_dtype(settings, config, device)
-    if settings.attention is None:
-        settings = dataclasses.replace(settings, attention=default_backend(device))
-    log.info("loading %s on %s as %s, %s attention", settings.model_path, device, dtype,
-             settings.attention)
+    settings = dataclasses.replace(settings, attention=resolve_attention(settings, device))
+    kernels = "plain PyTorch only" if settings.disable_custom_kernels else "custom kernels allowed"
+    log.info("loading %s on %s as %s, %s attention, %s", settings.model_path, device, dtype,
+             settings.attention, kernels)
     model = get_model(
         config,
         dtype=dtype,

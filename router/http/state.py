@@ -62,7 +62,9 @@ class AppState:
 
     @property
     def model_id(self) -> str:
-        return self.settings.served_model_id
+        """The name OpenAI clients see (/v1/models, chat and completions' `model`): the
+        --served-model-name, else the model's id, which /info reports either way."""
+        return self.settings.openai_model_name
 
     @property
     def system_fingerprint(self) -> str:
@@ -73,7 +75,7 @@ class AppState:
         shards' latest Warmup: a restarted group may have sized its cache anew)."""
         s, i = self.settings, self.infer.info
         return {
-            "model_id": self.model_id,
+            "model_id": s.served_model_id,
             "model_sha": self.model_sha,
             "model_dtype": i.dtype,
             "model_device_type": i.device_type,

@@ -11,15 +11,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pytgi_shard.distributed import Dist
 from pytgi_shard.weights import Weights
 
 
-def triton_kernels_on(device: torch.device) -> bool:
-    """Whether the layers run their fused Triton kernels: on CUDA devices, when Triton is there.
+def triton_kernels_on(dist: Dist) -> bool:
+    """Whether the layers run their fused Triton kernels: on CUDA devices, when Triton is there,
+    unless --disable-custom-kernels turned them off (dist.custom_kernels).
 
     Decided once when a model is built; the eager ops stay the CPU path and the tests' oracle.
     """
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    if not dist.custom_kernels:
+        return False
+    return dist.device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 class RMSNorm(nn.Module):
@@ -41,7 +45,7 @@ class RMSNorm(nn.Module):
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, eps: float, plus_one: bool = False) -> RMSNorm:
-        fused = triton_kernels_on(weights.dist.device)
+        fused = triton_kernels_on(weights.dist)
         weight = weights.get_tensor(f"{prefix}.weight")
         if plus_one:
             weight = 1.0 + weight.float()

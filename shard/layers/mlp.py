@@ -77,7 +77,7 @@ class GatedMLP(nn.Module):
             )
         down = RowParallelLinear.load(weights, f"{prefix}.down_proj", bias)
         kernel_act = None
-        if triton_kernels_on(weights.dist.device):
+        if triton_kernels_on(weights.dist):
             from pytgi_shard.layers.triton_activation import KERNEL_ACTIVATIONS
 
             # An activation the kernel lacks (relu, quick_gelu) stays on the eager path.

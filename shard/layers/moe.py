@@ -131,7 +131,7 @@ class SparseMoE(nn.Module):
         self.dist = dist
         # The Triton grouped GEMMs (CUDA), else the grouped PyTorch path; the fused activation
         # kernel's name when it computes act(gate) * up there.
-        self.triton = triton_kernels_on(dist.device)
+        self.triton = triton_kernels_on(dist)
         self.kernel_act: str | None = None
         if self.triton:
             from pytgi_shard.layers.triton_activation import KERNEL_ACTIVATIONS

@@ -118,7 +118,7 @@ class LlamaAttention(nn.Module):
         # gives them; the eager path takes rotation_tables' factors (Llama.rotation builds either).
         half = self.head_dim // 2
         self.fused_rotary = (
-            triton_kernels_on(weights.dist.device) and half & (half - 1) == 0
+            triton_kernels_on(weights.dist) and half & (half - 1) == 0
             and self.rotate is apply_rotary
         )
 

@@ -7,6 +7,7 @@ fallback all see the same reading, and the file is never reopened.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,3 +51,10 @@ class ModelConfig:
         if not isinstance(model_type, str) or not model_type:
             raise ValueError(f"{self.path / 'config.json'} has no model_type")
         return model_type
+
+    def with_rope_scaling(self, scaling: Mapping[str, Any]) -> ModelConfig:
+        """This config with `rope_scaling` replaced (TGI's --rope-scaling/--rope-factor): done
+        once at start-up, so every family's reader sees the operator's scaling as if the file
+        said it."""
+        raw = {**self.raw, "rope_scaling": dict(scaling)}
+        return dataclasses.replace(self, raw=MappingProxyType(raw))

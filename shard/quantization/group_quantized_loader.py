@@ -83,4 +83,5 @@ class GroupQuantizedLoader(ABC):
         return concat_outputs(pieces, prefixes)
 
     def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
-        return build_int_weight(weight, weights.dist.device, weights.dtype, self.kernel)
+        dist = weights.dist
+        return build_int_weight(weight, dist.device, weights.dtype, self.kernel, dist.custom_kernels)

@@ -43,14 +43,15 @@ class IntKernel(str, Enum):
 
 def choose_int_kernel(
     device: torch.device, dtype: torch.dtype, bits: int, out_features: int,
-    layout: Int4PackLayout, even: bool,
+    layout: Int4PackLayout, even: bool, custom_kernels: bool = True,
 ) -> IntKernel:  # fmt: skip
     """The kernel for one layer (the order and the reasons: this module's docstring); `layout`
-    is how int4pack would read its input groups, `even` whether they hold as many inputs."""
+    is how int4pack would read its input groups, `even` whether they hold as many inputs.
+    Without `custom_kernels` (--disable-custom-kernels) CUDA dequantizes where Triton would run."""
     if int4pack_fits(device, dtype, out_features, layout, bits):
         return IntKernel.INT4PACK
     if device.type == "cuda":
-        return IntKernel.TRITON
+        return IntKernel.TRITON if custom_kernels else IntKernel.DEQUANT
     if bits == 8 and even:
         return IntKernel.INT8PACK
     return IntKernel.DEQUANT
@@ -58,13 +59,15 @@ def choose_int_kernel(
 
 def build_int_weight(
     weight: GroupQuantized, device: torch.device, dtype: torch.dtype,
-    kernel: IntKernel | None = None,
+    kernel: IntKernel | None = None, custom_kernels: bool = True,
 ) -> QuantizedWeight:  # fmt: skip
     """The layer's QuantizedWeight through `kernel`, or the chosen one when None."""
     layout = int4pack_layout(weight.g_idx)
     if kernel is None:
         even = even_groups(weight.g_idx) is not None
-        kernel = choose_int_kernel(device, dtype, weight.bits, weight.out_features, layout, even)
+        kernel = choose_int_kernel(
+            device, dtype, weight.bits, weight.out_features, layout, even, custom_kernels
+        )
     if kernel is IntKernel.INT4PACK:
         if not int4pack_fits(device, dtype, weight.out_features, layout, weight.bits):
             raise ValueError(
