@@ -12,7 +12,6 @@ from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, St
 from pytgi_router.http.http_errors import ToolError
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.openai_schemas import (
-    FINISH_REASONS,
     ChatRequest,
     Envelope,
     chat_completion,
@@ -26,13 +25,7 @@ from pytgi_router.http.schemas import GenerateRequest
 from pytgi_router.http.sse import DONE, EventStreamResponse
 from pytgi_router.http.state import AppState
 from pytgi_router.http.streaming import Encoder, encode_generation
-from pytgi_router.http.tool_output import (
-    ToolOutput,
-    new_call_id,
-    parse_tool_output,
-    read_partial_output,
-    tool_call_json,
-)
+from pytgi_router.http.tool_output import new_call_id, tool_answer, tool_call_json
 from pytgi_router.http.tool_stream import Delta, ToolCallStream
 from pytgi_router.http.tools import with_tool_prompt
 
@@ -96,15 +89,11 @@ class ChatRoutes:
                     return Response(status_code=CLIENT_CLOSED)
         seq = result.best
         logprobs = chat_logprobs(seq.tokens, seq.top_tokens) if chat.logprobs else None
-        text, tool_calls = seq.generated_text, None
+        text, reason, tool_calls = seq.generated_text, seq.end.finish_reason, None
         if chat.tools is not None:
-            output = read_tool_output(text)
-            text = output.content or ""
-            if output.is_call:
-                tool_calls = [tool_call_json(new_call_id(), output)]
+            text, reason, tool_calls = tool_message(text, reason, chat.tools.names())
         out = chat_completion(
-            env, text, seq.end.finish_reason, logprobs, seq.input_length,
-            seq.end.generated_tokens, tool_calls,
+            env, text, reason, logprobs, seq.input_length, seq.end.generated_tokens, tool_calls,
         )
         headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
         return json_response(out, headers=headers)
@@ -122,7 +111,8 @@ class ChatRoutes:
             ChatChunks(env, chat.logprobs), chat.fields.include_usage, input_length
         )
         if chat.tools is not None:
-            enc = ToolChatEncoder(ChatChunks(env, False), chat.fields.include_usage, input_length)
+            enc = ToolChatEncoder(ChatChunks(env, False), chat.fields.include_usage, input_length,
+                                  chat.tools.names())
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(len(req.inputs)),
@@ -152,30 +142,38 @@ class ChatEncoder:
         return error_chunk(err) + DONE
 
 
-def read_tool_output(text: str) -> ToolOutput:
-    """The complete output parsed; one cut short (`max_tokens`) read as far as it goes; TGI's
-    422 when not even the function's name was written."""
-    try:
-        return parse_tool_output(text)
-    except ToolError:
-        partial = read_partial_output(text)
-        if partial is None:
-            raise
-        return partial
+def tool_message(
+    text: str, finish_reason: str, offered: frozenset[str]
+) -> tuple[str, str, list[dict[str, object]] | None]:
+    """(content, finish reason, tool_calls) of a tool-constrained output: a whole call is a
+    tool call ("tool_calls"); no_tool's answer its content; one cut by `max_tokens` "length"
+    with what it wrote (its partial call, no_tool's content so far, or nothing); any other cut
+    a ToolError (422)."""
+    answer = tool_answer(text, finish_reason, offered)
+    output = answer.output
+    if output is None or not output.is_call:
+        return (output.content or "") if output else "", answer.finish_reason, None
+    return "", answer.finish_reason, [tool_call_json(new_call_id(), output)]
 
 
 class ToolChatEncoder:
     """A tool-constrained chat stream as OpenAI sends one: the role once, in the first delta;
     tool calls with their id, type and name once, then argument fragments (accumulators such
     as the OpenAI SDK's stream helper join every string field they see again); or no_tool's
-    content; the last chunk says "tool_calls" when the grammar completed a call."""
+    content. The last chunk says "tool_calls" only when the whole output is a call to an
+    `offered` function, "length" when `max_tokens` cut it; any other cut ends the stream with
+    an error event instead."""
 
-    __slots__ = ("chunks", "include_usage", "input_length", "parser", "call_id", "_started")
+    __slots__ = ("chunks", "include_usage", "input_length", "offered", "parser", "call_id",
+                 "_started")
 
-    def __init__(self, chunks: ChatChunks, include_usage: bool, input_length: int) -> None:
+    def __init__(
+        self, chunks: ChatChunks, include_usage: bool, input_length: int, offered: frozenset[str]
+    ) -> None:
         self.chunks = chunks
         self.include_usage = include_usage
         self.input_length = input_length
+        self.offered = offered
         self.parser = ToolCallStream()
         self.call_id = new_call_id()
         self._started = False
@@ -188,10 +186,11 @@ class ToolChatEncoder:
     def end(self, index: int, ev: End) -> bytes:
         last = "" if ev.token.special else ev.token.text
         out = self._render(self.parser.finish(last, ev.generated_text))
-        reason = FINISH_REASONS.get(ev.finish_reason, ev.finish_reason)
-        if self.parser.is_call and ev.finish_reason == "eos_token":
-            reason = "tool_calls"
-        out += self.chunks.delta(self._role({}), reason)
+        try:
+            answer = tool_answer(ev.generated_text, ev.finish_reason, self.offered)
+        except ToolError as err:
+            return out + self.error(err)
+        out += self.chunks.delta(self._role({}), answer.finish_reason)
         if self.include_usage:
             out += self.chunks.usage(self.input_length, ev.generated_tokens)
         return out + DONE

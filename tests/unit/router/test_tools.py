@@ -15,6 +15,7 @@ from pytgi_router.http.chat_template import ChatTemplate
 from pytgi_router.http.grammar import check_grammar, parse_grammar
 from pytgi_router.http.http_errors import ToolError
 from pytgi_router.http.openai_schemas import parse_chat
+from pytgi_router.http.routes_chat import tool_message
 from pytgi_router.http.tool_output import (
     new_call_id,
     parse_tool_output,
@@ -66,7 +67,7 @@ def test_auto_offers_every_tool_and_no_tool() -> None:
     assert valid(schema, {"function": {"_name": "get_time", "zone": "UTC"}})
     for bad in ({}, {"function": {"_name": "get_weather"}},  # a required argument missing
                 {"function": {"_name": "get_weather", "location": "P", "extra": 1}},
-                {"function": {"_name": "get_time", "zone": "too long"}},  # hoisted $defs
+                {"function": {"_name": "get_time", "zone": "too long"}},  # its own $defs
                 {"function": {"_name": "nope"}},
                 {"function": {"_name": "get_time"}, "more": 1}):
         assert not valid(schema, bad), bad
@@ -171,6 +172,54 @@ def test_outputs_read_back_as_tool_calls() -> None:
         "description": None, "name": "get_weather", "arguments": '{"location": "Paris"}'}}
     with pytest.raises(ToolError, match="Tool error: Failed to parse generated text"):
         parse_tool_output('{"function": {"location"')
+
+
+def test_outputs_of_other_shapes_are_tool_errors() -> None:
+    for text in ('{"function": "x"}', "[1]", '{"function": {"_name": "f"}, "more": 1}',
+                 '{"function": {"_name": 3}}'):
+        with pytest.raises(ToolError, match="Tool error: Failed to parse generated text"):
+            parse_tool_output(text)
+
+
+OFFERED = frozenset({"get_weather", NO_TOOL})
+CALL = '{"function": {"_name": "get_weather", "location": "Paris"}}'
+
+
+@pytest.mark.parametrize("reason", ["eos_token", "length", "stop_sequence"])
+def test_a_whole_call_is_a_tool_call_however_it_ended(reason: str) -> None:
+    content, finish, calls = tool_message(CALL, reason, OFFERED)
+    assert (content, finish) == ("", "tool_calls") and calls is not None
+    assert json.loads(calls[0]["function"]["arguments"]) == {"location": "Paris"}
+    answer = '{"function": {"_name": "no_tool", "content": "Hi"}}'
+    assert tool_message(answer, reason, OFFERED) == ("Hi", "stop", None)
+
+
+def test_a_call_cut_by_max_tokens_is_length_with_what_it_wrote() -> None:
+    """OpenAI's way: `finish_reason: "length"`, the call as far as it went (its arguments are
+    not JSON); no_tool's content so far; nothing when not even the name was written (TGI's 422
+    before: the client's own limit is not an error)."""
+    content, finish, calls = tool_message(CALL[:-6], "length", OFFERED)
+    assert (content, finish) == ("", "length") and calls is not None
+    assert calls[0]["function"]["arguments"] == '{"location": "Pa'
+    cut_answer = '{"function": {"_name": "no_tool", "content": "Hel'
+    assert tool_message(cut_answer, "length", OFFERED) == ("Hel", "length", None)
+    assert tool_message('{"function": {"_na', "length", OFFERED) == ("", "length", None)
+
+
+@pytest.mark.parametrize(("text", "reason"), [
+    (CALL[:-6], "eos_token"),  # an end the grammar did not allow
+    (CALL[:-6], "stop_sequence"),
+    (CALL[:-1], "eos_token"),
+    (CALL.replace("get_weather", "get_time"), "eos_token"),  # not offered
+    ('{"function": {"_name": "no_tool", "content": "Hi"}}', "eos_token"),  # not offered
+    ('{"function": {"_na', "eos_token"),
+])
+def test_an_output_cut_otherwise_is_an_error_not_a_call(text: str, reason: str) -> None:
+    offered = OFFERED - {NO_TOOL} if NO_TOOL in text else OFFERED
+    with pytest.raises(ToolError) as info:
+        tool_message(text, reason, offered)
+    assert info.value.status_code == 422 and info.value.error_type == "tool_error"
+    assert "before its tool call was complete" in info.value.message
 
 
 def test_outputs_cut_short_read_as_far_as_they_go() -> None:
