@@ -9,6 +9,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -16,6 +17,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
+from tests.frozen_process import frozen
 from tests.integration.http_helpers import metric, sse_events
 from tests.router_process import RouterProcess
 from tests.shard_process import ShardProcesses, start_shards
@@ -353,23 +355,34 @@ def _wait_for(pred: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
-def test_disconnects_cancel_and_free_the_kv_blocks(url: str) -> None:
+def test_disconnects_cancel_and_free_the_kv_blocks(url: str, shards: ShardProcesses) -> None:
+    """A client that leaves mid-request is counted as dropped and its request leaves the batch
+    with its KV blocks. The shard is frozen while the client leaves, so the request cannot have
+    finished first, however fast the tiny model generates its 180 tokens."""
     dropped = metric(url, "tgi_request_failure", err="dropped")
     total_blocks = metric(url, "pytgi_kv_blocks_total")
     body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 180}}
+    shard = shards.procs[0].pid
     with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=60) as r:
         events = sse_events(r)
         next(events)
         next(events)
-    _wait_for(lambda: metric(url, "tgi_request_failure", err="dropped") == dropped + 1)
+        with frozen(shard):
+            r.close()  # a stream two tokens in, its next step held by the frozen shard
+            _wait_for(lambda: metric(url, "tgi_request_failure", err="dropped") == dropped + 1)
+    _wait_for(lambda: metric(url, "pytgi_kv_blocks_free") == total_blocks)
     # The non-streaming route notices a disconnect too.
+    prefills = metric(url, "tgi_batch_inference_count", method="prefill")
     host = urlparse(url)
     raw = json.dumps(body).encode()
-    with socket.create_connection((host.hostname, host.port)) as s:
-        s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
-        time.sleep(0.3)
-    _wait_for(lambda: metric(url, "tgi_request_failure", err="dropped") == dropped + 2)
+    with frozen(shard):
+        with socket.create_connection((host.hostname, host.port)) as s:
+            s.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+            # Closed once its prefill is on the (frozen) shard: KV blocks held, no token yet.
+            _wait_for(lambda: metric(url, "tgi_batch_inference_count", method="prefill")
+                      == prefills + 1)
+        _wait_for(lambda: metric(url, "tgi_request_failure", err="dropped") == dropped + 2)
     _wait_for(lambda: metric(url, "pytgi_kv_blocks_free") == total_blocks)
     assert metric(url, "tgi_batch_current_size") == 0
 
@@ -417,9 +430,10 @@ def test_overload_is_429(spare_shards: ShardProcesses, model: Path) -> None:
     with RouterProcess(spare_shards.urls[0], model, "--max-concurrent-requests", "1") as router:
         u = router.url
         body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 150}}
-        with httpx.stream("POST", f"{u}/generate_stream", json=body, timeout=60) as r:
-            events = sse_events(r)  # held: dropping the generator would close the connection
-            next(events)
+        # Frozen, the shard cannot finish the stream: it holds the only permit until it closes.
+        with frozen(spare_shards.procs[0].pid), \
+                httpx.stream("POST", f"{u}/generate_stream", json=body, timeout=60) as r:
+            assert r.status_code == 200  # admitted: its permit is taken
             busy = post(u, "/generate", {"inputs": "x"})
             assert busy.status_code == 429
             assert busy.json() == {"error": "Model is overloaded", "error_type": "overloaded"}
@@ -430,27 +444,26 @@ def test_overload_is_429(spare_shards: ShardProcesses, model: Path) -> None:
 
 
 def test_sigterm_drains_then_exits_zero(spare_shards: ShardProcesses, model: Path) -> None:
+    """SIGTERM: /health and new requests answer 503 while the request in flight finishes, then
+    the router exits 0. The shard stays frozen until the router is seen draining, so the long
+    request is still in flight then, however fast the model."""
     router = RouterProcess(spare_shards.urls[0], model).start()
     try:
         u = router.url
-        result: dict[str, Any] = {}
-
-        async def long_and_probe() -> None:
-            async with httpx.AsyncClient(timeout=60) as client:
-                body = {"inputs": "Hello world",
-                        "parameters": {"max_new_tokens": 190, "details": True}}
-                task = asyncio.ensure_future(client.post(f"{u}/generate", json=body))
-                await asyncio.sleep(0.2)
+        body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 190, "details": True}}
+        prefills = metric(u, "tgi_batch_inference_count", method="prefill")
+        with ThreadPoolExecutor(1) as pool:
+            with frozen(spare_shards.procs[0].pid):
+                long = pool.submit(post, u, "/generate", body)
+                _wait_for(lambda: metric(u, "tgi_batch_inference_count", method="prefill")
+                          == prefills + 1)
                 router.signal()
-                await asyncio.sleep(0.1)
-                result["health"] = (await client.get(f"{u}/health")).status_code
-                result["new"] = (await client.post(f"{u}/generate", json={"inputs": "x"})).status_code
-                result["long"] = await task
-
-        asyncio.run(long_and_probe())
-        assert result["health"] == 503 and result["new"] == 503
-        assert result["long"].status_code == 200
-        assert result["long"].json()["details"]["generated_tokens"] == 190
+                _wait_for(lambda: httpx.get(f"{u}/health").status_code == 503)
+                new = post(u, "/generate", {"inputs": "x"})
+                assert new.status_code == 503, new.text
+            finished = long.result(60)
+        assert finished.status_code == 200, finished.text
+        assert finished.json()["details"]["generated_tokens"] == 190
         assert router.wait(30) == 0
     finally:
         router.kill()

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from tests.frozen_process import frozen
 from tests.integration.http_helpers import metric
 from tests.launcher_process import Launcher, alive, assert_all_gone, child_pid, descendants
 
@@ -31,6 +32,14 @@ def wait_status(url: str, status: int, timeout: float) -> float:
             pass
         assert time.monotonic() - start < timeout, f"/health never answered {status}"
         time.sleep(0.1)
+
+
+def wait_metric(url: str, name: str, value: float, timeout: float = 60) -> None:
+    """Until the router's /metrics shows `name` at `value`."""
+    deadline = time.monotonic() + timeout
+    while metric(url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
 
 
 class InFlight:
@@ -84,9 +93,14 @@ def test_a_killed_shard_restarts_the_group_and_the_router_reconnects(
         assert before.status_code == 200, before.text
         router = child_pid(launcher, "router")
         ranks = [child_pid(launcher, f"shard {r}") for r in (0, 1)]
-        flight = InFlight(url)
+        submitted = metric(url, "tgi_request_count")
+        with frozen(ranks[1]):  # no step runs: both requests start together, once both are in
+            flight = InFlight(url)
+            wait_metric(url, "tgi_request_count", submitted + 2)
         assert flight.first_token.wait(60), "the stream never started"
-        time.sleep(0.2)  # the non-streaming request is in the batch too by now
+        # Both in the batch, far from their 180th token: the kill lands mid-generation (a fixed
+        # sleep here raced the tiny model, which can finish 180 tokens in 0.2 s).
+        wait_metric(url, "tgi_batch_current_size", 2)
         os.kill(ranks[1], signal.SIGKILL)
         killed_at = time.monotonic()
         flight.join(30)

@@ -53,20 +53,36 @@ def test_headers_and_one_send_per_event() -> None:
 
 
 def test_keep_alive_comment_when_idle() -> None:
-    async def slow() -> AsyncIterator[bytes]:
-        yield b"data: a\n\n"
-        await asyncio.sleep(0.35)
-        yield b"data: b\n\n"
+    """An idle producer gets a keep-alive comment every keep_alive_s, none sooner. The producer
+    waits for three comments rather than sleeping a fixed time, so timers that a loaded machine
+    wakes late change when they come, not whether."""
 
-    async def main() -> Client:
+    async def main() -> tuple[list[bytes], list[float]]:
+        loop = asyncio.get_running_loop()
         client = Client()
-        await EventStreamResponse(slow(), keep_alive_s=0.1)({}, client.receive, client.send)
-        return client
+        sent_at: list[float] = []
+        three = asyncio.Event()
 
-    bodies = asyncio.run(main()).bodies
-    assert bodies[0] == b"data: a\n\n" and bodies[-2:] == [b"data: b\n\n", b""]
-    keep_alives = bodies[1:-2]
-    assert 2 <= len(keep_alives) <= 4 and set(keep_alives) == {KEEP_ALIVE}
+        async def send(message: dict[str, Any]) -> None:
+            await client.send(message)
+            sent_at.append(loop.time())
+            if client.bodies.count(KEEP_ALIVE) == 3:
+                three.set()
+
+        async def slow() -> AsyncIterator[bytes]:
+            yield b"data: a\n\n"
+            await asyncio.wait_for(three.wait(), 30)
+            yield b"data: b\n\n"
+
+        await EventStreamResponse(slow(), keep_alive_s=0.1)({}, client.receive, send)
+        return client.bodies, sent_at
+
+    bodies, sent_at = asyncio.run(main())
+    assert bodies == [b"data: a\n\n", KEEP_ALIVE, KEEP_ALIVE, KEEP_ALIVE, b"data: b\n\n", b""]
+    # sent_at[0] is the start message, [1] "a", [2:5] the comments: each a full period after
+    # the write before it (the loop's clock: its timers never fire early on it).
+    gaps = [later - earlier for earlier, later in zip(sent_at[1:4], sent_at[2:5], strict=True)]
+    assert all(gap >= 0.1 - 1e-3 for gap in gaps), gaps
 
 
 def test_disconnect_cancels_the_producer_and_stops_writing() -> None:
