@@ -150,6 +150,9 @@ class Content:
 
 
 class ToolCallStream:
+    """One tool-constrained output read as deltas while it streams: its head, then the name,
+    then the arguments' fragments (or no_tool's content)."""
+
     __slots__ = ("name", "_pieces", "_head", "_name", "_name_parts", "_arguments", "_content")
 
     def __init__(self) -> None:
