@@ -33,6 +33,9 @@ MAX_STOP_SEQUENCES = 4
 MAX_TOP_N_TOKENS = 5
 MAX_CLIENT_BATCH_SIZE = 4
 PAYLOAD_LIMIT = 2_000_000
+# The longest grammar (compact JSON Schema or regex) the router compiles: router/http/grammar.py
+# says why compiling more costs more than the output is worth.
+MAX_GRAMMAR_BYTES = 65_536
 MAX_BATCH_PREFILL_TOKENS = 4096
 WAITING_SERVED_RATIO = 0.3
 MAX_WAITING_TOKENS = 20

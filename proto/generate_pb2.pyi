@@ -232,18 +232,20 @@ class Tokens(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., texts: _Optional[_Iterable[str]] = ..., is_special: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class Generation(_message.Message):
-    __slots__ = ("request_id", "prefill_tokens", "tokens", "generated_text", "top_tokens")
+    __slots__ = ("request_id", "prefill_tokens", "tokens", "generated_text", "top_tokens", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TEXT_FIELD_NUMBER: _ClassVar[int]
     TOP_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     prefill_tokens: Tokens
     tokens: Tokens
     generated_text: GeneratedText
     top_tokens: _containers.RepeatedCompositeFieldContainer[Tokens]
-    def __init__(self, request_id: _Optional[int] = ..., prefill_tokens: _Optional[_Union[Tokens, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., generated_text: _Optional[_Union[GeneratedText, _Mapping]] = ..., top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ...) -> None: ...
+    error: str
+    def __init__(self, request_id: _Optional[int] = ..., prefill_tokens: _Optional[_Union[Tokens, _Mapping]] = ..., tokens: _Optional[_Union[Tokens, _Mapping]] = ..., generated_text: _Optional[_Union[GeneratedText, _Mapping]] = ..., top_tokens: _Optional[_Iterable[_Union[Tokens, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class FilterBatchRequest(_message.Message):
     __slots__ = ("batch_id", "request_ids")

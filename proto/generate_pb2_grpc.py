@@ -141,8 +141,9 @@ class TextGenerationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PrepareGrammar(self, request, context):
-        """Compiles a constrained request's grammar into the shard's cache before the router queues the
-        request, off the engine's steps; answered once it is compiled (INVALID_ARGUMENT if refused).
+        """Compiles a constrained request's grammar and builds the request's own matcher (its first mask
+        computed) before the router queues the request, off the engine's steps; answered once it is
+        built (INVALID_ARGUMENT if refused: invalid, over a limit, or allowing no output).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

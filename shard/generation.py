@@ -11,6 +11,7 @@ final texts cost more only for the requests that have them.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,9 @@ from pytgi_shard.step_inputs import ForwardInputs, predicted_count
 from pytgi_shard.stopping import STOP_SEQUENCE
 
 NAN = float("nan")
+# The `finished` mark of a request that failed (no FinishReason: it did not finish).
+FAILED = -1
+logger = logging.getLogger(__name__)
 _Generations = RepeatedCompositeFieldContainer[generate_pb2.Generation]
 
 
@@ -106,6 +110,8 @@ def emit_generations(
     finished = _finished(
         requests, texts, batch.stops.finished(ids, batch.steps), batch.stop_rows
     )
+    if batch.grammar is not None and batch.grammar.failed:
+        finished = _fail_rows(generations, requests, finished, batch.grammar.failed)
     if choice.prefill:
         for g in generations:
             if g.request_id in choice.prefill:
@@ -113,8 +119,26 @@ def emit_generations(
     if choice.tops is not None:
         _add_top_tokens(generations, requests, choice.tops, detokenizer)
     for row, reason in finished:
-        _set_generated_text(generations[row].generated_text, requests[row], reason, detokenizer)
+        if reason != FAILED:
+            _set_generated_text(generations[row].generated_text, requests[row], reason, detokenizer)
     return response, [requests[row].id for row, _ in finished]
+
+
+def _fail_rows(
+    generations: _Generations,
+    requests: list[RequestState],
+    finished: list[tuple[int, int]],
+    failed: dict[int, str],
+) -> list[tuple[int, int]]:
+    """The rows whose grammar's matcher failed leave the batch with the error in their
+    Generation (the router fails the request with it) instead of whatever stop the error
+    state's EOS-only mask produced; `finished` with them marked FAILED."""
+    for row, reason in failed.items():
+        message = f"the grammar's matcher failed: {reason}"
+        generations[row].error = message
+        logger.warning("request %d failed: %s", requests[row].id, message)
+    kept = [(row, reason) for row, reason in finished if row not in failed]
+    return sorted(kept + [(row, FAILED) for row in failed])
 
 
 def _finished(

@@ -1,10 +1,9 @@
-"""Grammars of constrained requests: the wire's grammar to an llguidance matcher, cached by content.
+"""Grammars of constrained requests: the wire's grammar to each request's own llguidance matcher.
 
 A request's NextTokenChooserParameters may carry a grammar (GRAMMAR_TYPE_JSON: a JSON Schema as
 a JSON string; GRAMMAR_TYPE_REGEX: a regex the whole output must match). llguidance (chosen over
 xgrammar by measurement: bench/grammar_libraries.py) compiles it against the model's vocabulary
-into an LLMatcher; each request gets a deep copy of its grammar's compiled matcher (~10 us: the
-grammar and lexer are shared), advanced by every token it samples.
+into an LLMatcher, advanced by every token the request samples.
 
 Why llguidance (bench/results/cpu/grammar_libraries.json, 128k vocabulary, this CPU): a
 20-property schema compiles in ~2 ms (xgrammar: ~500 ms cold); masks cost ~20 us per token at
@@ -12,30 +11,41 @@ the median and ~0.4 ms for a batch of 64 (xgrammar: ~17 ms); it enforces every J
 feature measured or refuses it by name (xgrammar silently ignored allOf); and it imports
 neither torch nor numpy, so the router validates schemas with the same library.
 
-Compiling costs ~2-5 ms for the usual schemas and 100 ms or more for very large ones, so it
-happens off the step: the router sends PrepareGrammar for every constrained request before the
-request joins its queue, and `prepare` compiles it in the worker's compile pool (one request's
-grammar compiling never delays a running batch's steps); the request is scheduled once every
-rank answered. Batch.from_pb then finds it in the cache (a hit); a request that reaches a shard
-unprepared (a shard restarted in between, or a client of the shard that skips the RPC) is
-compiled there, on the step, as before. The cache is an LRU keyed by the grammar's type and
-text, and a grammar being compiled is compiled once, whoever asks for it meanwhile. The
-vocabulary's own preparation (~0.7 s at 128k tokens) starts in the mask worker when the engine
-is built, so the first constrained request does not pay it.
+Every request gets a matcher of its own, compiled for it: llguidance's deep_copy would share
+the lexer's automaton, and its errors, with every other copy (shard/grammar_cache.py says why
+that poisoned a grammar for everyone). Compiling costs ~2-9 ms for the usual schemas at a 128k
+vocabulary and a second or more for very large ones, and a large grammar's first mask can cost
+as much again, so both happen off the step: the router sends PrepareGrammar for every
+constrained request before the request joins its queue, and `prepare` builds that request's
+matcher in the worker's compile pool (at a lower priority than the forward where the OS allows)
+and computes its first mask there; the request is scheduled once every rank answered, and its
+first step takes the prepared matcher (`take`) and copies its mask. Only a request that reaches
+a shard without one (resumed after preemption, its matcher evicted from the cache under the
+byte budget, a shard restarted in between, or a client that skips the RPC) has its matcher built
+on the step. A grammar llguidance refuses, or that allows no output at all (`[a&&b]`,
+`{"$ref": "#"}`: its first mask is llguidance's error state), is refused by PrepareGrammar, which
+the router answers with a 422.
+
+A matcher that fails while its request runs (a limit of PARSER_LIMITS hit, a refused token)
+fails that request alone: its mask is checked with every step (grammar_batch.py) and the shard
+reports the error in the request's Generation instead of letting the error state's mask force
+EOS. The vocabulary's own preparation (~0.7 s at 128k tokens) starts in the compile pool when
+the engine is built, so the first constrained request does not pay it.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 import llguidance
+import numpy as np
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.grammar_cache import GrammarCache, Prepared, matcher_bytes
 from pytgi_shard.grammar_worker import MaskWorker
 
 JSON = generate_pb2.GRAMMAR_TYPE_JSON
@@ -43,6 +53,22 @@ REGEX = generate_pb2.GRAMMAR_TYPE_REGEX
 # Whitespace between JSON tokens: at most one space, as TGI's outlines-built grammars allow
 # (`{"a": 1, "b": [2, 3]}` or compact); a model cannot loop on blank lines inside an object.
 JSON_WHITESPACE = r"[ ]?"
+# What the cache of grammars and prepared matchers may hold (shard/grammar_cache.py); the
+# shard's --grammar-cache-bytes.
+DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
+# llguidance's errors when no byte can ever be produced: the grammar's language is empty.
+_NO_OUTPUT = ("NoExtension", "NoExtensionBias")
+# Where llguidance's parser state dump starts in its error messages.
+_STATE_MARKERS = ("\n<state>", "\n<non-verbose/>")
+
+
+def parser_limits() -> llguidance.LLParserLimits:
+    """What one matcher may cost, set on every matcher. llguidance's own bounds on a mask (lexer
+    fuel ~14 ms, 50,000 Earley items ~2.5 ms a step, 2,000 items in a row) keep a hostile
+    grammar from stalling a step, and hold whatever it hits to that request: its matcher fails
+    and the request with it. Its errors stay short (no parser state: it would quote the
+    request's output into the logs and the client's error)."""
+    return llguidance.LLParserLimits(verbose_errors=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,18 +105,42 @@ def grammar_source(spec: GrammarSpec) -> str:
         raise InvalidRequest(f"invalid grammar: the JSON schema is not valid JSON: {e}") from e
 
 
+def build_matcher(tokenizer: llguidance.LLTokenizer, source: str, mask_width: int) -> Prepared:
+    """A new matcher of `source` with its first mask computed; InvalidRequest when llguidance
+    refuses the grammar or the grammar allows no output (its first mask is an error state)."""
+    matcher = llguidance.LLMatcher(tokenizer, source, log_level=0, limits=parser_limits())
+    if matcher.is_error():
+        raise InvalidRequest(f"invalid grammar: {first_line(matcher.get_error())}")
+    words = np.empty(mask_width, dtype=np.int32)
+    matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+    if matcher.is_error():
+        raise InvalidRequest(f"invalid grammar: {_first_mask_error(matcher.get_error())}")
+    return Prepared(matcher, words)
+
+
+def _first_mask_error(error: str) -> str:
+    """Why a grammar's first mask failed: most often it matches nothing at all."""
+    reason = first_line(error)
+    if reason in _NO_OUTPUT:
+        return f"no output can match it ({reason})"
+    return reason
+
+
 @dataclass(slots=True)
 class CompileStats:
-    """How often a grammar was compiled (misses) or found compiled (hits)."""
+    """How constrained requests got their matchers: built off the step by PrepareGrammar
+    (`prepared`), then taken by their first step (`hits`), or built on the step (`misses`)."""
 
+    prepared: int = 0
     hits: int = 0
     misses: int = 0
 
 
 class GrammarCompiler:
-    """Compiles grammars for one model's vocabulary and keeps the last `capacity` of them.
+    """Builds matchers for one model's vocabulary, and keeps grammars' sources and the matchers
+    prepared for requests about to run within `cache_bytes` (shard/grammar_cache.py).
 
-    Thread-safe: the engine compiles on its own thread while the mask worker builds matchers.
+    Thread-safe: the compile pool prepares matchers while the engine takes them.
     """
 
     def __init__(
@@ -99,16 +149,13 @@ class GrammarCompiler:
         vocab_size: int,
         eos_ids: Sequence[int],
         worker: MaskWorker,
-        capacity: int = 256,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         # The logits' width: masks cover exactly these columns.
         self.vocab_size = vocab_size
         self.worker = worker
-        self.capacity = capacity
         self.stats = CompileStats()
-        self._cache: OrderedDict[GrammarSpec, llguidance.LLMatcher] = OrderedDict()
-        # Grammars being compiled in the compile pool, by whoever asked first.
-        self._compiling: dict[GrammarSpec, Future[llguidance.LLMatcher]] = {}
+        self.cache: GrammarCache[GrammarSpec] = GrammarCache(cache_bytes)
         self._lock = threading.Lock()
         self._tokenizer: Future[llguidance.LLTokenizer] = worker.compile_pool.submit(
             _tokenizer, tokenizer_json, vocab_size, sorted(eos_ids)
@@ -124,87 +171,57 @@ class GrammarCompiler:
         """int32 words per row of a token bitmask (one bit per token of the llguidance vocab)."""
         return (self.tokenizer.vocab_size + 31) // 32
 
-    def prepare(self, spec: GrammarSpec) -> Future[llguidance.LLMatcher]:
-        """`spec` compiled into the cache in the compile pool (PrepareGrammar); done at once
-        when it is cached already. The future raises InvalidRequest for a refused grammar."""
-        with self._lock:
-            compiled = self._cached(spec)
-            if compiled is None:
-                running = self._compiling.get(spec)
-                if running is None:
-                    running = self.worker.compile_pool.submit(self._compile_now, spec)
-                    self._compiling[spec] = running
-                return running
-        done: Future[llguidance.LLMatcher] = Future()
-        done.set_result(compiled)
-        return done
+    def prepare(self, spec: GrammarSpec) -> Future[bool]:
+        """One matcher of `spec` built in the compile pool for a request about to be scheduled
+        (PrepareGrammar); the future says whether the grammar was known already, or raises
+        InvalidRequest for a refused grammar."""
+        return self.worker.compile_pool.submit(self._prepare_now, spec)
 
     def prepare_request(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
-        """PrepareGrammar: the request's grammar compiled into the cache (`prepare`); the future
-        says whether it was cached already. InvalidRequest (raised, or from the future) for a
-        missing or refused grammar."""
+        """PrepareGrammar: `prepare` for the request's grammar. InvalidRequest (raised, or from
+        the future) for a missing or refused grammar."""
         params = generate_pb2.NextTokenChooserParameters(
             grammar=request.grammar, grammar_type=request.grammar_type
         )
         spec = GrammarSpec.from_pb(params)
         if spec is None:
             raise InvalidRequest("PrepareGrammar needs a grammar")
-        compiling = self.prepare(spec)
-        cached = compiling.done()
-        prepared: Future[bool] = Future()
-        compiling.add_done_callback(lambda done: _settle(prepared, done, cached))
-        return prepared
+        return self.prepare(spec)
 
-    def compile(self, spec: GrammarSpec) -> llguidance.LLMatcher:
-        """The compiled matcher of `spec` (to be copied, never advanced): from the cache, from
-        a compilation under way, or compiled now; InvalidRequest when llguidance refuses it."""
+    def take(self, spec: GrammarSpec) -> Prepared:
+        """A matcher of `spec` for a request about to sample: the one prepared for it (a hit),
+        or built now, on the caller's thread (a miss); InvalidRequest when llguidance refuses
+        the grammar."""
         with self._lock:
-            compiled = self._cached(spec)
-            running = self._compiling.get(spec) if compiled is None else None
-        if compiled is not None:
-            return compiled
-        if running is not None:
-            return running.result()
-        return self._compile_now(spec)
-
-    def _cached(self, spec: GrammarSpec) -> llguidance.LLMatcher | None:
-        """The cached matcher (a hit, counted), or None; the caller holds the lock."""
-        compiled = self._cache.get(spec)
-        if compiled is not None:
-            self._cache.move_to_end(spec)
-            self.stats.hits += 1
-        return compiled
-
-    def _compile_now(self, spec: GrammarSpec) -> llguidance.LLMatcher:
-        try:
-            compiled = llguidance.LLMatcher(self.tokenizer, grammar_source(spec), log_level=0)
-            if compiled.is_error():
-                raise InvalidRequest(f"invalid grammar: {_first_line(compiled.get_error())}")
-        except BaseException:
-            with self._lock:
-                self._compiling.pop(spec, None)
-            raise
-        with self._lock:
-            # Cached in the same breath as it stops being "compiling": nobody compiles it twice.
-            self._compiling.pop(spec, None)
+            prepared = self.cache.take(spec)
+            if prepared is not None:
+                self.stats.hits += 1
+                return prepared
             self.stats.misses += 1
-            self._cache[spec] = compiled
-            while len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
-        return compiled
+        return self._build(spec)[0]
+
+    def _prepare_now(self, spec: GrammarSpec) -> bool:
+        prepared, source, known = self._build(spec)
+        size = matcher_bytes(source, self.mask_width)
+        with self._lock:
+            self.stats.prepared += 1
+            self.cache.add_prepared(spec, prepared, size)
+        return known
+
+    def _build(self, spec: GrammarSpec) -> tuple[Prepared, str, bool]:
+        """A new matcher of `spec` (build_matcher), its source, and whether that source was
+        known; a new source is kept once a matcher of it was built."""
+        with self._lock:
+            cached = self.cache.source(spec)
+        source = cached if cached is not None else grammar_source(spec)
+        prepared = build_matcher(self.tokenizer, source, self.mask_width)
+        if cached is None:
+            with self._lock:
+                self.cache.add_source(spec, source)
+        return prepared, source, cached is not None
 
     def __len__(self) -> int:
-        return len(self._cache)
-
-
-def new_matcher(compiled: llguidance.LLMatcher, generated_ids: Sequence[int]) -> llguidance.LLMatcher:
-    """A request's own matcher, advanced past the tokens it already generated (a request resumed
-    after preemption replays them). A replayed token the grammar refuses leaves the matcher in
-    its error state, whose mask allows only EOS: the request then ends at once."""
-    matcher = compiled.deep_copy()
-    if generated_ids:
-        matcher.consume_tokens(list(generated_ids))
-    return matcher
+        return len(self.cache)
 
 
 def _tokenizer(tokenizer_json: str, vocab_size: int, eos_ids: list[int]) -> llguidance.LLTokenizer:
@@ -218,15 +235,9 @@ def _tokenizer(tokenizer_json: str, vocab_size: int, eos_ids: list[int]) -> llgu
         return llguidance.LLTokenizer(tokenizer_json, eos_token=eos)
 
 
-def _first_line(error: str) -> str:
-    """llguidance's messages end with a dump of the parser state: the first lines name the problem."""
-    return error.split("\n<state>")[0].strip()
-
-
-def _settle(prepared: Future[bool], done: Future[llguidance.LLMatcher], cached: bool) -> None:
-    """`prepared` answers `cached` once `done` compiled, or fails as it did."""
-    error = done.exception()
-    if error is not None:
-        prepared.set_exception(error)
-    else:
-        prepared.set_result(cached)
+def first_line(error: str) -> str:
+    """llguidance's messages may end with a dump of the parser state (`<state>`, or
+    `<non-verbose/>` in its place): the first lines name the problem."""
+    for marker in _STATE_MARKERS:
+        error = error.split(marker)[0]
+    return error.strip()

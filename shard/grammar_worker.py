@@ -17,12 +17,14 @@ row constrained), 4,096-token vocabulary 0.85x -> 0.91x of the unconstrained tok
 128k-token vocabulary 0.90-0.91x either way; the work itself is ~0.26 ms a step at 64 rows and
 4k tokens (consume 0.07, masks 0.19) against ~0.45 ms through the executor.
 
-Grammars are compiled in a second pool (compile_pool) in both cases, so a large schema
-compiling for a request not yet admitted never delays a running batch. Where the grammar
-thread exists it, and llguidance's threads (spawned by it: Linux threads inherit their
-creator's nice value), run at a lower priority (a higher nice value) than the process's, so
-that what the host does for the step comes first; only where the OS has per-thread priorities
-(Linux); elsewhere, and where raising the value fails, they run as before.
+Matchers are built in a second pool (compile_pool) in both cases, so a large schema compiling
+for a request not yet admitted never delays a running batch. The grammar thread where it exists
+(with llguidance's threads, spawned by it: Linux threads inherit their creator's nice value)
+and the compile pool's thread always run at a lower priority (a higher nice value) than the
+process's, so that what the host does for the step comes first: a compile only delays its own
+request's admission, while on the CPU a compile at the forward's priority took a core from every
+step of the running batch. Only where the OS has per-thread priorities (Linux); elsewhere, and
+where raising the value fails, they run as before.
 """
 
 from __future__ import annotations
@@ -109,7 +111,12 @@ class MaskWorker:
             )
             # Built in the grammar thread: llguidance's threads inherit its priority.
             self.executor = self.pool.submit(llguidance.LLExecutor).result()
-        self.compile_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pytgi-compile")
+        self.compile_pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="pytgi-compile",
+            initializer=lower_thread_priority,
+            initargs=(nice,),
+        )
         self.host_bias = HostBias()
         self.timings = GrammarTimings()
 
@@ -137,7 +144,7 @@ class MaskWorker:
 
     def consume(self, matchers: Sequence[llguidance.LLMatcher], tokens: Sequence[int]) -> None:
         """Feeds matchers[i] tokens[i]. A refused token (never one the mask allowed) leaves its
-        matcher in the error state, whose mask allows only EOS."""
+        matcher in the error state, which its next mask reports (grammar_batch._masks)."""
         if self.executor is not None:
             self.executor.consume_token_par(list(zip(matchers, tokens, strict=True)))
             return

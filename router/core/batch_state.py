@@ -8,17 +8,19 @@ touches the prefix cache only when a sequence's KV completes a block.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.errors import InferError
+from pytgi_router.core.errors import GenerationError, InferError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import Entry, EntryState, ValidRequest
 from pytgi_router.core.request_stream import End, Prefill, RequestStream, Token, TokenInfo
 from pytgi_router.core.step_plan import Chunk
 
 FINISH_REASONS = ("length", "eos_token", "stop_sequence")
+logger = logging.getLogger(__name__)
 NAN = float("nan")
 
 
@@ -108,6 +110,9 @@ def route_generation(entry: Entry, generation: generate_pb2.Generation, now: flo
     stream = entry.stream
     request = entry.request
     # Each protobuf field access costs a wrapper object: read only what the request can carry.
+    if request.sampling.grammar_type and generation.HasField("error"):
+        _fail(entry, generation.error)
+        return True
     if request.prefill_logprobs and not entry.prefill_sent:
         _push_prefill(entry, generation)
     tokens = generation.tokens
@@ -141,6 +146,14 @@ def route_generation(entry: Entry, generation: generate_pb2.Generation, now: flo
         # Finished without a token this step: still end the stream with the final text.
         stream.push(_end(entry, TokenInfo(0, "", NAN, True), [], generation.generated_text, now))
     return finished
+
+
+def _fail(entry: Entry, reason: str) -> None:
+    """The shard failed the request this step (only a constrained one can: its grammar's
+    matcher failed) and dropped it from its batch: its stream ends with a generation error
+    (TGI's 424), its tokens of this step unsent."""
+    logger.warning("request %d failed during generation: %s", entry.id, reason)
+    entry.stream.fail(GenerationError(reason))
 
 
 def _push_prefill(entry: Entry, generation: generate_pb2.Generation) -> None:

@@ -1,6 +1,6 @@
 """grammar.py: TGI's grammar shapes and OpenAI's response_format onto the wire's (type, value),
 and every bad schema or regex refused with a message naming the problem (compiled by llguidance,
-as the shards compile it)."""
+as the shards compile it): one that allows no output at all, or over the size limit, too."""
 
 from __future__ import annotations
 
@@ -15,17 +15,20 @@ from pytgi_router.http.grammar import (
     GRAMMAR_JSON,
     GRAMMAR_REGEX,
     Grammar,
+    GrammarChecker,
+    GrammarLimits,
     check_grammar,
     parse_grammar,
     response_format_grammar,
 )
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+CHECKER = GrammarChecker()
 
 
-def wire(grammar: dict[str, Any]) -> tuple[int, Any]:
+def wire(grammar: dict[str, Any], checker: GrammarChecker = CHECKER) -> tuple[int, Any]:
     g = parse_grammar(grammar)
-    check_grammar(g)
+    checker.check(g)
     return g.grammar_type, g.value if g.grammar_type == GRAMMAR_REGEX else json.loads(g.value)
 
 
@@ -105,3 +108,60 @@ def test_response_format_json_schema_needs_its_object() -> None:
         response_format_grammar({"type": "json_schema"})
     g = response_format_grammar({"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}})
     assert g is not None and wire(g) == (GRAMMAR_JSON, SCHEMA)
+
+
+EMPTY_LANGUAGES = [
+    {"type": "regex", "value": "[a&&b]"},
+    {"type": "regex", "value": r"[^\x00-\x{10FFFF}]"},
+    {"type": "json", "value": {"$ref": "#"}},
+    {"type": "json", "value": {"$ref": "#/$defs/n", "$defs": {"n": {"$ref": "#/$defs/n"}}}},
+]
+
+
+@pytest.mark.parametrize("grammar", EMPTY_LANGUAGES)
+def test_a_grammar_that_allows_no_output_is_refused(grammar: dict[str, Any]) -> None:
+    """llguidance compiles these (check_grammar lets them through): on a shard their first mask
+    was an error state that forced EOS at once, a 200 with empty text."""
+    check_grammar(parse_grammar(grammar))
+    with pytest.raises(ValidationError) as info:
+        wire(grammar)
+    assert info.value.status_code == 422
+    assert "grammar is not valid: no output can match it" in info.value.message
+
+
+@pytest.mark.parametrize("grammar", [
+    {"type": "regex", "value": ""},  # the empty output
+    {"type": "regex", "value": "[a&&[ab]]x?"},
+    {"type": "json", "value": {"type": "string", "maxLength": 0}},
+    {"type": "json", "value": {"$ref": "#/$defs/n", "$defs": {"n": {"anyOf": [
+        {"type": "null"}, {"type": "array", "items": {"$ref": "#/$defs/n"}}]}}}},
+])
+def test_a_grammar_with_some_output_is_accepted(grammar: dict[str, Any]) -> None:
+    wire(grammar)
+
+
+def test_a_grammar_over_the_size_limit_is_refused_before_it_compiles() -> None:
+    checker = GrammarChecker(GrammarLimits(max_bytes=64))
+    fits = {"type": "regex", "value": "a" * 64}
+    assert wire(fits, checker) == (GRAMMAR_REGEX, "a" * 64)
+    # The size is the wire's: compact JSON, UTF-8 bytes.
+    schema = {"enum": ["é" * 23, "x"]}
+    assert len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode()) == 63
+    assert wire({"type": "json", "value": schema}, checker)[0] == GRAMMAR_JSON
+    schema = {"enum": ["é" * 24, "x"]}  # 41 characters, 65 bytes
+    for over in ({"type": "regex", "value": "(" * 65}, {"type": "json", "value": schema}):
+        with pytest.raises(ValidationError) as info:
+            wire(over, checker)
+        size = len(parse_grammar(over).value.encode())
+        assert info.value.message == (
+            f"Input validation error: grammar is not valid: it is {size} bytes, over this "
+            "server's limit of 64 (--max-grammar-bytes)"
+        )
+
+
+def test_the_default_limit_refuses_the_ten_thousand_property_schema() -> None:
+    """0.27 MB compact: seconds to validate, tens to compile per request, and no output can get
+    past its `{` (llguidance's row limit): refused by its size alone, at once."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(10_000)}}
+    with pytest.raises(ValidationError, match="over this server's limit of 65536"):
+        wire({"type": "json", "value": schema})

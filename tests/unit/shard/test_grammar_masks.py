@@ -164,21 +164,6 @@ def test_grammar_fields_of_the_wire() -> None:
         GrammarSpec.from_pb(pb.NextTokenChooserParameters(grammar="a+"))
 
 
-def test_the_cache_keeps_the_most_recently_used_grammars() -> None:
-    tokenizer: Tokenizer = train_tokenizer(_CORPUS)
-    compiler = GrammarCompiler(tokenizer.to_str(), 400, [1], MaskWorker(), capacity=2)
-    a, b, c = (GrammarSpec(pb.GRAMMAR_TYPE_REGEX, r) for r in ("a+", "b+", "c+"))
-    first = compiler.compile(a)
-    compiler.compile(b)
-    assert compiler.compile(a) is first
-    compiler.compile(c)
-    assert len(compiler) == 2
-    assert (compiler.stats.hits, compiler.stats.misses) == (1, 3)
-    compiler.compile(b)
-    assert (compiler.stats.hits, compiler.stats.misses) == (1, 4)
-    assert compiler.mask_width == (400 + 31) // 32
-
-
 @pytest.mark.parametrize("through_executor", [False, True])
 def test_a_mask_computation_writes_every_word_of_its_row(through_executor: bool) -> None:
     """grammar_batch._masks hands llguidance an unzeroed buffer: what it leaves there must not
@@ -186,17 +171,17 @@ def test_a_mask_computation_writes_every_word_of_its_row(through_executor: bool)
     import llguidance
     import numpy as np
 
-    from pytgi_shard.grammar import new_matcher
+    from pytgi_shard.grammar import build_matcher, grammar_source
 
     tokenizer: Tokenizer = train_tokenizer(_CORPUS)
     worker = MaskWorker()
     if through_executor:
         worker.executor = llguidance.LLExecutor()
     compiler = GrammarCompiler(tokenizer.to_str(), 400, [1], worker)
-    compiled = compiler.compile(GrammarSpec(pb.GRAMMAR_TYPE_REGEX, "[ab]+c"))
-    fresh = new_matcher(compiled, [])
-    advanced = new_matcher(compiled, [])
-    errored = new_matcher(compiled, [])
+    source = grammar_source(GrammarSpec(pb.GRAMMAR_TYPE_REGEX, "[ab]+c"))
+    fresh, advanced, errored = (
+        build_matcher(compiler.tokenizer, source, compiler.mask_width).matcher for _ in range(3)
+    )
     allowed = np.zeros((1, compiler.mask_width), dtype=np.int32)
     worker.fill_masks([fresh], allowed)
     first = next(t for t in range(400) if (allowed[0, t // 32] >> (t % 32)) & 1)
