@@ -56,6 +56,9 @@ class LauncherSettings:
     max_connections: int = 1024
     validation_workers: int = 2
     disable_grammar_support: bool = False
+    # The router's longest grammar, and the shards' grammar cache (None: the shard's default).
+    max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
+    grammar_cache_bytes: int | None = None
     tokenizer_config_path: str | None = None
     # HTTP.
     hostname: str = "0.0.0.0"
@@ -118,6 +121,8 @@ class LauncherSettings:
             "payload-limit": self.payload_limit,
             "max-connections": self.max_connections,
             "validation-workers": self.validation_workers,
+            "max-grammar-bytes": self.max_grammar_bytes,
+            "grammar-cache-bytes": self.grammar_cache_bytes,
             "max-batch-prefill-tokens": self.max_batch_prefill_tokens,
             "max-input-tokens": self.max_input_tokens,
             "max-total-tokens": self.max_total_tokens,

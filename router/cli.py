@@ -86,6 +86,7 @@ _LIMITS: list[tuple[str, type, str | None]] = [
     ("--payload-limit", int, None),
     ("--max-connections", int, None),
     ("--validation-workers", int, None),
+    ("--max-grammar-bytes", int, None),
 ]
 
 

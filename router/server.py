@@ -34,6 +34,7 @@ from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.core.watchdog import Watchdog
 from pytgi_router.http.app import create_app
 from pytgi_router.http.chat_template import load_chat_template
+from pytgi_router.http.grammar import GrammarLimits
 from pytgi_router.http.http_protocol import bounded_protocol
 from pytgi_router.http.model_files import ModelFiles, pipeline_tag, snapshot_sha
 from pytgi_router.http.sse import RawSend
@@ -156,6 +157,7 @@ class RouterServer:
             max_input_tokens=info.max_input_tokens,
             max_total_tokens=info.max_total_tokens,
             grammar_supported=not s.disable_grammar_support,
+            grammar=GrammarLimits(max_bytes=s.max_grammar_bytes),
         )
         validator = Validator(tokenizer, limits, self._executor)
         self.state = AppState(

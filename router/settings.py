@@ -55,6 +55,8 @@ class RouterSettings:
     prefix_caching: bool = True
     validation_workers: int = 2
     disable_grammar_support: bool = False
+    # The longest grammar (compact JSON Schema or regex) accepted: router/http/grammar.py.
+    max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
     # HTTP and operations.
     api_key: str | None = field(default=None, repr=False)
     cors_allow_origin: tuple[str, ...] = ()
@@ -86,6 +88,7 @@ class RouterSettings:
             "max_connections": self.max_connections,
             "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
             "validation_workers": self.validation_workers,
+            "max_grammar_bytes": self.max_grammar_bytes,
         }
         out += [f"--{k.replace('_', '-')} must be > 0" for k, v in positive.items() if v <= 0]
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0:

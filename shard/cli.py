@@ -38,6 +38,7 @@ ENV_FALLBACKS = {
     "shard_token": ("SHARD_TOKEN", str),
     "rope_scaling": ("ROPE_SCALING", str),
     "rope_factor": ("ROPE_FACTOR", float),
+    "grammar_cache_bytes": ("GRAMMAR_CACHE_BYTES", int),
 }
 
 
@@ -119,6 +120,12 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="advance constrained requests' grammars in a thread alongside the forward "
         "(default: on for accelerators; on the CPU inline, where the forward holds every core)",
+    )
+    p.add_argument(
+        "--grammar-cache-bytes",
+        type=int,
+        help="memory for constrained requests' grammars and the matchers prepared for them "
+        "(estimated; env GRAMMAR_CACHE_BYTES; default 536870912, 512 MiB)",
     )
     p.add_argument("--watermark-gamma", type=float, help="env WATERMARK_GAMMA; default 0.5")
     p.add_argument("--watermark-delta", type=float, help="env WATERMARK_DELTA; default 2.0")

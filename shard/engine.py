@@ -90,11 +90,12 @@ class Engine:
             settings.overlap if settings.overlap is not None else model.device.type == "cuda"
         )
         self.lookaheads = Lookaheads()
-        # Constrained requests' grammars, cached by content; the vocabulary is prepared for
-        # them in the compile pool from now on (shard/grammar.py).
+        # Constrained requests' matchers and their grammars' cache; the vocabulary is prepared
+        # for them in the compile pool from now on (shard/grammar.py).
         self.grammars = GrammarCompiler(
             detokenizer.tokenizer.to_str(), model.vocab_size, sorted(detokenizer.eos_ids),
             MaskWorker.for_device(model.device, settings.grammar_thread),
+            settings.grammar_cache_bytes,
         )
 
     def allocate_kv_cache(self, num_blocks: int) -> KVCache:

@@ -47,15 +47,13 @@ from pytgi_proto import generate_pb2
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.grammar_cache import GrammarCache, Prepared, matcher_bytes
 from pytgi_shard.grammar_worker import MaskWorker
+from pytgi_shard.settings import DEFAULT_GRAMMAR_CACHE_BYTES
 
 JSON = generate_pb2.GRAMMAR_TYPE_JSON
 REGEX = generate_pb2.GRAMMAR_TYPE_REGEX
 # Whitespace between JSON tokens: at most one space, as TGI's outlines-built grammars allow
 # (`{"a": 1, "b": [2, 3]}` or compact); a model cannot loop on blank lines inside an object.
 JSON_WHITESPACE = r"[ ]?"
-# What the cache of grammars and prepared matchers may hold (shard/grammar_cache.py); the
-# shard's --grammar-cache-bytes.
-DEFAULT_CACHE_BYTES = 512 * 1024 * 1024
 # llguidance's errors when no byte can ever be produced: the grammar's language is empty.
 _NO_OUTPUT = ("NoExtension", "NoExtensionBias")
 # Where llguidance's parser state dump starts in its error messages.
@@ -149,7 +147,7 @@ class GrammarCompiler:
         vocab_size: int,
         eos_ids: Sequence[int],
         worker: MaskWorker,
-        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES,
     ) -> None:
         # The logits' width: masks cover exactly these columns.
         self.vocab_size = vocab_size

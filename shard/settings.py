@@ -33,6 +33,10 @@ def parse_cuda_graphs(text: str, source: str = "--cuda-graphs") -> tuple[int, ..
     return tuple(sorted(set(sizes)))
 
 
+# What the cache of constrained requests' grammars and prepared matchers may hold
+# (shard/grammar_cache.py): --grammar-cache-bytes.
+DEFAULT_GRAMMAR_CACHE_BYTES = 512 * 1024 * 1024
+
 # TGI's --rope-scaling values: the two kinds that take nothing but a factor.
 ROPE_SCALINGS = ("linear", "dynamic")
 
@@ -102,6 +106,7 @@ class ShardSettings:
     # Advance constrained requests' grammars in a grammar thread alongside the forward
     # (shard/grammar_worker.py); None: on for accelerators, inline on the CPU.
     grammar_thread: bool | None = None
+    grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES
     # Decode batch sizes to capture as CUDA graphs; () disables them.
     cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
     watermark_gamma: float = 0.5
@@ -134,6 +139,8 @@ class ShardSettings:
             out.append(f"--port must be in 1..65535, got {self.port}")
         if not 0 < self.master_port < 65536:
             out.append(f"--master-port must be in 1..65535, got {self.master_port}")
+        if self.grammar_cache_bytes <= 0:
+            out.append(f"--grammar-cache-bytes must be > 0, got {self.grammar_cache_bytes}")
         if self.dtype is not None and self.dtype not in DTYPES:
             out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
         if self.quantize and self.quantize not in QUANTIZE_VALUES:
