@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pytgi_bench.model_builder import LlamaShape, build_random_llama
+from pytgi_proto import generate_pb2 as pb
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_MODEL = REPO / "launcher" / "demo_model"
@@ -44,10 +45,10 @@ class Case:
     logits_mib: float
 
 
-def _prefill_calls(prompt: list[int], chunk: int, logprobs: bool, batch_id: int) -> list[object]:
+def _prefill_calls(
+    prompt: list[int], chunk: int, logprobs: bool, batch_id: int
+) -> list[pb.PrefillRequest]:
     """The Prefill requests the router sends for `prompt` in chunks of `chunk` tokens."""
-    from pytgi_proto import generate_pb2 as pb
-
     blocks = list(range(1, 1 + math.ceil((len(prompt) + 1) / BLOCK)))
     calls = []
     for start in range(0, len(prompt), chunk):
@@ -67,9 +68,6 @@ def _peak_mib() -> float:
 
 def run_case(model: Path, prompt_len: int, chunk: int, logprobs: bool, repeats: int) -> Case:
     """In this process: load, warm up small, then the prompt's prefill `repeats` times."""
-    import torch
-
-    from pytgi_proto import generate_pb2 as pb
     from pytgi_shard.settings import ShardSettings
     from pytgi_shard.startup import load_engine
 
@@ -82,11 +80,10 @@ def run_case(model: Path, prompt_len: int, chunk: int, logprobs: bool, repeats: 
     for rep in range(repeats):
         start = time.perf_counter()
         for call in _prefill_calls(prompt, chunk, logprobs, batch_id=rep + 1):
-            response = engine.prefill(call)  # type: ignore[arg-type]
+            response = engine.prefill(call)
         best = min(best, time.perf_counter() - start)
         engine.clear(response.batch.id)
     vocab = int(engine.model.vocab_size)
-    del torch
     return Case(prompt_len, chunk, logprobs, best, _peak_mib() - before, chunk * vocab * 4 / 2**20)
 
 

@@ -53,6 +53,10 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--payload-limit", int, "HTTP body limit in bytes (default 2000000)"),
     ("--max-connections", int, "open HTTP connections before new ones get 503 (default 1024)"),
     ("--validation-workers", int, "tokenizer workers in the router (default 2)"),
+    ("--max-grammar-bytes", int, "longest `grammar` / `response_format` schema or regex the "
+     "router compiles, in bytes of compact JSON; longer ones get 422 (default 65536)"),
+    ("--grammar-cache-bytes", int, "memory each shard gives grammars and the matchers prepared "
+     "for queued constrained requests (estimated; default 536870912)"),
     ("--tokenizer-config-path", str, "alternate tokenizer_config.json (e.g. a chat_template)"),
     ("--hostname", str, "HTTP bind address (default 0.0.0.0)"),
     ("--port", int, "HTTP port (default 3000)"),
@@ -90,8 +94,9 @@ _ACCEPTED: list[str] = ["--prometheus-port", "--usage-stats"]
 # TGI's switches that state what pytgi always does (shown in --help, so nobody expects more).
 _ACCEPTED_SWITCHES: list[tuple[str, str]] = [
     ("--enable-prefill-logprobs", "accepted for TGI compatibility: pytgi always serves prompt "
-     "logprobs (`decoder_input_details`), computed per prefill chunk, so their memory is bounded "
-     "by --max-batch-prefill-tokens x vocabulary (TGI 3 drops them unless this is given)"),
+     "logprobs (`decoder_input_details`), computed per prefill chunk, so a request asking for "
+     "them holds about 3 copies of (--max-batch-prefill-tokens x vocabulary) logits at a time "
+     "(TGI 3 drops them unless this is given)"),
 ]
 
 
