@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from itertools import count
 
 from opentelemetry import trace
@@ -201,6 +201,21 @@ class Infer:
         else:
             self._queue(scheduler, entry)
         return stream
+
+    @contextlib.contextmanager
+    def permit(self) -> Iterator[None]:
+        """One max_concurrent_requests permit for work that is no generation (a /tokenize of a
+        body near the payload limit costs seconds of the router's CPU), 429 when none is left."""
+        if self._in_flight >= self.settings.max_concurrent_requests:
+            raise OverloadedError()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
 
     def _queue(self, scheduler: Scheduler, entry: Entry) -> None:
         scheduler.queue.append(entry)

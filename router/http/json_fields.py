@@ -125,9 +125,18 @@ def opt_float(data: dict[str, Any], key: str, path: str = "") -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise wrong_type(f"{path}{key}", "a number", value)
-    out = float(value)
+    return finite_float(value, f"{path}{key}")
+
+
+def finite_float(value: int | float, path: str) -> float:
+    """`value` as a float, or a 422: JSON integers are unbounded, and one past float's range
+    (1 followed by 400 zeros) makes `float()` raise OverflowError rather than give inf."""
+    try:
+        out = float(value)
+    except OverflowError:
+        raise wrong_type(path, "a finite number", value) from None
     if not math.isfinite(out):
-        raise wrong_type(f"{path}{key}", "a finite number", value)
+        raise wrong_type(path, "a finite number", value)
     return out
 
 

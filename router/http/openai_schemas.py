@@ -26,6 +26,7 @@ from pytgi_router.http.json_fields import (
 )
 from pytgi_router.http.schemas import GenerateParameters, logprob_or_none
 from pytgi_router.http.tools import ChatTools, chat_tools, parse_tool_choice, parse_tools
+from pytgi_router.http.validation import REPETITION_PENALTY_RANGE
 
 # TGI's finish reasons, as OpenAI names them.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
@@ -83,12 +84,30 @@ def _sampling_fields(data: dict[str, Any]) -> SamplingFields:
         seed=opt_int(data, "seed", hi=U64_MAX),
         stop=str_list(data, "stop"),
         frequency_penalty=opt_float(data, "frequency_penalty"),
-        presence_penalty=opt_float(data, "presence_penalty"),
+        presence_penalty=_presence_penalty(data),
         repetition_penalty=opt_float(data, "repetition_penalty"),
         stream=bool(opt_bool(data, "stream")),
         include_usage=bool(opt_bool(options, "include_usage", "stream_options.")),
         ignore_eos=bool(opt_bool(data, "ignore_eos") or opt_bool(data, "ignore_eos_token")),
     )
+
+
+def _presence_penalty(data: dict[str, Any]) -> float | None:
+    """OpenAI's range, then TGI's mapping onto `repetition_penalty` (+ 2.0) held to the range
+    the validator accepts, with a message about the field the client sent: -1.9999999 would run
+    as a penalty of 1e-7."""
+    value = opt_float(data, "presence_penalty")
+    if value is None:
+        return None
+    if not -2.0 <= value <= 2.0:
+        raise ValidationError("`presence_penalty` must be >= -2.0 and <= 2.0")
+    lowest = REPETITION_PENALTY_RANGE[0]
+    if value + 2.0 < lowest:
+        raise ValidationError(
+            f"`presence_penalty` must be > {lowest - 2.0}: it runs as `repetition_penalty` = "
+            f"presence_penalty + 2.0 (TGI's mapping), which must be >= {lowest}. Given: {value}"
+        )
+    return value
 
 
 # ---- chat --------------------------------------------------------------------------------------

@@ -21,8 +21,9 @@ from pytgi_router.http.state import AppState
 CHUNK_TOKENS = 4096
 
 
-def simple_tokens(text: str, encoding: Encoding) -> bytes:
-    """TGI's `[{id, text, start, stop}]` as JSON; start/stop are UTF-8 byte offsets as in TGI.
+def simple_tokens(text: str, encoding: Encoding, base: int = 0) -> bytes:
+    """TGI's `[{id, text, start, stop}]` as JSON; start/stop are UTF-8 byte offsets as in TGI,
+    `base` bytes after the start of the input when `text` is its tail (a truncated prompt).
 
     Written as text, token by token, rather than through a million dicts and one json.dumps:
     that many tracked objects set off full garbage collections, and one C call over all of them,
@@ -43,20 +44,40 @@ def simple_tokens(text: str, encoding: Encoding) -> bytes:
             piece = quote(text[start:stop])
             if not ascii_only:
                 start, stop = byte_at[start], byte_at[stop]
+            if base and stop:  # special tokens stand for no text: (0, 0) wherever they are
+                start, stop = start + base, stop + base
             out.append(f'{{"id":{token_id},"text":{piece},"start":{start},"stop":{stop}}}')
         chunks.append(",".join(out).encode())  # one short C call per slice, not one for all
     return b"[" + b",".join(chunks) + b"]"
 
 
-def tokens_response(text: str, encoding: Encoding, templated: bool = False) -> Response:
-    """The /tokenize (or /chat_tokenize) answer. A megabyte prompt is a million tokens: callers
-    run this in the worker pool so that building it does not block the event loop."""
-    tokens = simple_tokens(text, encoding)
+def tokens_response(
+    text: str, encoding: Encoding, templated: bool = False, start: int = 0
+) -> Response:
+    """The /tokenize (or /chat_tokenize) answer; `encoding` is of `text[start:]`. Callers run
+    this in the worker pool so that building it does not block the event loop."""
+    base = len(text[:start].encode()) if start else 0
+    tokens = simple_tokens(text[start:] if start else text, encoding, base)
     if templated:
         text_json = _encode_string(text).encode()
         body = b'{"tokenize_response":' + tokens + b',"templated_text":' + text_json + b"}"
         return Response(body, media_type="application/json")
     return Response(tokens, media_type="application/json")
+
+
+async def tokenize_answer(
+    state: AppState, text: str, *, add_special_tokens: bool, truncate: int | None = None,
+    templated: bool = False,
+) -> Response:
+    """/tokenize and /chat_tokenize: under a max_concurrent_requests permit (429 without one)
+    and bounded as a prompt is (Validator.tokenize), so that a body near the payload limit is
+    neither answered with tens of megabytes nor tokenized by many callers at once."""
+    validator = state.validator
+    with state.infer.permit():
+        tokenized = await validator.tokenize(text, add_special_tokens, truncate)
+        return await validator.offload(
+            tokens_response, text, tokenized.encoding, templated, tokenized.start
+        )
 
 
 def _encode_string(value: str) -> str:
@@ -98,9 +119,6 @@ class InfoRoutes:
 
     async def tokenize(self, request: Request) -> Response:
         req = parse_generate(await read_json(request))
-        validator = self.state.validator
-        encoding = await validator.encode(req.inputs, add_special_tokens=True)
-        truncate = req.parameters.truncate
-        if truncate is not None and len(encoding.ids) > truncate:
-            encoding.truncate(truncate, direction="left")
-        return await validator.offload(tokens_response, req.inputs, encoding)
+        return await tokenize_answer(
+            self.state, req.inputs, add_special_tokens=True, truncate=req.parameters.truncate
+        )

@@ -18,7 +18,15 @@ from tokenizers import Encoding, Tokenizer
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
-from pytgi_router.http.grammar import Grammar, check_grammar, parse_grammar
+from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits, parse_grammar
+from pytgi_router.http.prompt_tail import (
+    GROWTH,
+    Tokenized,
+    first_window,
+    keep_last,
+    settled_at,
+    tail_holds,
+)
 from pytgi_router.http.schemas import GenerateParameters, GenerateRequest
 from pytgi_router.http.token_bound import max_chars_per_token
 
@@ -36,6 +44,17 @@ REFUSE_BY_LENGTH_CHARS = 65536
 # as 0, which proto3 reads as "unset" (1e-50 sampled at temperature 1). Its limit is the argmax.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
+# The wire carries sampling parameters as 32-bit floats: a larger value arrives as infinity
+# (a grammar's -inf logits over an infinite temperature are NaN).
+FLOAT32_MAX = 3.4028234663852886e38
+# float32's smallest normal value: a probability mass below it is 0 (or subnormal) on the wire.
+FLOAT32_TINY = 1.1754943508222875e-38
+# repetition_penalty divides a seen token's positive logit by itself and multiplies a negative
+# one: 1e-40 overflows float32 (infinite scores, NaN logprobs, token 0 forever) and a huge one
+# can make a constrained row all -inf. At either end of this range the choice among seen tokens
+# is already fixed, so nothing a user could want lies beyond it (TGI only asks for > 0).
+REPETITION_PENALTY_RANGE = (1e-3, 1e3)
+
 # The longest stop sequence, in characters: the shard matches every stop sequence against the
 # newly decoded text at every step, and the count alone (--max-stop-sequences) bounds nothing
 # when one sequence may be as long as the payload limit.
@@ -50,6 +69,7 @@ class ValidationLimits:
     max_total_tokens: int
     # TGI's default; --disable-grammar-support turns it off.
     grammar_supported: bool = True
+    grammar: GrammarLimits = GrammarLimits()
 
 
 @dataclass(slots=True)
@@ -76,6 +96,7 @@ class Validator:
         self.tokenizer = tokenizer
         self.limits = limits
         self.executor = executor
+        self.grammars = GrammarChecker(limits.grammar)
         self._rng = rng or random.SystemRandom()
         # None when the tokenizer does not make a character-count bound certain (token_bound.py).
         self.max_chars_per_token = max_chars_per_token(tokenizer)
@@ -104,6 +125,30 @@ class Validator:
         if self.executor is None:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+    async def encode_tail(self, text: str, add_special_tokens: bool, keep: int) -> Tokenized:
+        """The last `keep` tokens of `text`, tokenizing only as much of its end as they need
+        (prompt_tail.py): `truncate` must not cost a megabyte prompt's full tokenization."""
+        chars, tries = first_window(keep), 0
+        while True:
+            start = max(len(text) - chars, 0)
+            tail = text[start:]
+            encoding = await self.encode(tail, add_special_tokens)
+            if start == 0 or tail_holds(encoding, keep, settled_at(tail), tries):
+                return Tokenized(keep_last(encoding, keep), start)
+            chars, tries = chars * GROWTH, tries + 1
+
+    async def tokenize(self, text: str, add_special_tokens: bool, truncate: int | None) -> Tokenized:
+        """/tokenize and /chat_tokenize: bounded as a generate request's prompt is (at most
+        `max_input_tokens` after `truncate`), so that a body near the payload limit is refused
+        rather than answered with tens of megabytes of tokens."""
+        self._check_truncate(truncate)
+        if truncate is not None:
+            return await self.encode_tail(text, add_special_tokens, truncate)
+        self.refuse_by_length(text, None, None)
+        tokenized = Tokenized(await self.encode(text, add_special_tokens))
+        self._check_input_length(len(tokenized.encoding.ids))
+        return tokenized
 
     def refuse_by_length(self, inputs: str, truncate: int | None, max_new: int | None) -> None:
         """Refuses, before tokenizing, a prompt whose length alone proves it cannot fit: at
@@ -157,11 +202,7 @@ class Validator:
             )
         if not req.inputs:
             raise ValidationError("`inputs` cannot be empty")
-        if p.truncate is not None and not 0 < p.truncate <= lim.max_input_tokens:
-            raise ValidationError(
-                f"`truncate` must be strictly positive and less than {lim.max_input_tokens}. "
-                f"Given: {p.truncate}"
-            )
+        self._check_truncate(p.truncate)
         self.refuse_by_length(req.inputs, p.truncate, p.max_new_tokens)
         input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
@@ -206,22 +247,12 @@ class Validator:
         return best_of
 
     def _sampling_parameters(self, p: GenerateParameters, best_of: int) -> SamplingParameters:
-        temperature = 1.0 if p.temperature is None else p.temperature
-        if temperature <= 0.0:
-            raise ValidationError("`temperature` must be strictly positive")
-        repetition_penalty = 1.0 if p.repetition_penalty is None else p.repetition_penalty
-        if repetition_penalty <= 0.0:
-            raise ValidationError("`repetition_penalty` must be strictly positive")
+        temperature = _temperature(p.temperature)
+        repetition_penalty = _repetition_penalty(p.repetition_penalty)
         frequency_penalty = 0.0 if p.frequency_penalty is None else p.frequency_penalty
         if not -2.0 <= frequency_penalty <= 2.0:
             raise ValidationError("`frequency_penalty` must be >= -2.0 and <= 2.0")
-        # Deliberate difference from TGI: top_p = 1.0 is accepted and means no filtering.
-        top_p = 1.0 if p.top_p is None else p.top_p
-        if not 0.0 < top_p <= 1.0:
-            raise ValidationError("`top_p` must be > 0.0 and <= 1.0")
-        typical_p = 1.0 if p.typical_p is None else p.typical_p
-        if p.typical_p is not None and not 0.0 < typical_p < 1.0:
-            raise ValidationError("`typical_p` must be > 0.0 and < 1.0")
+        top_p, typical_p = _masses(p)
         top_k = 0 if p.top_k is None else p.top_k
         if p.top_k is not None and top_k <= 0:
             raise ValidationError("`top_k` must be strictly positive")
@@ -244,11 +275,19 @@ class Validator:
             watermark=p.watermark,
         )
 
+    def _check_truncate(self, truncate: int | None) -> None:
+        limit = self.limits.max_input_tokens
+        if truncate is not None and not 0 < truncate <= limit:
+            raise ValidationError(
+                f"`truncate` must be strictly positive and less than {limit}. Given: {truncate}"
+            )
+
     async def _input_ids(self, inputs: str, add_special: bool, truncate: int | None) -> list[int]:
-        ids: list[int] = (await self.encode(inputs, add_special)).ids
-        if truncate is not None and len(ids) > truncate:
-            ids = ids[-truncate:]  # TGI truncates on the left: the prompt's end is kept
-        return ids
+        """TGI truncates on the left: the prompt's end is kept, and only its end tokenized."""
+        if truncate is None:
+            ids: list[int] = (await self.encode(inputs, add_special)).ids
+            return ids
+        return list((await self.encode_tail(inputs, add_special, truncate)).encoding.ids)
 
     def _max_new_tokens(self, input_length: int, requested: int | None) -> int:
         lim = self.limits
@@ -258,14 +297,17 @@ class Validator:
                 f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
                 f"Given: {input_length} `inputs` tokens and {max_new} `max_new_tokens`"
             )
-        if input_length > lim.max_input_tokens:
-            raise ValidationError(
-                f"`inputs` must have less than {lim.max_input_tokens} tokens. "
-                f"Given: {input_length}"
-            )
+        self._check_input_length(input_length)
         if max_new == 0:
             raise ValidationError("`max_new_tokens` must be strictly positive")
         return max_new
+
+    def _check_input_length(self, input_length: int) -> None:
+        limit = self.limits.max_input_tokens
+        if input_length > limit:
+            raise ValidationError(
+                f"`inputs` must have less than {limit} tokens. Given: {input_length}"
+            )
 
     async def _grammar(self, grammar: dict[str, Any]) -> Grammar:
         """Shape, then a compile by the constraint library (in the worker pool when large: a
@@ -274,7 +316,46 @@ class Validator:
             raise ValidationError("grammar is not supported")
         parsed = parse_grammar(grammar)
         if len(parsed.value) > OFFLOAD_CHARS:
-            await self.offload(check_grammar, parsed)
+            await self.offload(self.grammars.check, parsed)
         else:
-            check_grammar(parsed)
+            self.grammars.check(parsed)
         return parsed
+
+
+def _temperature(value: float | None) -> float:
+    """TGI's rule (> 0), and a value the wire's float32 can carry."""
+    temperature = 1.0 if value is None else value
+    if temperature <= 0.0:
+        raise ValidationError("`temperature` must be strictly positive")
+    if temperature > FLOAT32_MAX:
+        raise ValidationError(
+            f"`temperature` must be <= {FLOAT32_MAX} (a 32-bit float). Given: {temperature}"
+        )
+    return temperature
+
+
+def _repetition_penalty(value: float | None) -> float:
+    """TGI's rule (> 0, its message), then the range where float32 scores stay finite."""
+    penalty = 1.0 if value is None else value
+    if penalty <= 0.0:
+        raise ValidationError("`repetition_penalty` must be strictly positive")
+    low, high = REPETITION_PENALTY_RANGE
+    if not low <= penalty <= high:
+        raise ValidationError(
+            f"`repetition_penalty` must be >= {low} and <= {high}. Given: {penalty}"
+        )
+    return penalty
+
+
+def _masses(p: GenerateParameters) -> tuple[float, float]:
+    """top_p and typical_p. Past float32's range a mass arrives as 0, which proto3 reads as
+    "unset" (no filtering): any mass that small keeps just the most likely token, and so does
+    float32's smallest normal value, which is sent instead."""
+    # Deliberate difference from TGI: top_p = 1.0 is accepted and means no filtering.
+    top_p = 1.0 if p.top_p is None else p.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise ValidationError("`top_p` must be > 0.0 and <= 1.0")
+    typical_p = 1.0 if p.typical_p is None else p.typical_p
+    if p.typical_p is not None and not 0.0 < typical_p < 1.0:
+        raise ValidationError("`typical_p` must be > 0.0 and < 1.0")
+    return max(top_p, FLOAT32_TINY), max(typical_p, FLOAT32_TINY)

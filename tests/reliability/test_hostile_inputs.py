@@ -75,13 +75,19 @@ CASES: list[tuple[str, str, bytes, int, str]] = [
     ("tiny temperature", "/generate",
      raw({"inputs": "x", "parameters": params(temperature=1e-300, do_sample=True)}), 200, ""),
     ("huge temperature", "/generate",
-     raw({"inputs": "x", "parameters": params(temperature=1e300, do_sample=True)}), 200, ""),
+     raw({"inputs": "x", "parameters": params(temperature=1e30, do_sample=True)}), 200, ""),
+    ("temperature past float32", "/generate",
+     raw({"inputs": "x", "parameters": params(temperature=1e300, do_sample=True)}), 422,
+     "temperature"),
     ("tiny top_p and typical_p", "/generate",
      raw({"inputs": "x", "parameters": params(top_p=5e-324, typical_p=5e-324, do_sample=True)}),
      200, ""),
     ("extreme penalties", "/generate",
-     raw({"inputs": "x", "parameters": params(repetition_penalty=1e300, frequency_penalty=-2)}),
+     raw({"inputs": "x", "parameters": params(repetition_penalty=1e3, frequency_penalty=-2)}),
      200, ""),
+    ("repetition_penalty past float32", "/generate",
+     raw({"inputs": "x", "parameters": params(repetition_penalty=1e300)}), 422,
+     "repetition_penalty"),
     ("100k-character stop string", "/generate",
      raw({"inputs": "x", "parameters": params(stop=["ab" * 50_000])}), 422, "at most 512"),
     ("10k stop sequences", "/generate",
@@ -146,6 +152,10 @@ def test_any_content_type_is_read_as_json_or_refused_cleanly(
 
 def tokens(client: httpx.Client, url: str, text: str) -> int:
     r = client.post(f"{url}/tokenize", json={"inputs": text})
+    if r.status_code == 422:  # /tokenize is bounded as a prompt is: the count is in the error
+        error = assert_error_shape(r, 422)["error"]
+        assert f"must have less than {MAX_INPUT} tokens. Given: " in error, error
+        return int(error.rsplit(" ", 1)[1])
     assert r.status_code == 200
     return len(r.json())
 
