@@ -12,13 +12,40 @@ sorting only the [batch, K] candidates:
 - both sorts are stable, so tied values keep their token-id order in both;
 - the candidates' own -inf fillers may be other -inf tokens than the plain sort puts there, which
   only re-masks tokens that are -inf already.
+
+Both forms share the rules below: a row whose value is neutral (1.0) keeps every token, and
+typical-p's entropy is summed in an order of the row's own.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pytgi_shard.categorical import row_sums
+
 NEG_INF = float("-inf")
+INF = float("inf")
+
+
+def removable_mass(top_p: torch.Tensor) -> torch.Tensor:
+    """[rows, 1]: how much of a row's least likely mass top-p removes, 1 - top_p; -inf for a
+    row whose top_p is 1.0, which removes nothing (in float32, 1 - 1.0 = 0 would still match
+    the running mass over the row's tokens whose probability underflows to 0)."""
+    return (1 - top_p).masked_fill(top_p >= 1, NEG_INF)
+
+
+def largest_kept_gap(gap: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    """[rows, 1]: the largest surprise gap typical-p keeps, given `gap` (the gap at which the
+    row's running mass reaches `mass`); +inf for a row whose typical_p is 1.0 (a float32
+    running mass reaches 1.0 before the end of a row, and the tokens after it would go)."""
+    return gap.masked_fill(mass >= 1, INF)
+
+
+def entropy(logp: torch.Tensor) -> torch.Tensor:
+    """[rows, 1]: -sum(p log p) of each row of normalised logprobs (-inf tokens count 0), with
+    the same bits whatever rows are beside it (categorical.row_sums): a plain sum over a
+    single row is split among threads and over several is not (152k tokens, 2 threads)."""
+    return -row_sums((logp * logp.exp()).nan_to_num_(nan=0.0))
 
 
 def top_candidates(scores: torch.Tensor, top_k_ids: torch.Tensor) -> torch.Tensor:
@@ -42,7 +69,7 @@ def top_p_over(scores: torch.Tensor, candidates: torch.Tensor, top_p: torch.Tens
     ascending = torch.full_like(scores, NEG_INF)
     ascending[:, vocab - k :] = ordered
     cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)[:, vocab - k :]
-    remove = cumulative <= 1 - top_p
+    remove = cumulative <= removable_mass(top_p)
     # The most likely token always stays.
     remove[:, -1] = False
     scores.scatter_(1, candidates.gather(1, order), ordered.masked_fill(remove, NEG_INF))
@@ -52,9 +79,9 @@ def typical_p_over(scores: torch.Tensor, candidates: torch.Tensor, mass: torch.T
     """sampling._typical_p in place, given `top_candidates(scores, ...)`."""
     vocab, k = scores.shape[1], candidates.shape[1]
     logp = torch.log_softmax(scores, dim=-1)
-    entropy = -(logp * logp.exp()).nansum(dim=-1, keepdim=True)
     # -inf tokens have an infinite gap: they sort after every finite one.
-    sorted_gap, order = (-logp.gather(1, candidates) - entropy).abs().sort(dim=-1, stable=True)
+    gap = (-logp.gather(1, candidates) - entropy(logp)).abs()
+    sorted_gap, order = gap.sort(dim=-1, stable=True)
     tokens = candidates.gather(1, order)
     by_gap = torch.full_like(scores, NEG_INF)
     by_gap[:, :k] = scores.gather(1, tokens)
@@ -62,5 +89,5 @@ def typical_p_over(scores: torch.Tensor, candidates: torch.Tensor, mass: torch.T
     last = (cumulative < mass).sum(dim=1, keepdim=True).clamp(max=vocab - 1)
     # Past the candidates every gap is infinite, and no candidate's gap exceeds the last
     # candidate's: that one is as good a threshold there.
-    remove = sorted_gap > sorted_gap.gather(1, last.clamp(max=k - 1))
+    remove = sorted_gap > largest_kept_gap(sorted_gap.gather(1, last.clamp(max=k - 1)), mass)
     scores.scatter_(1, tokens, by_gap[:, :k].masked_fill(remove, NEG_INF))

@@ -63,6 +63,18 @@ def draw_from_logprobs(
     return chunk * CHUNK + within
 
 
+def row_sums(values: torch.Tensor) -> torch.Tensor:
+    """[rows, 1]: the sum of each row of [rows, n] `values`, in an order that depends on the row
+    alone. torch's sum over a whole row splits it among threads when it is the only row (with
+    more rows, each row is summed by one thread), so one request's sum would change with its
+    batch; sums of CHUNK values (many outputs, each summed whole) then the sum of those (a
+    vocabulary's 2k chunk sums, below torch's grain for splitting a reduction) do not."""
+    sums = torch.empty(values.shape[0], -(-values.shape[1] // CHUNK), dtype=values.dtype,
+                       device=values.device)
+    _chunk_sums(values, out=sums)
+    return sums.sum(dim=-1, keepdim=True)
+
+
 def _chunk_sums(probs: torch.Tensor, out: torch.Tensor) -> None:
     """out[r, c]: the sum of probs[r] over tokens c * CHUNK .. (c + 1) * CHUNK - 1."""
     rows, vocab = probs.shape

@@ -4,11 +4,19 @@
 that one tensor op applies them all. A processor runs only when some request in the batch needs
 it, so an all-greedy batch costs one argmax (`first_max`, fast on the CPU too) and one
 log-softmax. Order, as TGI: watermark, repetition penalty, frequency penalty, then the warpers
-temperature, top-k, top-p, typical-p.
+temperature, top-k, top-p, typical-p; the grammar's bans come after the element-wise ones (with
+which they commute) and before top-k.
+
+A row is chosen as if it ran alone: the element-wise processors leave a row with neutral values
+as it is, top-p and typical-p run only on the rows that asked (shard/warped_rows.py), and every
+per-row computation on the CPU takes an order of its own (see `entropy`), so a request's ids,
+logprobs and top tokens for given logits do not depend on its neighbours
+(tests/unit/shard/test_sampling_rows.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,9 +26,18 @@ from pytgi_proto import generate_pb2
 from pytgi_shard import categorical
 from pytgi_shard.argmax import first_max
 from pytgi_shard.blocked_choice import block_rows, blocked_greedy
-from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
+from pytgi_shard.candidate_warpers import (
+    entropy,
+    largest_kept_gap,
+    removable_mass,
+    top_candidates,
+    top_p_over,
+    typical_p_over,
+)
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.grammar_masks import SharedBias
+from pytgi_shard.processors import divide_by_temperature, penalize, saturate, shifted_rows
+from pytgi_shard.warped_rows import WarpedRows
 
 NEG_INF = float("-inf")
 
@@ -42,7 +59,11 @@ class SamplingParams:
     @classmethod
     def from_pb(cls, pb: generate_pb2.NextTokenChooserParameters) -> SamplingParams:
         """Proto3 sends 0 for a float that was never set: 0 reads as the neutral value. The
-        grammar fields are shard/grammar.py's."""
+        grammar fields are shard/grammar.py's. A NaN or infinite value (proto floats carry
+        them) would make every score of the row NaN: refused, like a negative one."""
+        for name in ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(pb, name)):
+                raise InvalidRequest(f"{name} must be a finite number, got {getattr(pb, name)}")
         for name in ("temperature", "top_p", "typical_p", "repetition_penalty"):
             if getattr(pb, name) < 0:
                 raise InvalidRequest(f"{name} must not be negative, got {getattr(pb, name)}")
@@ -121,25 +142,22 @@ class NextTokenChooser:
         self.sample_rows = [i for i, x in enumerate(p) if x.samples]
         self.sample_index = torch.tensor(self.sample_rows, dtype=torch.long, device=device)
         self.temperature = self._optional([x.temperature for x in p], 1.0)
+        self.shifted = shifted_rows([x.temperature for x in p], device)
         self.repetition = self._optional([x.repetition_penalty for x in p], 1.0)
         self.frequency = self._optional([x.frequency_penalty for x in p], 0.0)
-        self.top_p = self._optional([x.top_p for x in p], 1.0)
-        self.typical_p = self._optional([x.typical_p for x in p], 1.0)
         top_k = [x.top_k for x in p]
         self.max_top_k = max(top_k, default=0)
-        # Every row keeps at most its top-k (and ties): top-p and typical-p need only those.
-        self.top_k_everywhere = min(top_k, default=0) > 0
         self.top_k = torch.tensor(top_k, dtype=torch.long, device=device).unsqueeze(1)
+        self.warped = WarpedRows.of([x.top_p for x in p], [x.typical_p for x in p], top_k, device)
+        # Penalties can overflow float32 (and a temperature then): their scores are bounded.
+        self.saturates = self.repetition is not None or self.frequency is not None
         # Nothing but the grammar masks and argmax: the choice may run in row blocks.
         self.greedy_only = not (
             self.watermark_rows
             or self.sample_rows
             or self.max_top_k
-            or any(
-                x is not None
-                for x in (self.temperature, self.repetition, self.frequency, self.top_p,
-                          self.typical_p)
-            )
+            or self.warped is not None
+            or any(x is not None for x in (self.temperature, self.repetition, self.frequency))
         )
 
     @classmethod
@@ -202,8 +220,10 @@ class NextTokenChooser:
         logprobs in `logits`' own storage.
 
         history: [batch, width] token ids so far (prompt + generated), valid up to `lengths`.
-        banned: the constrained rows' grammar masks (shard/grammar_batch.py), applied first,
-        so every processor and the choice see only the tokens the grammar allows.
+        banned: the constrained rows' grammar masks (shard/grammar_batch.py), applied after
+        the element-wise processors (the same scores as before them: -inf stays -inf through
+        each) and before the warpers, so top-k, top-p, typical-p and the choice see only the
+        tokens the grammar allows, and a banned token stays -inf where the others saturate.
         logprobs are the log-softmax of the processed scores, as TGI reports them.
         """
         scores = logits
@@ -211,24 +231,21 @@ class NextTokenChooser:
             block = block_rows(scores)
             if block is not None:
                 return blocked_greedy(scores, *banned, block), scores
-        if banned is not None:
-            ban_tokens(scores, *banned)
         if self.watermark_rows:
             previous = history.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
             rows = self.watermark_rows
             self.watermark.apply(scores, rows, previous[rows].tolist())
         if self.repetition is not None or self.frequency is not None:
-            self._penalize(scores, history, lengths)
+            penalize(scores, history, lengths, self.repetition, self.frequency)
         if self.temperature is not None:
-            scores.div_(self.temperature)
+            divide_by_temperature(scores, self.temperature, self.shifted)
+        if self.saturates:
+            saturate(scores)
+        if banned is not None:
+            ban_tokens(scores, *banned)
         top_k_ids = _top_k(scores, self.top_k, self.max_top_k) if self.max_top_k > 0 else None
-        if top_k_ids is not None and self.top_k_everywhere:
-            self._warp_candidates(scores, top_k_ids)
-        else:
-            if self.top_p is not None:
-                _top_p(scores, self.top_p)
-            if self.typical_p is not None:
-                _typical_p(scores, self.typical_p)
+        if self.warped is not None:
+            _warp(scores, self.warped, top_k_ids)
         batch = scores.shape[0]
         every_row_samples = len(self.sample_rows) == batch
         if every_row_samples:
@@ -248,26 +265,6 @@ class NextTokenChooser:
             drawn = categorical.draw_from_logprobs(logprobs, subset, uniforms)
             next_ids.index_copy_(0, self.sample_index, drawn)
         return next_ids, logprobs
-
-    def _warp_candidates(self, scores: torch.Tensor, top_k_ids: torch.Tensor) -> None:
-        """Top-p and typical-p on the top-k candidates only (the same result, no vocab sort)."""
-        if self.top_p is None and self.typical_p is None:
-            return
-        candidates = top_candidates(scores, top_k_ids)
-        if self.top_p is not None:
-            top_p_over(scores, candidates, self.top_p)
-        if self.typical_p is not None:
-            typical_p_over(scores, candidates, self.typical_p)
-
-    def _penalize(self, scores: torch.Tensor, history: torch.Tensor, lengths: torch.Tensor) -> None:
-        counts = token_counts(history, lengths, scores.shape[-1])
-        if self.repetition is not None:
-            # CTRL: push every token seen so far away from being chosen, whatever its sign.
-            penalized = torch.where(scores > 0, scores / self.repetition, scores * self.repetition)
-            scores.copy_(torch.where(counts > 0, penalized, scores))
-        if self.frequency is not None:
-            # Length-normalised counts, as TGI: the penalty does not grow with the context.
-            scores.sub_(self.frequency * counts / lengths.unsqueeze(1).to(counts.dtype))
 
     def _sample(self, scores: torch.Tensor) -> torch.Tensor:
         """An accelerator's draw from softmax(scores) per row, each from its request's own
@@ -308,15 +305,23 @@ def _host_bias(masks: torch.Tensor | SharedBias) -> bool:
     return isinstance(masks, SharedBias) or masks.dtype != torch.bool
 
 
-def token_counts(history: torch.Tensor, lengths: torch.Tensor, vocab: int) -> torch.Tensor:
-    """[batch, vocab] float32: how often each token occurs in each row's first `lengths` ids."""
-    width = history.shape[1]
-    beyond = torch.arange(width, device=history.device).unsqueeze(0) >= lengths.unsqueeze(1)
-    # Ids past a row's length go to an extra column that is dropped, so padding counts nowhere.
-    ids = history.masked_fill(beyond, vocab)
-    counts = torch.zeros(history.shape[0], vocab + 1, dtype=torch.float32, device=history.device)
-    counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.float32))
-    return counts[:, :vocab]
+def _warp(scores: torch.Tensor, warped: WarpedRows, top_k_ids: torch.Tensor | None) -> None:
+    """Top-p and typical-p on the rows that asked for either (a copy of them when not every
+    row did); over their top-k candidates when each has a top-k (the same result with no sort
+    of the vocabulary)."""
+    part = warped.select(scores)
+    if top_k_ids is not None and warped.top_k_everywhere:
+        candidates = top_candidates(part, warped.select(top_k_ids))
+        if warped.top_p is not None:
+            top_p_over(part, candidates, warped.top_p)
+        if warped.typical_p is not None:
+            typical_p_over(part, candidates, warped.typical_p)
+    else:
+        if warped.top_p is not None:
+            _top_p(part, warped.top_p)
+        if warped.typical_p is not None:
+            _typical_p(part, warped.typical_p)
+    warped.put_back(scores, part)
 
 
 def _top_k(scores: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.Tensor:
@@ -331,23 +336,24 @@ def _top_k(scores: torch.Tensor, top_k: torch.Tensor, max_top_k: int) -> torch.T
 
 
 def _top_p(scores: torch.Tensor, top_p: torch.Tensor) -> None:
+    """Masks each row's least likely tokens whose mass adds up to at most 1 - top_p."""
     # Stable: tied scores at the cut are removed in token-id order, on every device.
     sorted_scores, order = torch.sort(scores, dim=-1, stable=True)
     cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= 1 - top_p
+    remove = cumulative <= removable_mass(top_p)
     # The most likely token always stays.
     remove[:, -1] = False
     scores.masked_fill_(remove.scatter(1, order, remove), NEG_INF)
 
 
 def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> None:
+    """Keeps each row's tokens closest to its entropy in surprise, up to `mass` of probability."""
     logp = torch.log_softmax(scores, dim=-1)
-    entropy = -(logp * logp.exp()).nansum(dim=-1, keepdim=True)
-    surprise_gap = (-logp - entropy).abs()
+    surprise_gap = (-logp - entropy(logp)).abs()
     sorted_gap, order = torch.sort(surprise_gap, dim=-1, stable=True)
     cumulative = scores.gather(1, order).softmax(dim=-1).cumsum(dim=-1)
     last = (cumulative < mass).sum(dim=1, keepdim=True).clamp(max=scores.shape[-1] - 1)
-    remove = sorted_gap > sorted_gap.gather(1, last)
+    remove = sorted_gap > largest_kept_gap(sorted_gap.gather(1, last), mass)
     scores.masked_fill_(remove.scatter(1, order, remove), NEG_INF)
 
 

@@ -16,11 +16,11 @@ from transformers.generation.logits_process import (
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.processors import token_counts
 from pytgi_shard.sampling import (
     NextTokenChooser,
     SamplingParams,
     Watermark,
-    token_counts,
     top_tokens,
 )
 
