@@ -19,13 +19,15 @@ from tokenizers import Encoding, Tokenizer
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
 from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits, parse_grammar
-from pytgi_router.http.prompt_tail import (
+from pytgi_router.http.prompt_windows import (
     GROWTH,
     Tokenized,
     first_window,
+    head_words,
     keep_last,
     settled_at,
     tail_holds,
+    tokens_at_least,
 )
 from pytgi_router.http.schemas import GenerateParameters, GenerateRequest
 from pytgi_router.http.token_bound import max_chars_per_token
@@ -128,7 +130,7 @@ class Validator:
 
     async def encode_tail(self, text: str, add_special_tokens: bool, keep: int) -> Tokenized:
         """The last `keep` tokens of `text`, tokenizing only as much of its end as they need
-        (prompt_tail.py): `truncate` must not cost a megabyte prompt's full tokenization."""
+        (prompt_windows.py): `truncate` must not cost a megabyte prompt's full tokenization."""
         chars, tries = first_window(keep), 0
         while True:
             start = max(len(text) - chars, 0)
@@ -146,6 +148,7 @@ class Validator:
         if truncate is not None:
             return await self.encode_tail(text, add_special_tokens, truncate)
         self.refuse_by_length(text, None, None)
+        await self.refuse_by_head(text, add_special_tokens, None, None)
         tokenized = Tokenized(await self.encode(text, add_special_tokens))
         self._check_input_length(len(tokenized.encoding.ids))
         return tokenized
@@ -158,8 +161,25 @@ class Validator:
         per_token = self.max_chars_per_token
         if truncate is not None or per_token is None or len(inputs) <= REFUSE_BY_LENGTH_CHARS:
             return
+        self._refuse_at_least(math.ceil(len(inputs) / per_token), max_new)
+
+    async def refuse_by_head(
+        self, inputs: str, add_special_tokens: bool, truncate: int | None, max_new: int | None
+    ) -> None:
+        """refuse_by_length's question for a tokenizer that gives no certain bound: a long
+        prompt's head (prompt_windows.py), not all of it, is tokenized, and its count is a
+        floor on the prompt's. A head too short to prove anything costs a window of
+        tokenizing before the whole prompt's."""
+        window = first_window(self.limits.max_input_tokens)
+        if truncate is not None or self.max_chars_per_token is not None or len(
+                inputs) <= max(REFUSE_BY_LENGTH_CHARS, window):
+            return
+        head = await self.encode(head_words(inputs, window), add_special_tokens)
+        self._refuse_at_least(tokens_at_least(head), max_new)
+
+    def _refuse_at_least(self, at_least: int, max_new: int | None) -> None:
+        """TGI's two length messages, for a prompt known to have at least `at_least` tokens."""
         lim = self.limits
-        at_least = math.ceil(len(inputs) / per_token)
         if max_new is not None and at_least + max_new > lim.max_total_tokens:
             raise ValidationError(
                 f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
@@ -204,6 +224,7 @@ class Validator:
             raise ValidationError("`inputs` cannot be empty")
         self._check_truncate(p.truncate)
         self.refuse_by_length(req.inputs, p.truncate, p.max_new_tokens)
+        await self.refuse_by_head(req.inputs, req.add_special_tokens, p.truncate, p.max_new_tokens)
         input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:

@@ -1,4 +1,4 @@
-"""A truncated prompt's kept tokens from a tail of it (router/http/prompt_tail.py,
+"""A truncated prompt's kept tokens from a tail of it (router/http/prompt_windows.py,
 Validator.encode_tail): the same tokens as the whole prompt's encoding cut on the left, for a
 fraction of the tokenizing; and /tokenize's bound (Validator.tokenize)."""
 
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from tokenizers import Encoding, Tokenizer, models, normalizers, processors, trainers
 
 from pytgi_router.core.errors import ValidationError
-from pytgi_router.http.prompt_tail import first_window
+from pytgi_router.http.prompt_windows import first_window, head_words, tokens_at_least
 from pytgi_router.http.routes_info import tokens_response
 from pytgi_router.http.schemas import parse_generate
-from pytgi_router.http.validation import ValidationLimits, Validator
+from pytgi_router.http.validation import REFUSE_BY_LENGTH_CHARS, ValidationLimits, Validator
 from tests.tiny_models import _CORPUS, train_tokenizer
 
 LIMITS = ValidationLimits(
@@ -47,11 +47,19 @@ def metaspace_tokenizer() -> Tokenizer:
 TOKENIZERS = {"byte-level": train_tokenizer(_CORPUS), "metaspace+eos": metaspace_tokenizer()}
 
 
+def unbounded(tokenizer: Tokenizer) -> Tokenizer:
+    """The same tokenizer behind an NFC normalizer, which can shrink text: no certain
+    characters-per-token bound (token_bound.py), so a long prompt's length proves nothing."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.normalizer = normalizers.NFC()
+    return copy
+
+
 class CountingValidator(Validator):
     """Records how many characters each tokenization was given."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        super().__init__(tokenizer, LIMITS)
+    def __init__(self, tokenizer: Tokenizer, limits: ValidationLimits = LIMITS) -> None:
+        super().__init__(tokenizer, limits)
         self.encoded: list[int] = []
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> Encoding:
@@ -129,3 +137,53 @@ def test_tokenize_answer_of_a_tail_has_the_whole_inputs_byte_offsets() -> None:
     assert tail.start > 0
     cut = tokens_response(text, tail.encoding, start=tail.start).body
     assert json.loads(cut) == json.loads(whole)[-40:]
+
+
+@pytest.mark.parametrize("name", sorted(TOKENIZERS))
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), words=st.integers(20, 600),
+       fraction=st.floats(0.05, 0.95), special=st.booleans())
+def test_a_heads_count_is_a_floor_on_the_whole_prompts(
+    name: str, seed: int, words: int, fraction: float, special: bool
+) -> None:
+    tokenizer = TOKENIZERS[name]
+    text = prose(random.Random(seed), words)
+    head = head_words(text, int(len(text) * fraction))
+    assert text.startswith(head) and len(head) <= len(text) * fraction
+    floor = tokens_at_least(tokenizer.encode(head, add_special_tokens=special))
+    assert floor <= len(tokenizer.encode(text, add_special_tokens=special).ids)
+
+
+def test_without_a_certain_bound_a_long_prompt_is_refused_from_its_head() -> None:
+    tokenizer = unbounded(TOKENIZERS["byte-level"])
+    v = CountingValidator(tokenizer)
+    assert v.max_chars_per_token is None
+    text = prose(random.Random(1), 200_000)
+    with pytest.raises(ValidationError, match="Given: at least") as info:
+        asyncio.run(v.validate(parse_generate({"inputs": text, "parameters": {
+            "max_new_tokens": 4}})))
+    assert "`inputs` tokens + `max_new_tokens` must be <= 128" in info.value.message
+    assert v.encoded == [len(head_words(text, first_window(LIMITS.max_input_tokens)))]
+    with pytest.raises(ValidationError, match="must have less than 64 tokens. Given: at least"):
+        asyncio.run(v.tokenize(text, True, None))
+    # Short enough to count exactly: TGI's exact message, after one full tokenization.
+    v.encoded.clear()
+    short = text[:REFUSE_BY_LENGTH_CHARS]
+    with pytest.raises(ValidationError, match=r"Given: \d+ `inputs` tokens"):
+        asyncio.run(v.validate(parse_generate({"inputs": short})))
+    assert v.encoded == [len(short)]
+
+
+def test_a_head_that_proves_nothing_leaves_the_exact_count() -> None:
+    """Long tokens (one per run of 40 '=', learnt here) make the head's floor too low to refuse:
+    the whole prompt is then tokenized and counted exactly."""
+    tokenizer = unbounded(train_tokenizer(_CORPUS + ["=" * 40] * 50))
+    limits = ValidationLimits(max_best_of=1, max_stop_sequences=4, max_top_n_tokens=5,
+                              max_input_tokens=20_000, max_total_tokens=20_010)
+    v = CountingValidator(tokenizer, limits)
+    text = ("=" * 40 + " ") * 8000  # twice the head window
+    exact = len(tokenizer.encode(text).ids)
+    valid = asyncio.run(v.validate(parse_generate({"inputs": text, "parameters": {
+        "max_new_tokens": 4}})))
+    assert valid.request.input_length == exact
+    assert v.encoded == [len(head_words(text, first_window(20_000))), len(text)]

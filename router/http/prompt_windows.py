@@ -1,10 +1,15 @@
-"""The end of a long prompt tokenized without tokenizing the rest of it.
+"""A long prompt's head or tail tokenized instead of all of it.
 
-`truncate` keeps a prompt's last tokens (TGI cuts on the left), so a megabyte prompt with
-`truncate: 10` needs ten tokens, not a megabyte's worth: tokenizing all of it took a worker
-thread seconds (eight such requests held up everyone's validation for as long). Only a tail of
-the text is tokenized, widened until its last `keep` tokens are ones the whole text's encoding
-also ends with.
+Tokenizing a prompt near the payload limit (megabytes) takes a worker thread seconds. Two
+questions about such a prompt need only a window of it:
+
+- Tail: `truncate` keeps a prompt's last tokens (TGI cuts on the left), so a megabyte prompt
+  with `truncate: 10` needs ten tokens, not a megabyte's worth (eight such requests held up
+  everyone's validation for seconds). A tail of the text is tokenized, widened until its last
+  `keep` tokens are ones the whole text's encoding also ends with.
+- Head: whether a prompt is over the token limit, when the tokenizer gives no certain
+  characters-per-token bound (token_bound.py): the tokens of a head cut between words are the
+  whole prompt's first tokens, so their count is a floor on the prompt's.
 
 Tokenizers split text into pieces at whitespace before their model merges within each piece
 (ByteLevel's regex, Metaspace, Whitespace), so a cut changes the tokens of the piece it falls
@@ -13,6 +18,8 @@ at or after that point ("settled"), and it holds SETTLE_TOKENS more than it keep
 text without whitespace relies on, such as CJK text). A tail that never settles (the kept
 tokens inside one word longer than the window) is accepted after a few widenings: the tokens
 kept are then that word's end as the tail splits it, which is where `truncate` cuts anyway.
+A head is cut where a word ends, and SETTLE_TOKENS are taken off its count for the same
+margin.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ SETTLE_TRIES = 3
 
 # Where a word starts after whitespace: pieces from here on do not depend on what precedes.
 _WORD_AFTER_SPACE = re.compile(r"\s(?=\S)")
+# Where a word ends before whitespace: pieces up to here do not depend on what follows.
+_WORD_BEFORE_SPACE = re.compile(r"(?<=\S)\s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +93,18 @@ def keep_last(encoding: Encoding, keep: int) -> Encoding:
     if len(encoding.ids) > keep:
         encoding.truncate(keep, direction="left")
     return encoding
+
+
+def head_words(text: str, chars: int) -> str:
+    """The first `chars` characters of a longer `text`, cut back to where a word ends (not cut
+    back when the window's second half holds no whitespace)."""
+    window = text[:chars]
+    ends = [m.start() for m in _WORD_BEFORE_SPACE.finditer(window, len(window) // 2)]
+    return window[:ends[-1]] if ends else window
+
+
+def tokens_at_least(head: Encoding) -> int:
+    """A floor on the whole prompt's tokens from its head's encoding: its text tokens (a special
+    token the post-processor appends to the head, such as T5's EOS, may not be the prompt's),
+    less the margin."""
+    return len(head.ids) - sum(head.special_tokens_mask) - SETTLE_TOKENS
