@@ -18,7 +18,7 @@ from tokenizers import Encoding, Tokenizer
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
-from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits, parse_grammar
+from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits
 from pytgi_router.http.prompt_windows import (
     GROWTH,
     Tokenized,
@@ -335,7 +335,7 @@ class Validator:
         big schema takes milliseconds)."""
         if not self.limits.grammar_supported:
             raise ValidationError("grammar is not supported")
-        parsed = parse_grammar(grammar)
+        parsed = self.grammars.parse(grammar)
         if len(parsed.value) > OFFLOAD_CHARS:
             await self.offload(self.grammars.check, parsed)
         else:

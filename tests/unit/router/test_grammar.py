@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.http.grammar import (
@@ -18,6 +20,7 @@ from pytgi_router.http.grammar import (
     GrammarChecker,
     GrammarLimits,
     check_grammar,
+    json_size_exceeds,
     parse_grammar,
     response_format_grammar,
 )
@@ -149,19 +152,50 @@ def test_a_grammar_over_the_size_limit_is_refused_before_it_compiles() -> None:
     assert len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode()) == 63
     assert wire({"type": "json", "value": schema}, checker)[0] == GRAMMAR_JSON
     schema = {"enum": ["é" * 24, "x"]}  # 41 characters, 65 bytes
-    for over in ({"type": "regex", "value": "(" * 65}, {"type": "json", "value": schema}):
+    big = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(9)}}
+    for over in ({"type": "regex", "value": "(" * 65}, {"type": "json", "value": schema},
+                 {"type": "json", "value": big}):  # fmt: skip
         with pytest.raises(ValidationError) as info:
             wire(over, checker)
-        size = len(parse_grammar(over).value.encode())
         assert info.value.message == (
-            f"Input validation error: grammar is not valid: it is {size} bytes, over this "
-            "server's limit of 64 (--max-grammar-bytes)"
+            "Input validation error: grammar is not valid: it is longer than 64 bytes, this "
+            "server's limit (--max-grammar-bytes)"
         )
 
 
 def test_the_default_limit_refuses_the_ten_thousand_property_schema() -> None:
     """0.27 MB compact: seconds to validate, tens to compile per request, and no output can get
-    past its `{` (llguidance's row limit): refused by its size alone, at once."""
+    past its `{` (llguidance's row limit): refused by its size alone, before it is even written
+    out as the wire's text."""
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(10_000)}}
-    with pytest.raises(ValidationError, match="over this server's limit of 65536"):
-        wire({"type": "json", "value": schema})
+    with pytest.raises(ValidationError, match="longer than 65536 bytes"):
+        CHECKER.parse({"type": "json", "value": schema})
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(JSON_VALUES)
+def test_the_size_bound_never_exceeds_the_written_size(value: Any) -> None:
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    assert not json_size_exceeds(value, size)
+    if isinstance(value, (dict, list, str)) and size > 2:
+        # Containers and strings: the bound is exact without escapes and non-ASCII.
+        plain = json.dumps(value, separators=(",", ":"))
+        if plain.isascii() and "\\" not in plain:
+            assert json_size_exceeds(value, size - 1) == (
+                len(plain) == size and not _has_scalars(value)
+            )
+
+
+def _has_scalars(value: Any) -> bool:
+    """Numbers, booleans or null anywhere: the bound counts them as one byte."""
+    if isinstance(value, dict):
+        return any(_has_scalars(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_scalars(v) for v in value)
+    return not isinstance(value, str)

@@ -16,7 +16,7 @@ from tests.unit.shard.test_grammar import constrained, json_params, run_batch
 from tests.unit.shard.test_grammar_prepare import HOSTILE
 
 # 600 optional properties: after `{` llguidance's parser row holds ~2,400 items, over its limit
-# of 2,000 (the model's first tokens can only open the object).
+# of 2,000 (unless the model writes `{}` at once, one token of the tiny vocabulary).
 WIDE = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(600)}}
 
 
@@ -45,11 +45,17 @@ def test_a_replayed_token_the_grammar_refuses_fails_the_request_not_its_neighbou
 
 
 def test_a_grammar_over_a_parser_limit_fails_its_request_with_the_reason(engines: Engines) -> None:
-    run = run_batch(engines(False), [constrained(1, json_params(WIDE, 1), max_new=16)])
-    assert 1 not in run.finals
-    (error,) = errors(run, 1)
-    assert "Current row has" in error and "max is 2000" in error
-    assert len(run.generations[1]) <= 4
+    engine = engines(False)
+    outcomes = []
+    for seed in range(4):
+        run = run_batch(engine, [constrained(1, json_params(WIDE, seed), max_new=16)])
+        if 1 in run.finals:
+            assert json.loads(run.finals[1].text) == {} and not errors(run, 1)
+            continue
+        (error,) = errors(run, 1)
+        assert "Current row has" in error and "max is 2000" in error
+        outcomes.append(len(run.generations[1]))
+    assert outcomes and max(outcomes) <= 3  # `{`, then the failed mask's step
 
 
 def test_a_request_whose_lexer_blows_up_fails_and_the_grammar_serves_the_next(
