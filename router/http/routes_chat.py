@@ -20,7 +20,7 @@ from pytgi_router.http.openai_schemas import (
 )
 from pytgi_router.http.openai_stream import ChatChunks, error_chunk
 from pytgi_router.http.routes_generate import CLIENT_CLOSED
-from pytgi_router.http.routes_info import tokens_response
+from pytgi_router.http.routes_info import tokenize_answer
 from pytgi_router.http.schemas import GenerateRequest
 from pytgi_router.http.sse import DONE, EventStreamResponse
 from pytgi_router.http.state import AppState
@@ -62,9 +62,7 @@ class ChatRoutes:
     async def chat_tokenize(self, request: Request) -> Response:
         chat = parse_chat(await read_json(request))
         text = await self.prompt(chat)
-        validator = self.state.validator
-        encoding = await validator.encode(text, add_special_tokens=False)
-        return await validator.offload(tokens_response, text, encoding, True)
+        return await tokenize_answer(self.state, text, add_special_tokens=False, templated=True)
 
     async def chat(self, request: Request) -> Response:
         return await self.chat_body(request, await read_json(request))

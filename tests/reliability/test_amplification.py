@@ -130,8 +130,6 @@ def test_tokenize_of_a_megabyte_body_is_a_small_fast_422(router: RouterProcess) 
         assert_unharmed(router, client)
 
 
-@pytest.mark.xfail(strict=True, reason="routes_chat.chat_tokenize must call "
-                   "routes_info.tokenize_answer (a one-line change left to the lead)")
 def test_chat_tokenize_is_bounded_like_a_prompt(router: RouterProcess) -> None:
     """Over max_input_tokens (the tiny model's 255) is a 422, as /tokenize's (not a megabyte:
     while unbounded, the route would answer one with ~57 MB after ~20 s)."""
