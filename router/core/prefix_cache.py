@@ -14,12 +14,20 @@ their KV is written (`commit`), never at admission. Unreferenced cached blocks s
 the free list runs short; then the least recently used leaf is evicted first (a child's key names
 its parent's id, which must not be reused while the child is cached).
 
-A sequence that computed a block some other sequence already cached (two identical prompts
-admitted together) keeps its own copy in its table (the shard has that table) and "pins" the
-cached one: its later blocks are registered under the cached chain, which must then outlive it.
+A sequence computes a block equal to a cached one when its prompt repeats one whose last block
+was never a hit, or when it generates the tokens an earlier run did. Its table keeps its own copy
+(the shard has that table, and tables never change under the shard). When no table holds the
+cached copy, the cache adopts the sequence's block in its place (the same key; the copy's cached
+children hang under it now) and frees the copy. When another live table holds it, the sequence
+"pins" it: its later blocks are registered under that chain, as a second run would compute them
+without caching; and when the last table holding a pinned block lets go, a pinner's own copy is
+adopted the same way. So the pool never holds a block no live table uses: a repeated prompt costs
+its KV once, not once for it and once more for the cached run it equals.
+
 Invariant: every ancestor of a held (referenced or pinned) cached block is held too, so the
 unheld cached blocks are whole evictable subtrees, kept in LRU order with parents after children;
-the oldest one is therefore always a leaf and eviction is O(1).
+the oldest one is therefore always a leaf and eviction is O(1). A pinned block is always
+referenced too.
 """
 
 from __future__ import annotations
@@ -51,7 +59,7 @@ class PrefixCacheSnapshot:
 
     free: frozenset[int]
     refs: dict[int, int]  # held blocks: sequences whose table holds them
-    pins: dict[int, int]  # cached blocks: sequences relying on them without holding them
+    pins: dict[int, int]  # cached blocks: sequences relying on them with their own copy
     index: dict[int, BlockKey]  # cached block -> its key
     evictable: tuple[int, ...]  # unheld cached blocks, least recently used first
     tables: dict[int, tuple[int, ...]]
@@ -96,8 +104,9 @@ class PrefixCache:
         # A stack: the lowest ids are handed out first, which keeps tables readable in logs.
         self._free: list[int] = list(range(usable, 0, -1))
         self._refs = [0] * (usable + 1)
-        self._pins = [0] * (usable + 1)
-        self._children = [0] * (usable + 1)
+        # Cached block -> the sequences pinning it; cached block -> its cached children.
+        self._pinners: dict[int, set[int]] = {}
+        self._children: dict[int, set[int]] = {}
         self._index: dict[BlockKey, int] = {}
         self._keys: dict[int, BlockKey] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()
@@ -155,11 +164,10 @@ class PrefixCache:
         return fresh + sum(1 for block in matched if block in lru)
 
     def snapshot(self) -> PrefixCacheSnapshot:
-        refs, pins = self._refs, self._pins
         return PrefixCacheSnapshot(
             free=frozenset(self._free),
-            refs={b: n for b, n in enumerate(refs) if n},
-            pins={b: n for b, n in enumerate(pins) if n},
+            refs={b: n for b, n in enumerate(self._refs) if n},
+            pins={b: len(seqs) for b, seqs in self._pinners.items()},
             index=dict(self._keys),
             evictable=tuple(self._lru),
             tables={s: tuple(seq.table) for s, seq in self._seqs.items()},
@@ -211,8 +219,10 @@ class PrefixCache:
     def commit(self, seq_id: int, tokens: Sequence[int]) -> None:
         """After a step: `tokens` are all of the sequence's token ids whose KV is now written in
         its blocks (prompt and generated). Every newly completed full block becomes hittable; one
-        identical to a block cached already is not registered twice (the cached one is pinned
-        instead, and the sequence's next blocks are registered under it). O(new full blocks)."""
+        identical to a block cached already is not registered twice: the cache adopts it in
+        place of the cached copy when no table holds that copy, otherwise the sequence pins the
+        copy (its next blocks are registered under it). O(new full blocks, and the children of
+        an adopted copy)."""
         seq = self._sequence(seq_id)
         size = self.block_size
         if len(tokens) > len(seq.table) * size:
@@ -229,14 +239,14 @@ class PrefixCache:
             own = seq.table[position]
             block = index.get(key)
             if block is None:
-                index[key] = own
-                self._keys[own] = key
-                if parent is not None:
-                    self._children[parent] += 1
+                self._register(key, own)
                 block = own
             elif block != own:
-                self._pins[block] += 1
-                self._lru.pop(block, None)
+                if self._refs[block]:
+                    self._pinners.setdefault(block, set()).add(seq_id)
+                else:
+                    self._adopt(block, own, position)
+                    block = own
             chain.append(block)
             parent = block
 
@@ -247,21 +257,23 @@ class PrefixCache:
         if seq is None:
             raise PrefixCacheError(f"sequence {seq_id} is not admitted")
         table, chain = seq.table, seq.chain
-        refs, pins = self._refs, self._pins
+        refs = self._refs
         # Deepest first, so each parent lands in the LRU order after its children.
         for position in range(len(table) - 1, -1, -1):
             if position < len(chain) and chain[position] != table[position]:
-                pinned = chain[position]
-                pins[pinned] -= 1
-                if not pins[pinned] and not refs[pinned]:
-                    self._lru[pinned] = None
+                self._unpin(chain[position], seq_id)
             block = table[position]
             refs[block] -= 1
-            if not refs[block] and not pins[block]:
-                if block in self._keys:
-                    self._lru[block] = None
-                else:
-                    self._free.append(block)
+            if refs[block]:
+                continue
+            pinners = self._pinners.get(block)
+            if pinners:
+                # The last table holding it let go: a pinner's own copy takes its place.
+                self._adopt(block, self._seqs[min(pinners)].table[position], position)
+            elif block in self._keys:
+                self._lru[block] = None
+            else:
+                self._free.append(block)
 
     def clear(self) -> None:
         """The shards restarted: their KV is gone, so is every sequence and cached block."""
@@ -291,6 +303,61 @@ class PrefixCache:
             parent = block
         return matched
 
+    def _register(self, key: BlockKey, block: int) -> None:
+        """Makes a sequence's freshly written full block hittable under `key`."""
+        self._index[key] = block
+        self._keys[block] = key
+        parent = key[0]
+        if parent is not None:
+            self._children.setdefault(parent, set()).add(block)
+
+    def _unpin(self, block: int, seq_id: int) -> None:
+        """The sequence no longer relies on the cached `block` (it is leaving)."""
+        pinners = self._pinners[block]
+        pinners.discard(seq_id)
+        if not pinners:
+            del self._pinners[block]
+            if not self._refs[block]:  # never while the invariant holds: a safe fallback
+                self._lru[block] = None
+
+    def _adopt(self, copy: int, own: int, position: int) -> None:
+        """`own`, a live sequence's block at `position` holding the KV the cached `copy` holds
+        (no table holds `copy`), replaces it in the index: its key, its cached children (their
+        keys name their parent) and its pinners, whose chains now go through `own`; `copy` is
+        free. The sequence that holds `own` stops pinning `copy` if it did."""
+        key = self._keys.pop(copy)
+        self._register(key, own)
+        parent = key[0]
+        if parent is not None:
+            self._children[parent].discard(copy)
+        children = self._children.pop(copy, None)
+        if children:
+            self._rekey_children(children, own)
+        pinners = self._pinners.pop(copy, None)
+        if pinners:
+            self._move_pinners(pinners, own, position)
+        self._lru.pop(copy, None)
+        self._free.append(copy)
+
+    def _rekey_children(self, children: set[int], parent: int) -> None:
+        """Cached `children` hang under `parent` now (same tokens, a new parent id)."""
+        index, keys = self._index, self._keys
+        for child in children:
+            _, tokens = keys[child]
+            del index[keys[child]]
+            index[(parent, tokens)] = child
+            keys[child] = (parent, tokens)
+        self._children[parent] = children
+
+    def _move_pinners(self, pinners: set[int], own: int, position: int) -> None:
+        """The sequences pinning an adopted copy pin `own` instead, except its holder."""
+        seqs = self._seqs
+        for seq_id in pinners:
+            seqs[seq_id].chain[position] = own
+        rest = {s for s in pinners if seqs[s].table[position] != own}
+        if rest:
+            self._pinners[own] = rest
+
     def _take(self, count: int) -> list[int]:
         """`count` blocks for one sequence (the caller checked they exist), each referenced once."""
         free = self._free
@@ -309,11 +376,14 @@ class PrefixCache:
     def _evict(self) -> int:
         """Drops the least recently used unheld cached block from the index and returns it."""
         block, _ = self._lru.popitem(last=False)
-        if self._children[block]:
+        if self._children.get(block):
             raise PrefixCacheError(f"block {block} was evicted before its cached children")
         key = self._keys.pop(block)
         del self._index[key]
         parent = key[0]
         if parent is not None:
-            self._children[parent] -= 1
+            siblings = self._children[parent]
+            siblings.discard(block)
+            if not siblings:
+                del self._children[parent]
         return block

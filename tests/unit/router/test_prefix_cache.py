@@ -85,8 +85,61 @@ def test_blocks_are_hittable_only_once_committed() -> None:
     assert cache.cached_prefix(tokens) == 8
 
 
-def test_an_identical_block_committed_twice_is_cached_once_and_pinned() -> None:
-    # Two prompts sharing a prefix, both admitted before either committed.
+def held_once(cache: PrefixCache) -> bool:
+    """The pool holds one copy: every held block is in some live table (none is held only
+    because a sequence computed an equal one and pinned it)."""
+    snap = cache.snapshot()
+    in_tables = {block for table in snap.tables.values() for block in table}
+    return cache.used_count == len(in_tables) and set(snap.pins) <= set(snap.refs)
+
+
+def test_a_repeated_prompt_generating_the_same_tokens_holds_one_copy() -> None:
+    """The second run of a prompt hits its first block, computes the rest and generates the
+    same tokens: its full blocks equal cached ones nobody holds. The cache adopts its own
+    (the shard's table stays as it is) and frees the cached copies instead of pinning them."""
+    cache = PrefixCache(num_blocks=100, block_size=2)
+    prompt, generated = [1, 2, 3], [4, 5, 6, 7]
+    first = admit(cache, 1, prompt, reserve=4)
+    cache.commit(1, prompt + generated)
+    cache.release(1)
+    old = cache.snapshot()
+    second = admit(cache, 2, prompt, reserve=4)
+    assert second.blocks[0] == first.blocks[0] and second.cached_tokens == 2
+    cache.commit(2, prompt + generated)
+    assert held_once(cache)
+    assert cache.used_count == 4 and cache.cached_count == 3
+    snap = cache.snapshot()
+    assert set(snap.index) == {first.blocks[0], second.blocks[1], second.blocks[2]}
+    assert snap.index[second.blocks[2]] == (second.blocks[1], (5, 6))
+    assert not {first.blocks[1], first.blocks[2]} & set(snap.index)
+    assert {first.blocks[1], first.blocks[2]} <= snap.free
+    cache.release(2)
+    assert cache.cached_prefix(prompt + generated + [8]) == 6
+    assert cache.free_count == cache.total and len(old.index) == cache.cached_count
+
+
+def test_an_adopted_block_takes_its_cached_children_along() -> None:
+    """The first run cached a longer chain than the second has computed yet: the children of
+    the copy it replaces hang under its own block, still hittable."""
+    cache = PrefixCache(num_blocks=100, block_size=1)
+    admit_and_commit(cache, 1, [1, 2, 3, 4])
+    cache.release(1)
+    third = admit(cache, 3, [1, 2], reserve=1)  # hits 1, computes 2 itself
+    cache.commit(3, [1, 2])
+    snap = cache.snapshot()
+    assert snap.index[third.blocks[1]] == (third.blocks[0], (2,))
+    child = next(b for b, key in snap.index.items() if key[1] == (3,))
+    assert snap.index[child] == (third.blocks[1], (3,))
+    assert cache.cached_prefix([1, 2, 3, 4, 5]) == 4 and held_once(cache)
+    cache.release(3)
+    assert cache.cached_prefix([1, 2, 3, 4, 5]) == 4
+
+
+def test_an_identical_block_committed_twice_is_cached_once_and_pinned_while_held() -> None:
+    """Two prompts sharing a prefix, both admitted before either committed, each compute their
+    blocks (as without caching); the second pins the first's, which the first holds, and caches
+    its own next block under them. When the first leaves, the second's own copies replace the
+    pinned ones in the index: the pool keeps one copy, and the chain stays hittable."""
     cache = PrefixCache(num_blocks=100, block_size=2)
     tokens = [1, 2, 3, 4, 5]
     first = admit(cache, 1, tokens)
@@ -94,17 +147,20 @@ def test_an_identical_block_committed_twice_is_cached_once_and_pinned() -> None:
     cache.commit(1, tokens)
     cache.commit(2, tokens + [6])  # 3 full blocks: two duplicates of the first's, one new
     snap = cache.snapshot()
-    assert cache.cached_count == 3
     assert set(snap.index) == {first.blocks[0], first.blocks[1], second.blocks[2]}
     assert snap.index[second.blocks[2]] == (first.blocks[1], (5, 6))
     assert snap.pins == {first.blocks[0]: 1, first.blocks[1]: 1}
+    assert cache.used_count == 7 and held_once(cache)
     cache.release(1)
-    # The first sequence's cached blocks are pinned by the second: not evictable.
-    assert cache.evictable_count == 0
+    assert held_once(cache) and cache.used_count == 4
+    snap = cache.snapshot()
+    assert set(snap.index) == set(second.blocks[:3]) and not snap.pins
+    assert snap.index[second.blocks[1]] == (second.blocks[0], (3, 4))
+    assert set(first.blocks) <= snap.free
     assert cache.cached_prefix(tokens + [6, 7]) == 6
     cache.release(2)
     assert cache.free_count == cache.total
-    assert cache.snapshot().evictable == (second.blocks[2], first.blocks[1], first.blocks[0])
+    assert cache.snapshot().evictable == (second.blocks[2], second.blocks[1], second.blocks[0])
 
 
 def test_release_frees_uncached_blocks_at_once_and_keeps_cached_ones() -> None:
@@ -148,19 +204,20 @@ def test_eviction_is_least_recently_used_and_leaves_first() -> None:
     assert cache.cached_prefix(chain_b + [0]) == 3
 
 
-def test_a_cached_parent_outlives_its_children_even_when_older() -> None:
+def test_a_cached_parent_outlives_its_children() -> None:
     # The first sequence caches [p, q] and leaves; the second, admitted at the same time with a
-    # longer prompt, pins them and caches its own child r under q.
+    # longer prompt, computed the same two blocks: its own p2, q2 replace them, and it caches
+    # its own child r under q2.
     cache = PrefixCache(num_blocks=8, block_size=1)  # 7 blocks
     first = admit(cache, 1, [1, 2, 3])
     second = admit(cache, 2, [1, 2, 4])
     cache.commit(1, [1, 2])
     cache.release(1)
+    assert cache.evictable_count == 2
     cache.commit(2, [1, 2, 4])
-    assert cache.evictable_count == 0  # p and q are pinned by the second sequence
+    assert cache.evictable_count == 0 and set(first.blocks[:2]) <= cache.snapshot().free
     cache.release(2)
-    p, q = first.blocks[:2]
-    r = second.blocks[2]
+    p, q, r = second.blocks
     assert cache.snapshot().evictable == (r, q, p)
     assert cache.free_count == 7 and cache.evictable_count == 3
     admit(cache, 3, [7, 7, 7, 7])  # the free blocks

@@ -286,6 +286,16 @@ class PrefixCacheMachine(RuleBasedStateMachine):
                 assert order[parent] > order[block]
 
     @invariant()
+    def the_pool_holds_one_copy(self) -> None:
+        """Every held block is in a live table: a sequence that computed a block equal to a
+        cached one nobody holds replaces it (the cache adopts its copy), so repeated prompts
+        never hold their KV twice."""
+        snap = self.cache.snapshot()
+        in_tables = {block for seq in self.model.live.values() for block in seq.table}
+        assert set(snap.pins) <= set(snap.refs)
+        assert self.cache.used_count == len(in_tables)
+
+    @invariant()
     def committed_blocks_stay_cached_and_pins_are_exact(self) -> None:
         if not self.cache.prefix_caching:
             return
