@@ -231,10 +231,14 @@ class _ErrorCapture(logging.Handler):
 
 
 def _paged_sdpa() -> str:
-    """transformers' paged SDPA attention: "sdpa_paged" in 4.x, "paged|sdpa" in 5.x."""
+    """transformers' paged SDPA attention: "sdpa_paged" in 4.x, "paged|sdpa" in 5.x before 5.23,
+    plain "sdpa" since (continuous batching pages it; the prefixed name is gone)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    return "paged|sdpa" if "paged|sdpa" in ALL_ATTENTION_FUNCTIONS else "sdpa_paged"
+    for name in ("paged|sdpa", "sdpa_paged"):
+        if name in ALL_ATTENTION_FUNCTIONS:
+            return name
+    return "sdpa"
 
 
 def _served_window(outputs: list[Any]) -> float | None:

@@ -58,6 +58,13 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engi
     yield built
 
 
+# fp32 against fp32 with the sums in another order: logprobs near -5 differ in the fifth decimal.
+# 1e-4 held under transformers 4.57.6 and missed by 3% (1.03e-4) under 4.57.1, the lowest release
+# pyproject allows (the tiny model's random weights come from transformers' own initialisation);
+# a real error is orders of magnitude larger, and the greedy tokens and top-5 ids stay exact.
+LOGPROB_ATOL = 2e-4
+
+
 @dataclass
 class Expected:
     tokens: list[int]
@@ -187,10 +194,14 @@ def test_a_batch_of_prompt_lengths_matches_transformers(
         assert driver.run.tokens[i] == expected.tokens, (family, i)
         for step, g in enumerate(driver.run.generations[i]):
             rows = expected.logprobs[step]
-            assert g.tokens.logprobs[0] == pytest.approx(rows[g.tokens.ids[0]].item(), abs=1e-4)
+            assert g.tokens.logprobs[0] == pytest.approx(
+                rows[g.tokens.ids[0]].item(), abs=LOGPROB_ATOL
+            )
             top = g.top_tokens[0]
             assert list(top.ids) == rows.topk(5).indices.tolist()
-            assert list(top.logprobs) == pytest.approx(rows[list(top.ids)].tolist(), abs=1e-4)
+            assert list(top.logprobs) == pytest.approx(
+                rows[list(top.ids)].tolist(), abs=LOGPROB_ATOL
+            )
         # Blocks for the prompt and max_new - 1 decoder tokens: one short of the last fed token.
         assert (len(driver.blocks[i]) * BLOCK < len(prompt) + n) == (i < 2)
 
