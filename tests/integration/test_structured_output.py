@@ -18,7 +18,6 @@ import httpx
 import jsonschema
 import pytest
 
-from pytgi_router.http.tools import DEFAULT_TOOL_PROMPT
 from tests.integration.http_helpers import sse_events
 from tests.integration.structured_cases import (
     LIMITS,
@@ -386,8 +385,12 @@ def test_disable_grammar_support_and_a_template_without_tools(model: Path) -> No
                                 "error_type": "validation"}
         ok(post(router.url, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2,
                                                      "tools": TOOLS, "tool_choice": "none"}))
-        # One small tool: /chat_tokenize is bounded by --max-input-tokens like a prompt.
+        # A small tool and prompt: /chat_tokenize is bounded by --max-input-tokens (255 here)
+        # like a prompt, and TGI's default tool prompt alone is long in this vocabulary.
         tools = [{"type": "function", "function": {"name": "f"}}]
-        text = ok(post(router.url, "/chat_tokenize", {"messages": MESSAGES, "tools": tools,
-                                                      "tool_choice": "required"}))["templated_text"]
-        assert f"{MESSAGES[0]['content']}\n---\n{json.dumps(tools)}\n{DEFAULT_TOOL_PROMPT}</s>" in text
+        text = ok(post(router.url, "/chat_tokenize", {
+            "messages": [{"role": "user", "content": "Hi"}], "tools": tools,
+            "tool_choice": "required", "tool_prompt": "Call:"}))["templated_text"]
+        rendered = [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {}}}}]
+        assert f"Hi\n---\n{json.dumps(rendered)}\nCall:</s>" in text
