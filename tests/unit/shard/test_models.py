@@ -207,10 +207,11 @@ def test_heads_must_divide_by_world_size(tiny_model: Callable[..., Path]) -> Non
 def test_architecture_without_attention_interface_is_refused(tmp_path: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model("gptj", vocab_size=64, n_embd=32, n_layer=1, n_head=4,
-                                  rotary_dim=4)
+    # GPT-Neo lacks the interface in transformers 4.57 and 5.24 alike (GPT-J gained it in 5).
+    config = AutoConfig.for_model("gpt_neo", vocab_size=64, hidden_size=32, num_layers=1,
+                                  num_heads=4, attention_types=[[["global"], 1]])
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path, safe_serialization=True)
-    with pytest.raises(ValueError, match="gptj cannot be served: .* pluggable attention"):
+    with pytest.raises(ValueError, match="gpt_neo cannot be served: .* pluggable attention"):
         get_model(ModelConfig.read(tmp_path), dtype=torch.float32, dist=single_process(CPU))
 
 

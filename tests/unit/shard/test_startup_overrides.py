@@ -16,6 +16,7 @@ import torch
 from pytgi_shard.distributed import Dist
 from pytgi_shard.layers.layernorm import triton_kernels_on
 from pytgi_shard.layers.rotary import default_inv_freq
+from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.quantization.int4pack_layout import int4pack_layout
 from pytgi_shard.quantization.int_kernel_choice import IntKernel, choose_int_kernel
 from pytgi_shard.settings import ShardSettings
@@ -33,8 +34,8 @@ def rotary_of(model_dir: Path, **flags: object) -> object:
 def test_rope_override_replaces_the_config_scaling(tiny_model: Callable[..., Path]) -> None:
     """The tiny Llama's config.json says llama3 scaling; the flags replace it in the model."""
     model_dir = tiny_model("llama")
-    assert json.loads((model_dir / "config.json").read_text())["rope_scaling"]["rope_type"] == (
-        "llama3")
+    written = legacy_layout(json.loads((model_dir / "config.json").read_text()))
+    assert written["rope_scaling"]["rope_type"] == "llama3"  # transformers 5 writes rope_parameters
     head_dim = 64 // 4
     plain = default_inv_freq(head_dim, 10000.0)
     linear = rotary_of(model_dir, rope_scaling="linear", rope_factor=4.0)
