@@ -6,7 +6,8 @@ planner and PrefixCache run against it. Tokens are a deterministic function of t
 (greedy decoding of a fixed model): a repeated prompt generates the same tokens. A slot's KV is
 modelled by the whole token prefix it was computed from, so every read can check it holds what
 the sequence itself would have computed (the differential property: outputs equal those without
-caching), and `checked` also asserts that a step writes only blocks its request alone holds.
+caching), and that a step writes only blocks its request alone holds. Without `checked` (a
+large workload) it only bounds writes by the tables and generates the tokens.
 """
 
 from __future__ import annotations
@@ -23,16 +24,17 @@ from pytgi_router.core.shard_client import ShardCallError
 VOCAB = 3
 
 
-def next_token(tokens: Sequence[int]) -> int:
-    """The model's greedy choice after `tokens` (a small vocabulary: blocks repeat often)."""
-    return (sum(tokens) * 7 + len(tokens)) % VOCAB
+def next_token(tokens: Sequence[int], vocab: int = VOCAB) -> int:
+    """The model's greedy choice after `tokens` (the default small vocabulary makes blocks
+    repeat often)."""
+    return (sum(tokens) * 7 + len(tokens)) % vocab
 
 
-def reference(prompt: Sequence[int], max_new: int) -> list[int]:
+def reference(prompt: Sequence[int], max_new: int, vocab: int = VOCAB) -> list[int]:
     """What a request generates without any caching, chunking or preemption."""
     tokens = list(prompt)
     for _ in range(max_new):
-        tokens.append(next_token(tokens))
+        tokens.append(next_token(tokens, vocab))
     return tokens[len(prompt):]
 
 
@@ -49,10 +51,11 @@ class Row:
 class ModelShard:
     """Duck-types ShardClient's prefill / decode / filter_batch / clear_cache."""
 
-    def __init__(self, cache: PrefixCache, checked: bool = True) -> None:
+    def __init__(self, cache: PrefixCache, checked: bool = True, vocab: int = VOCAB) -> None:
         self.cache = cache
         self.size = cache.block_size
         self.checked = checked
+        self.vocab = vocab
         self.kv: dict[int, list[tuple[int, ...] | None]] = {}
         self.rows: dict[int, Row] = {}
         self.batch_id: int | None = None
@@ -164,7 +167,7 @@ class ModelShard:
         return self._sample(request.id, row)
 
     def _sample(self, rid: int, row: Row) -> pb.Generation:
-        token = next_token(row.tokens)
+        token = next_token(row.tokens, self.vocab)
         row.tokens.append(token)
         generation = pb.Generation(
             request_id=rid,
@@ -197,7 +200,10 @@ class ModelShard:
     # KV memory
 
     def _read(self, tokens: list[int], table: list[int], end: int) -> None:
-        """Attention over positions [0, end): each slot holds the KV of exactly this prefix."""
+        """Attention over positions [0, end): each slot holds the KV of exactly this prefix
+        (checked only when `checked`: O(end^2))."""
+        if not self.checked:
+            return
         size = self.size
         for position in range(end):
             block = table[position // size]
@@ -210,6 +216,8 @@ class ModelShard:
     def _write(self, rid: int, tokens: list[int], table: list[int], start: int, end: int) -> None:
         size = self.size
         assert end <= len(table) * size, f"request {rid}: no KV slot for position {end - 1}"
+        if not self.checked:
+            return
         for position in range(start, end):
             block = table[position // size]
             if self._owned is not None:
