@@ -8,13 +8,14 @@ regex that does not parse is a 422 naming the problem before any shard sees it. 
 refusals keep a grammar from costing the shards what no output is worth (GrammarChecker):
 
 - its text (the compact JSON Schema, or the regex) over `max_bytes` (--max-grammar-bytes),
-  refused before anything compiles it. Compiling grows faster than the text: measured on this
-  CPU, a 59 KB schema of 2,000 optional properties took 0.6 s to validate here and 1.3 s to
-  compile against a 4k vocabulary, a 0.3 MB one of 10,000 took 3-10 s and 19 s, and its first
-  mask ~1 s, on every request; such a schema cannot even be generated (after `{` its parser row
-  has 40,000 items, llguidance's limit is 2,000). The default 64 KiB takes the largest schemas
-  seen in practice (tool sets of dozens of functions) and bounds one validation to well under a
-  second;
+  refused before anything compiles it, or even writes it out (json_size_exceeds). Compiling
+  grows faster than the text: measured on this CPU, a 59 KB schema of 2,000 optional properties
+  took 0.6 s to validate here and 1.3 s to compile against a 4k vocabulary, a 0.35 MB one of
+  10,000 took 3-10 s and 19 s, and its first mask ~1 s; and neither can be generated past its
+  `{` (the parser's items there are over llguidance's limits: 2,000 in a row, 50,000 a step).
+  The default 64 KiB takes tool sets of dozens of functions and bounds one validation to well
+  under a second; the verdict on a grammar is kept, so one sent with every request is compiled
+  here once;
 - a grammar that allows no output at all (`[a&&b]`, `[^\\x00-\\x{10FFFF}]`, `{"$ref": "#"}`):
   llguidance compiles it, and its first mask is an error state, which on a shard would force EOS
   at once (an empty 200). The grammar is compiled over a vocabulary of the 256 bytes, and its
@@ -26,6 +27,8 @@ refusals keep a grammar from costing the shards what no output is worth (Grammar
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +53,8 @@ JSON_KINDS = ("json", "json_object", "json_schema")
 _UNSUPPORTED = ("Unimplemented keys", "Unknown format")
 # llguidance's errors when no byte can ever be produced: the grammar's language is empty.
 _NO_OUTPUT = ("NoExtension", "NoExtensionBias")
+# How much grammar text the router's verdicts cover (GrammarChecker).
+MEMO_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +156,21 @@ class _ByteVocabulary:
 class GrammarChecker:
     """Compiles grammars as the shards will, over the byte vocabulary, within `limits`: a 422
     for a grammar over a limit, refused by llguidance, or allowing no output. One per process
-    (the vocabulary is built once); thread-safe (validation runs it in its worker pool)."""
+    (the vocabulary is built once); thread-safe (validation runs it in its worker pool).
 
-    def __init__(self, limits: GrammarLimits | None = None) -> None:
+    The verdicts on the last grammars checked (`memo_bytes` of their text) are kept: a client
+    that sends one large schema with every request has it compiled here once, not per request
+    (a 59 KB schema of 1,200 properties costs ~0.2 s), which leaves the CPU to the shards, who
+    compile it for every request (each request's matcher is its own: shard/grammar.py)."""
+
+    def __init__(self, limits: GrammarLimits | None = None, memo_bytes: int = MEMO_BYTES) -> None:
         self.limits = limits or GrammarLimits()
+        self.memo_bytes = memo_bytes
         self._vocabulary = LLTokenizer(TokenizerWrapper(_ByteVocabulary()))
+        # (grammar_type, text) -> None for a valid grammar, else its refusal; oldest first.
+        self._verdicts: OrderedDict[tuple[int, str], str | None] = OrderedDict()
+        self._verdict_bytes = 0
+        self._lock = threading.Lock()
 
     def parse(self, grammar: dict[str, Any]) -> Grammar:
         """parse_grammar within the size limit."""
@@ -164,13 +179,37 @@ class GrammarChecker:
     def check(self, grammar: Grammar) -> None:
         if len(grammar.value.encode()) > self.limits.max_bytes:
             raise _too_long(self.limits.max_bytes)
+        key = (grammar.grammar_type, grammar.value)
+        with self._lock:
+            known = key in self._verdicts
+            verdict = self._verdicts.get(key)
+            if known:
+                self._verdicts.move_to_end(key)
+        if not known:
+            verdict = self._compile(grammar)
+            self._remember(key, verdict)
+        if verdict is not None:
+            raise ValidationError(verdict)
+
+    def _compile(self, grammar: Grammar) -> str | None:
+        """None for a grammar llguidance compiles and that allows some output, else why not."""
         matcher = LLMatcher(
             self._vocabulary, _source(grammar), log_level=0,
             limits=LLParserLimits(verbose_errors=False),
         )  # fmt: skip
         if matcher.is_error():
-            raise ValidationError(f"grammar is not valid: {_reason(grammar, matcher.get_error())}")
-        _check_first_mask(grammar, matcher)
+            return f"grammar is not valid: {_reason(grammar, matcher.get_error())}"
+        return _first_mask_refusal(grammar, matcher)
+
+    def _remember(self, key: tuple[int, str], verdict: str | None) -> None:
+        with self._lock:
+            if key in self._verdicts:
+                return
+            self._verdicts[key] = verdict
+            self._verdict_bytes += len(key[1])
+            while self._verdict_bytes > self.memo_bytes and self._verdicts:
+                (_, text), _ = self._verdicts.popitem(last=False)
+                self._verdict_bytes -= len(text)
 
 
 def check_grammar(grammar: Grammar) -> None:
@@ -190,16 +229,17 @@ def _source(grammar: Grammar) -> str:
     return LLMatcher.grammar_from_json_schema(grammar.value)
 
 
-def _check_first_mask(grammar: Grammar, matcher: LLMatcher) -> None:
-    """The first mask of a grammar that allows no output is llguidance's error state."""
+def _first_mask_refusal(grammar: Grammar, matcher: LLMatcher) -> str | None:
+    """Why the grammar's first mask fails, or None: a grammar that allows no output has
+    llguidance's error state there."""
     words = np.empty(((257 + 31) // 32,), dtype=np.int32)
     matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
     if not matcher.is_error():
-        return
+        return None
     error = matcher.get_error()
     if error.split("\n")[0].strip() in _NO_OUTPUT:
-        raise ValidationError("grammar is not valid: no output can match it")
-    raise ValidationError(f"grammar is not valid: {_reason(grammar, error)}")
+        return "grammar is not valid: no output can match it"
+    return f"grammar is not valid: {_reason(grammar, error)}"
 
 
 def _reason(grammar: Grammar, message: str) -> str:

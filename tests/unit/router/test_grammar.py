@@ -183,13 +183,10 @@ JSON_VALUES = st.recursive(
 def test_the_size_bound_never_exceeds_the_written_size(value: Any) -> None:
     size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
     assert not json_size_exceeds(value, size)
-    if isinstance(value, (dict, list, str)) and size > 2:
-        # Containers and strings: the bound is exact without escapes and non-ASCII.
-        plain = json.dumps(value, separators=(",", ":"))
-        if plain.isascii() and "\\" not in plain:
-            assert json_size_exceeds(value, size - 1) == (
-                len(plain) == size and not _has_scalars(value)
-            )
+    plain = json.dumps(value, separators=(",", ":"))
+    if not _has_scalars(value) and plain.isascii() and "\\" not in plain:
+        # Only containers and strings, nothing escaped: the bound is the size.
+        assert json_size_exceeds(value, size - 1)
 
 
 def _has_scalars(value: Any) -> bool:
@@ -199,3 +196,26 @@ def _has_scalars(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_scalars(v) for v in value)
     return not isinstance(value, str)
+
+
+def test_a_grammar_sent_again_is_not_compiled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict on each grammar is kept (valid or not) for the last `memo_bytes` of
+    grammar text: a large schema sent with every request costs one compile."""
+    checker = GrammarChecker(memo_bytes=40)
+    compiled: list[str] = []
+    compile_once = checker._compile
+
+    def counted(grammar: Grammar) -> str | None:
+        compiled.append(grammar.value)
+        return compile_once(grammar)
+
+    monkeypatch.setattr(checker, "_compile", counted)
+    good, bad = Grammar(GRAMMAR_REGEX, "[0-9]{20}"), Grammar(GRAMMAR_REGEX, "[a&&b]")
+    for _ in range(3):
+        checker.check(good)
+        with pytest.raises(ValidationError, match="no output can match it"):
+            checker.check(bad)
+    assert compiled == ["[0-9]{20}", "[a&&b]"]
+    checker.check(Grammar(GRAMMAR_REGEX, "x" * 30))  # 9 + 6 + 30 > 40: the oldest goes
+    checker.check(good)
+    assert compiled == ["[0-9]{20}", "[a&&b]", "x" * 30, "[0-9]{20}"]
