@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from pytgi_shard.service.startup import load_engine
     from pytgi_shard.settings import ShardSettings
-    from pytgi_shard.startup import load_engine
 
     if args.threads:
         torch.set_num_threads(args.threads)

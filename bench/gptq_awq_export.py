@@ -1,7 +1,7 @@
 """GPTQ and AWQ exports of a float Llama checkpoint, for the benchmarks: each projection
 min-max quantized per group of input features (4 bits, asymmetric, float16 scales) and packed
 in the format's layout by pytgi's own packers (int_packing, held to bit-loop packers written
-from the documented layouts in tests/unit/shard/test_int_packing.py). Speed does not depend on
+from the documented layouts in tests/unit/shard/quantization/test_int_packing.py). Speed does not depend on
 how well the integers were chosen, so no calibration (GPTQ's Hessian, AWQ's activation scales)
 is run; quality proofs use the tests' exports and their dequantized float copies.
 """

@@ -88,8 +88,8 @@ stage_install() {
     "$PY" -m pytgi_bench.requirements_check --json "$WORK/requirements.json" \
         --trust $(sed -n 's/^# provided: //p' bench/gpu-wheels.txt) || rc=1
     echo "+ import every process's entry module and the test clients"
-    "$PY" -c "import pytgi_launcher.cli, pytgi_router.cli, pytgi_shard.cli, pytgi_router.http.app, \
-pytgi_shard.server, openai, text_generation, pytest_timeout, grpc_health.v1.health, \
+    "$PY" -c "import pytgi_launcher.cli, pytgi_router.cli, pytgi_shard.service.cli, pytgi_router.http.app, \
+pytgi_shard.service.server, openai, text_generation, pytest_timeout, grpc_health.v1.health, \
 opentelemetry.exporter.otlp.proto.grpc.trace_exporter; print('imports: ok')" || rc=1
     return $rc
 }
@@ -101,7 +101,7 @@ stage_tests() {
     else
         "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'" || return 1
         local f
-        for f in tests/unit/shard/test_triton_*.py tests/unit/shard/test_graph_runner.py \
+        for f in tests/unit/shard/test_triton_*.py tests/unit/shard/engine/test_graph_runner.py \
             tests/gpu/; do
             [[ -e $f ]] && files+=("$f")
         done

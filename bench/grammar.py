@@ -14,7 +14,7 @@ every Decode. A second constrained batch with the same schema must compile nothi
 compiler's cache counts hits and misses). The breakdown says where a constrained step's extra
 time goes: in the grammar thread (tokens consumed, llguidance's masks) and on the engine's
 thread (hand-off, waiting for the masks, the words to the bias, with the fraction of steps whose
-rows shared masks enough to make the bias per run of rows: shard/grammar_masks.py); then, timed
+rows shared masks enough to make the bias per run of rows: shard/structured_output/masks.py); then, timed
 apart on a batch of 64 distinct random masks, the words to a per-row bias, its add to the
 logits, and the plain masked fill by a bool it replaces.
 """
@@ -132,8 +132,8 @@ def run(engine: Any, request: pb.Batch) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from pytgi_shard.service.startup import load_engine
     from pytgi_shard.settings import ShardSettings
-    from pytgi_shard.startup import load_engine
 
     model = build_model(args.root, args.tokenizer_source)
     settings = ShardSettings(model_path=model, block_size=args.block, overlap=args.overlap,
@@ -182,8 +182,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cold_compile_ms(engine: Any) -> float:
     """The schema compiled by a fresh compiler over the engine's vocabulary (no cache)."""
-    from pytgi_shard.grammar import GrammarCompiler, GrammarSpec
-    from pytgi_shard.grammar_worker import MaskWorker
+    from pytgi_shard.structured_output.compiler import GrammarCompiler, GrammarSpec
+    from pytgi_shard.structured_output.worker import MaskWorker
 
     detokenizer = engine.detokenizer
     fresh = GrammarCompiler(detokenizer.tokenizer.to_str(), engine.model.vocab_size,
@@ -203,8 +203,8 @@ def _apply_ms(rows: int, vocab: int, repeats: int = 20) -> dict[str, float]:
     fill by a bool it replaced."""
     import torch
 
-    from pytgi_shard.grammar_masks import HostBias
     from pytgi_shard.sampling import NEG_INF, ban_tokens
+    from pytgi_shard.structured_output.masks import HostBias
 
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(rows, vocab, generator=g)

@@ -112,8 +112,8 @@ class InProcessShardClient:
 
 def load_engine(model_dir: Path, dtype: torch.dtype):  # type: ignore[no-untyped-def]
     """The shard's Engine for `model_dir` on one rank, built as `pytgi-shard serve` builds it."""
+    from pytgi_shard.service.startup import load_engine as shard_load_engine
     from pytgi_shard.settings import ShardSettings
-    from pytgi_shard.startup import load_engine as shard_load_engine
 
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
     return shard_load_engine(ShardSettings(model_path=model_dir, dtype=names[dtype]))

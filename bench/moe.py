@@ -146,7 +146,7 @@ def _pytgi_decoder(model: Any, batch: int, steps: int) -> Callable[[int], object
     """run(i): the decode step of `batch` requests at position PROMPT + i, after their prefill
     (repeatable: the step writes the same cache slots again)."""
     from pytgi_shard.attention import AttentionMetadata
-    from pytgi_shard.kv_cache import KVCache
+    from pytgi_shard.attention.kv_cache import KVCache
 
     block = 16
     per_request = -(-(PROMPT + steps + 1) // block)
@@ -185,7 +185,7 @@ def _hf_decoder(model: Any, batch: int, steps: int) -> Callable[[int], object]:
 def measure(name: str, root: Path, reps: int, steps: int) -> list[Row]:
     from transformers import AutoModelForCausalLM
 
-    from pytgi_shard.distributed import single_process
+    from pytgi_shard.device.distributed import single_process
     from pytgi_shard.models import ModelConfig, get_model
 
     path = build_checkpoint(root, name)

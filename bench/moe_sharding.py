@@ -57,12 +57,12 @@ def load_block(path: Path, dist: Any, sharding: str) -> Any:
     """Layer 0's MoE block of the checkpoint at `path`, this rank's part of it."""
     from pytgi_shard.layers.moe import SparseMoE
     from pytgi_shard.models import ModelConfig
-    from pytgi_shard.models.moe_config import (
+    from pytgi_shard.models.llama.moe import (
         mixtral_config,
         qwen2_moe_config,
         qwen3_moe_config,
     )
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
     raw = ModelConfig.read(path).raw
     read = {"mixtral": mixtral_config, "qwen2_moe": qwen2_moe_config,
@@ -84,7 +84,7 @@ def inputs(batch: int, hidden: int, reps: int) -> torch.Tensor:
 
 def _rank_main(rank: int, port: int, path: Path, reps: int, out: Path) -> None:
     from pytgi_bench.moe import paired_ms
-    from pytgi_shard.distributed import init_distributed
+    from pytgi_shard.device.distributed import init_distributed
 
     torch.set_num_threads(1)
     dist = init_distributed(rank, WORLD, "127.0.0.1", port, torch.device("cpu"))
@@ -120,7 +120,7 @@ def expert_reads(block: Any, x: torch.Tensor, world: int) -> tuple[float, float]
 def busiest_rank_ms(path: Path, sharding: str, x: torch.Tensor, world: int = WORLD) -> float:
     """Median over the inputs of the slowest rank's forward on that input (no all-reduce), each
     rank's time the best of 3 runs: routing decides the balance, not the machine's other load."""
-    from pytgi_shard.distributed import Dist, single_process
+    from pytgi_shard.device.distributed import Dist, single_process
 
     cpu = torch.device("cpu")
     ranks = []
@@ -147,7 +147,7 @@ def _best_of(run: Callable[[], object], tries: int) -> float:
 
 
 def measure_sharding(path: Path, name: str, reps: int) -> list[ShardingRow]:
-    from pytgi_shard.distributed import single_process
+    from pytgi_shard.device.distributed import single_process
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "times.pt"

@@ -68,8 +68,8 @@ def _peak_mib() -> float:
 
 def run_case(model: Path, prompt_len: int, chunk: int, logprobs: bool, repeats: int) -> Case:
     """In this process: load, warm up small, then the prompt's prefill `repeats` times."""
+    from pytgi_shard.service.startup import load_engine
     from pytgi_shard.settings import ShardSettings
-    from pytgi_shard.startup import load_engine
 
     engine = load_engine(ShardSettings(model_path=model, block_size=BLOCK))
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=16,

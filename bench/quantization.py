@@ -89,8 +89,8 @@ def _warmup(engine, max_batch: int) -> None:  # type: ignore[no-untyped-def]
 
 def load(model_dir: Path, mode: str, dtype: str, max_batch: int):  # type: ignore[no-untyped-def]
     """The shard's engine for `mode` as `pytgi-shard serve --quantize mode` builds it."""
+    from pytgi_shard.service.startup import load_engine
     from pytgi_shard.settings import ShardSettings
-    from pytgi_shard.startup import load_engine
 
     quantize = None if mode == "float" else mode
     if mode in EXPORTED:

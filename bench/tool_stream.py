@@ -16,7 +16,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from pytgi_router.http.tool_stream import ToolCallStream
+from pytgi_router.http.openai.tool_stream import ToolCallStream
 
 _TOKEN_CHARS = 4
 

@@ -33,7 +33,7 @@ def shard_argv(
     """`master_port`: the one resolved at launch (else --master-port, else the shard's default);
     `instance_id`: the launch's id, which the shard answers health checks for (readiness.py)."""
     return [
-        sys.executable, "-m", "pytgi_shard.cli", "serve", str(model_path),
+        sys.executable, "-m", "pytgi_shard.service.cli", "serve", str(model_path),
         "--rank", str(rank), "--world-size", str(world_size),
         "--master-addr", s.master_addr, *_opt("--master-port", master_port or s.master_port),
         "--uds-path", s.shard_base_path, "--dtype", dtype,

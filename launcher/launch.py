@@ -11,9 +11,9 @@ from pathlib import Path
 from pytgi_launcher.logs import LogSink, configure_logging
 from pytgi_launcher.settings import LauncherSettings
 from pytgi_launcher.supervisor import Plan, Supervisor
-from pytgi_shard.model_resolution import ModelNotFound, WeightsSource, hub_token, resolve_model
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.resolution import resolve_quantization
+from pytgi_shard.weights.resolution import ModelNotFound, WeightsSource, hub_token, resolve_model
 
 # Device nodes a GPU driver creates (NVIDIA; ROCm's kfd; WSL's dxg): with none of them there is
 # no GPU to find, and the launcher need not import torch (~1.6 s before any shard starts) to say so.

@@ -16,7 +16,8 @@ import time
 from typing import TextIO
 
 from pytgi_proto.contracts import utc_timestamp
-from pytgi_shard import model_resolution, weights_conversion
+from pytgi_shard.weights import conversion as weights_conversion
+from pytgi_shard.weights import resolution as model_resolution
 
 LAUNCHER = "launcher"
 

@@ -32,7 +32,7 @@ from pytgi_launcher.logs import LogSink
 from pytgi_launcher.readiness import local_url, router_healthy, shard_serving, shard_target
 from pytgi_launcher.restart import RestartPolicy
 from pytgi_launcher.settings import LauncherSettings
-from pytgi_shard.serving_state import instance_service
+from pytgi_shard.service.serving_state import instance_service
 
 POLL_SECONDS = 0.1
 PROGRESS_SECONDS = 10.0

@@ -33,10 +33,10 @@ from pytgi_router.core.infer import Infer
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.core.watchdog import Watchdog
 from pytgi_router.http.app import create_app
-from pytgi_router.http.chat_template import load_chat_template
 from pytgi_router.http.grammar import GrammarLimits
 from pytgi_router.http.http_protocol import bounded_protocol
 from pytgi_router.http.model_files import ModelFiles, pipeline_tag, snapshot_sha
+from pytgi_router.http.openai.chat_template import load_chat_template
 from pytgi_router.http.sse import RawSend
 from pytgi_router.http.state import AppState
 from pytgi_router.http.validation import ValidationLimits, Validator

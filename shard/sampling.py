@@ -35,8 +35,8 @@ from pytgi_shard.candidate_warpers import (
     typical_p_over,
 )
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.grammar_masks import SharedBias
 from pytgi_shard.processors import divide_by_temperature, penalize, saturate, shifted_rows
+from pytgi_shard.structured_output.masks import SharedBias
 from pytgi_shard.warped_rows import WarpedRows
 
 NEG_INF = float("-inf")
@@ -59,7 +59,7 @@ class SamplingParams:
     @classmethod
     def from_pb(cls, pb: generate_pb2.NextTokenChooserParameters) -> SamplingParams:
         """Proto3 sends 0 for a float that was never set: 0 reads as the neutral value. The
-        grammar fields are shard/grammar.py's. A NaN or infinite value (proto floats carry
+        grammar fields are shard/structured_output/compiler.py's. A NaN or infinite value (proto floats carry
         them) would make every score of the row NaN: refused, like a negative one."""
         for name in ("temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty"):
             if not math.isfinite(getattr(pb, name)):
@@ -220,7 +220,7 @@ class NextTokenChooser:
         logprobs in `logits`' own storage.
 
         history: [batch, width] token ids so far (prompt + generated), valid up to `lengths`.
-        banned: the constrained rows' grammar masks (shard/grammar_batch.py), applied after
+        banned: the constrained rows' grammar masks (shard/structured_output/batch_grammar.py), applied after
         the element-wise processors (the same scores as before them: -inf stays -inf through
         each) and before the warpers, so top-k, top-p, typical-p and the choice see only the
         tokens the grammar allows, and a banned token stays -inf where the others saturate.
@@ -284,7 +284,7 @@ def ban_tokens(
     """The constrained rows' grammar masks applied to the listed rows (None: every row), in one
     op whatever their number. `masks` ([len(rows), vocab]) is either a float32 bias, 0.0 where
     allowed and -inf where banned (the CPU's: adding is vectorised there, a masked fill is not;
-    shard/grammar_masks.py), or bool, True where banned (an accelerator's); or the CPU's bias
+    shard/structured_output/masks.py), or bool, True where banned (an accelerator's); or the CPU's bias
     of runs of rows sharing a mask (SharedBias, which knows its rows: one add per run)."""
     if isinstance(masks, SharedBias):
         masks.apply(scores)

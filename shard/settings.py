@@ -34,7 +34,7 @@ def parse_cuda_graphs(text: str, source: str = "--cuda-graphs") -> tuple[int, ..
 
 
 # What the cache of constrained requests' grammars and prepared matchers may hold
-# (shard/grammar_cache.py): --grammar-cache-bytes.
+# (shard/structured_output/cache.py): --grammar-cache-bytes.
 DEFAULT_GRAMMAR_CACHE_BYTES = 512 * 1024 * 1024
 
 # TGI's --rope-scaling values: the two kinds that take nothing but a factor.
@@ -100,11 +100,11 @@ class ShardSettings:
     # CPU KV budget in tokens when the router's Warmup does not impose one.
     max_total_tokens: int | None = None
     cuda_memory_fraction: float = 1.0
-    # Queue each step's next decode forward before reading its tokens back (shard/lookahead.py);
+    # Queue each step's next decode forward before reading its tokens back (shard/engine/lookahead.py);
     # None: on for CUDA devices.
     overlap: bool | None = None
     # Advance constrained requests' grammars in a grammar thread alongside the forward
-    # (shard/grammar_worker.py); None: on for accelerators, inline on the CPU.
+    # (shard/structured_output/worker.py); None: on for accelerators, inline on the CPU.
     grammar_thread: bool | None = None
     grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES
     # Decode batch sizes to capture as CUDA graphs; () disables them.
@@ -115,7 +115,7 @@ class ShardSettings:
     log_level: str = "INFO"
     otlp_endpoint: str | None = None
     otlp_service_name: str = "pytgi.shard"
-    # A shared secret every call but grpc.health.v1 must carry (shard/token_auth.py); None: open.
+    # A shared secret every call but grpc.health.v1 must carry (shard/service/token_auth.py); None: open.
     shard_token: str | None = field(default=None, repr=False)
     # gRPC reflection; None: on for a unix socket, off over TCP (it maps the API for anyone).
     grpc_reflection: bool | None = None

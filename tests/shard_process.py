@@ -38,7 +38,7 @@ def free_port() -> int:
 def shard_command() -> list[str]:
     """The installed console script next to this interpreter, else the module."""
     script = Path(sys.executable).parent / "pytgi-shard"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "pytgi_shard.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "pytgi_shard.service.cli"]
 
 
 @dataclass

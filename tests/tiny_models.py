@@ -64,7 +64,7 @@ _SMALL = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 256,
 }
-# The other families of the Llama-style decoder (shard/models/llama.py), each with the features
+# The other families of the Llama-style decoder (shard/models/llama/model.py), each with the features
 # that set it apart switched on and made to bite: windows shorter than the test prompts, soft caps
 # the scores reach, head_dim independent of hidden_size, multipliers far from 1.
 DECODER_FAMILIES: dict[str, dict] = {

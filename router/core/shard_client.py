@@ -36,7 +36,7 @@ _CHANNEL_OPTIONS = [
 
 
 def token_metadata(token: str | None) -> tuple[tuple[str, str], ...] | None:
-    """What the shards' token interceptor (pytgi_shard.token_auth) checks on every call."""
+    """What the shards' token interceptor (pytgi_shard.service.token_auth) checks on every call."""
     return None if token is None else (("authorization", f"Bearer {token}"),)
 
 

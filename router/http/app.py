@@ -25,9 +25,9 @@ from pytgi_router.http.http_errors import (
     UnauthorizedError,
 )
 from pytgi_router.http.http_io import error_response, read_json
+from pytgi_router.http.openai.routes_chat import ChatRoutes
+from pytgi_router.http.openai.routes_completions import CompletionRoutes
 from pytgi_router.http.openapi import DocsRoutes
-from pytgi_router.http.routes_chat import ChatRoutes
-from pytgi_router.http.routes_completions import CompletionRoutes
 from pytgi_router.http.routes_generate import GenerateRoutes
 from pytgi_router.http.routes_info import InfoRoutes
 from pytgi_router.http.state import AppState

@@ -161,7 +161,7 @@ class GrammarChecker:
     The verdicts on the last grammars checked (`memo_bytes` of their text) are kept: a client
     that sends one large schema with every request has it compiled here once, not per request
     (a 59 KB schema of 1,200 properties costs ~0.2 s), which leaves the CPU to the shards, who
-    compile it for every request (each request's matcher is its own: shard/grammar.py)."""
+    compile it for every request (each request's matcher is its own: shard/structured_output/compiler.py)."""
 
     def __init__(self, limits: GrammarLimits | None = None, memo_bytes: int = MEMO_BYTES) -> None:
         self.limits = limits or GrammarLimits()

@@ -13,7 +13,7 @@ from tokenizers import Encoding
 from pytgi_router.core.errors import UnhealthyError
 from pytgi_router.http.http_errors import ShuttingDownError
 from pytgi_router.http.http_io import error_response, json_response, read_json
-from pytgi_router.http.openai_schemas import models_list
+from pytgi_router.http.openai.schemas import models_list
 from pytgi_router.http.schemas import parse_generate
 from pytgi_router.http.state import AppState
 

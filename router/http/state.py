@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from pytgi_router.http.chat_template import ChatTemplate
+from pytgi_router.http.openai.chat_template import ChatTemplate
 from pytgi_router.http.validation import Validator
 from pytgi_router.metrics import Metrics
 from pytgi_router.settings import RouterSettings

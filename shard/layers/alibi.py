@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from pytgi_shard.distributed import Dist
+from pytgi_shard.device.distributed import Dist
 
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> torch.Tensor:

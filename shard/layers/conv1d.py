@@ -6,7 +6,7 @@ input features, dim 0 on disk), so the forward is the same F.linear as every oth
 from __future__ import annotations
 
 from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 def load_conv1d_column(weights: Weights, prefix: str) -> ColumnParallelLinear:

@@ -25,8 +25,8 @@ from typing import Literal
 
 import torch
 
-from pytgi_shard.distributed import Dist
-from pytgi_shard.weights import Weights
+from pytgi_shard.device.distributed import Dist
+from pytgi_shard.weights.reader import Weights
 
 Sharding = Literal["tp", "ep"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from pytgi_shard.layers.linear import ColumnParallelLinear, head_partition
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.distributed import Dist
-from pytgi_shard.weights import Weights
+from pytgi_shard.device.distributed import Dist
+from pytgi_shard.weights.reader import Weights
 
 
 def triton_kernels_on(dist: Dist) -> bool:

@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.distributed import Dist
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.quantization.dense_loader import read_column
 from pytgi_shard.quantization.linear_weight import LinearWeight, OutputPart, QuantizedWeight
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 def _held(weight: LinearWeight) -> LinearWeight:

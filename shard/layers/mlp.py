@@ -18,7 +18,7 @@ from pytgi_shard.layers.linear import (
     RowParallelLinear,
     load_fused_column,
 )
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 def _tanh_gelu(x: torch.Tensor) -> torch.Tensor:

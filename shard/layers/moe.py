@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.distributed import Dist
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.layers.expert_partition import (
     ExpertNames,
     ExpertPartition,
@@ -50,7 +50,7 @@ from pytgi_shard.layers.layernorm import triton_kernels_on
 from pytgi_shard.layers.linear import ColumnParallelLinear
 from pytgi_shard.layers.mlp import activation
 from pytgi_shard.layers.moe_routing import route
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 @dataclass(frozen=True)

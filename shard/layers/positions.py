@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 class LearnedPositions(nn.Module):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 def relative_position_bucket(

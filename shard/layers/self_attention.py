@@ -13,12 +13,12 @@ import torch
 from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.fused_qkv import HeadShape
 from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear, kv_head_partition
 from pytgi_shard.layers.rotary import apply_rotary
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 # rotation_tables' (both_cos, signed_sin) for the forward's positions, or None (no rotary).
 Rotation = tuple[torch.Tensor, torch.Tensor] | None

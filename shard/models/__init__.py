@@ -24,28 +24,28 @@ from typing import Any
 import torch
 
 from pytgi_shard.attention.backend import get_backend
-from pytgi_shard.distributed import Dist
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.models.bloom import Bloom
-from pytgi_shard.models.cohere_config import cohere_config
 from pytgi_shard.models.falcon import Falcon
-from pytgi_shard.models.gemma_config import gemma2_config, gemma3_text_config, gemma_config
 from pytgi_shard.models.gpt2 import GPT2
 from pytgi_shard.models.gpt_neox import GPTNeoX
-from pytgi_shard.models.granite_config import granite_config
-from pytgi_shard.models.llama import Llama, ModelLoader
+from pytgi_shard.models.llama.cohere import cohere_config
+from pytgi_shard.models.llama.gemma import gemma2_config, gemma3_text_config, gemma_config
+from pytgi_shard.models.llama.granite import granite_config
+from pytgi_shard.models.llama.model import Llama, ModelLoader
+from pytgi_shard.models.llama.moe import mixtral_config, qwen2_moe_config, qwen3_moe_config
+from pytgi_shard.models.llama.phi3 import phi3_config
+from pytgi_shard.models.llama.starcoder2 import starcoder2_config
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
-from pytgi_shard.models.moe_config import mixtral_config, qwen2_moe_config, qwen3_moe_config
 from pytgi_shard.models.mpt import MPT
 from pytgi_shard.models.opt import OPT
-from pytgi_shard.models.phi3_config import phi3_config
-from pytgi_shard.models.quantization import check_model_family, log_linear_kernels
-from pytgi_shard.models.starcoder2_config import starcoder2_config
+from pytgi_shard.models.quantized_families import check_model_family, log_linear_kernels
 from pytgi_shard.models.t5 import T5
 from pytgi_shard.quantization.detection import detect_quantization
 from pytgi_shard.quantization.kernel_table import linear_format
 from pytgi_shard.quantization.spec import QuantizationSpec
-from pytgi_shard.weights import find_weight_files
+from pytgi_shard.weights.reader import find_weight_files
 
 __all__ = ["MODELS", "Model", "ModelConfig", "get_model"]
 

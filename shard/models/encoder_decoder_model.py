@@ -2,7 +2,7 @@
 
 The engine serves it through the same flat, paged batch as any decoder, except that a request's
 sequence on the shard is its decoder's: the decoder start token, then the generated tokens
-(shard/encoder_decoder_batch.py). `forward` runs the decoder; a Prefill's metadata also carries
+(shard/engine/encoder_decoder_batch.py). `forward` runs the decoder; a Prefill's metadata also carries
 the newcomers' prompts (attention/encoder_decoder.py, EncoderDecoderMetadata.encoder), which the
 forward encodes first, writing every decoder layer's cross-attention K/V into the first slots
 of each request's blocks, where every later step reads them. The encoder never runs again.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from pytgi_shard.attention.encoder_decoder import EncoderInputs
-from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.models.model import Model
 
 

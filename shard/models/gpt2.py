@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.kv_cache import KVCache
 from pytgi_shard.layers.conv1d import load_conv1d_column, load_conv1d_row
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_grouped_qkv, load_stacked_qkv
@@ -31,8 +31,8 @@ from pytgi_shard.layers.lm_head import ParallelLMHead
 from pytgi_shard.layers.mlp import PlainMLP, activation
 from pytgi_shard.layers.positions import LearnedPositions
 from pytgi_shard.layers.self_attention import Rotation, SelfAttention
-from pytgi_shard.models.decoder_model import DecoderModel
-from pytgi_shard.weights import Weights
+from pytgi_shard.models.fused_qkv_decoder import DecoderModel
+from pytgi_shard.weights.reader import Weights
 
 # transformers' GPT2Config / GPTBigCodeConfig defaults for keys a config.json may omit.
 _DEFAULTS: Mapping[str, Mapping[str, Any]] = {

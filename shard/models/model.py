@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.kv_cache import KVCache
 
 
 class Model(ABC):

@@ -1,6 +1,6 @@
 """A checkpoint's config.json, read once at start-up and handed to whatever needs it.
 
-Start-up reads it once (shard/startup.py) and passes this object on: the dtype choice, the model
+Start-up reads it once (shard/service/startup.py) and passes this object on: the dtype choice, the model
 loader (family, remote code, quantization, the Llama configuration) and the tokenizer's EOS
 fallback all see the same reading, and the file is never reopened.
 """

@@ -37,19 +37,19 @@ from pytgi_shard.attention.encoder_decoder import (
     attend,
     gather,
 )
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
-from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear, head_partition
 from pytgi_shard.layers.lm_head import ParallelLMHead
 from pytgi_shard.layers.mlp import activation
 from pytgi_shard.layers.relative_position_bias import RelativePositionBias
-from pytgi_shard.models.decoder_model import with_weights
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
+from pytgi_shard.models.fused_qkv_decoder import with_weights
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.t5_config import T5Config
-from pytgi_shard.weights import Weights
+from pytgi_shard.weights.reader import Weights
 
 
 def clamp_half(x: torch.Tensor) -> torch.Tensor:

@@ -24,9 +24,9 @@ from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, P
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.distributed import Dist
-from pytgi_shard.kv_cache import KVCache
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.models import MODELS
 from pytgi_shard.models.model import Model
 

@@ -26,7 +26,7 @@ from pytgi_shard.quantization.int_packing import awq_columns_to_natural, pack_in
 from pytgi_shard.quantization.linear_weight import LinearLoader, OutputPart
 
 if TYPE_CHECKING:
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
 AWQ_BITS = 4
 WORD = 32 // AWQ_BITS

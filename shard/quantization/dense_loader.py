@@ -17,7 +17,7 @@ import torch
 from pytgi_shard.quantization.linear_weight import LinearWeight, OutputPart
 
 if TYPE_CHECKING:
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
 
 def keep_float(weight: torch.Tensor) -> LinearWeight:

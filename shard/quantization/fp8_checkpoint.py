@@ -30,7 +30,7 @@ from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.linear_weight import LinearWeight, OutputPart, QuantizedWeight
 
 if TYPE_CHECKING:
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
 FP8_DTYPE = "F8_E4M3"
 # (weight float8_e4m3fn [out, in], scale float32 [] or [out], input_scale float32 [] or None)

@@ -28,7 +28,7 @@ from pytgi_shard.quantization.int_packing import PACKED_BITS, unpack_int32
 from pytgi_shard.quantization.linear_weight import LinearLoader, OutputPart
 
 if TYPE_CHECKING:
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> what to add to a stored zero
 

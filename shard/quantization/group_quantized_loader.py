@@ -19,7 +19,7 @@ from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weig
 from pytgi_shard.quantization.linear_weight import LinearLoader, LinearWeight, OutputPart
 
 if TYPE_CHECKING:
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
 
 def check_bits(method: str, bits: int, supported: Sequence[int]) -> None:

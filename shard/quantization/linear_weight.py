@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from pytgi_shard.weights import Weights
+    from pytgi_shard.weights.reader import Weights
 
 
 class QuantizedWeight(nn.Module, ABC):

@@ -78,7 +78,7 @@ def test_rope_scaling_changes_the_model_as_config_json_would(
 
 
 def test_flags_reach_the_shard_log(launcher: Launcher) -> None:
-    rope = [line for line in launcher.lines if "pytgi_shard.startup: rope scaling" in line]
+    rope = [line for line in launcher.lines if "pytgi_shard.service.startup: rope scaling" in line]
     assert len(rope) == 1, launcher.output
     overridden = "{'rope_type': 'linear', 'type': 'linear', 'factor': 2.0} in place of config.json's"
     assert overridden in rope[0] and "'rope_type': 'llama3'" in rope[0]
@@ -86,7 +86,7 @@ def test_flags_reach_the_shard_log(launcher: Launcher) -> None:
 
 
 def test_version() -> None:
-    for module in ("pytgi_launcher.cli", "pytgi_router.cli", "pytgi_shard.cli"):
+    for module in ("pytgi_launcher.cli", "pytgi_router.cli", "pytgi_shard.service.cli"):
         done = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
                               text=True, timeout=60, check=False)
         assert (done.returncode, done.stdout) == (0, version_line() + "\n"), module

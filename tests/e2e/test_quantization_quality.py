@@ -5,7 +5,7 @@ bitsandbytes-nf4 within 5%, bitsandbytes-fp4 within 8%.
 
 Through the server, once: `pytgi-launcher --quantize SERVED` serves the prompt logprobs over
 HTTP, and they equal those of the shard's engine loaded in this process with the same
-`--quantize` (pytgi_shard.startup.load_engine, the start-up path every `pytgi-shard serve` runs,
+`--quantize` (pytgi_shard.service.startup.load_engine, the start-up path every `pytgi-shard serve` runs,
 then the same Prefill with prefill_logprobs). Float32 and every mode are then measured through
 that in-process engine: each launcher start cost ~5-10 s on 2 cores, and a mode changes which
 weight class the loader builds, not the serving path around it. (Until this change every mode
@@ -28,9 +28,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine import Engine
+from pytgi_shard.engine.engine import Engine
+from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
-from pytgi_shard.startup import load_engine
 from tests.launcher_process import Launcher
 
 ROOT = Path(__file__).resolve().parents[2]

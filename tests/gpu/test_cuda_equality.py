@@ -135,8 +135,8 @@ def _eager_layers(model: torch.nn.Module) -> None:
 def test_one_rank_matches_transformers_on_cuda(
     tiny_model: Callable[..., Path], attention: str, family: str, kernels: str
 ) -> None:
+    from pytgi_shard.service.startup import load_engine
     from pytgi_shard.settings import ShardSettings
-    from pytgi_shard.startup import load_engine
 
     model = tiny_model(family)
     prompts = encode(model, PROMPTS)

@@ -8,7 +8,7 @@ transformers' `generate` on the same weights.
 
 tests/integration/test_model_families_serving.py (1 rank) and
 tests/e2e/test_model_families_launcher.py (2 ranks) serve t5 and mt5 as every registered
-architecture; tests/unit/shard/test_t5.py drives the engine step by step.
+architecture; tests/unit/shard/models/test_t5.py drives the engine step by step.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from tests.integration.http_helpers import sse_events
 from tests.router_process import RouterProcess
 from tests.shard_process import ShardProcesses, start_shards
-from tests.unit.shard.test_grammar_prepare import HOSTILE
+from tests.unit.shard.structured_output.test_grammar_prepare import HOSTILE
 
 PROMPT = "Answer in JSON:"
 

@@ -4,7 +4,7 @@ same tiny random checkpoint (tests/tiny_models.py).
 
 Two prompts run batched: one across three KV blocks and longer than any family's sliding window,
 one shorter that still crosses a block boundary. The unit tests compare logits in-process
-(tests/unit/shard/test_model_families.py, test_models_gpt.py); this is the served path: config.json
+(tests/unit/shard/models/test_model_families.py, test_models_gpt.py); this is the served path: config.json
 read by the shard's start-up (load_engine), warmup, the paged cache sized from the model, prefill
 and decode steps over gRPC, sampling on the shard. The shard's gRPC server runs in this process
 (start_server, what `pytgi-shard serve` runs after load_engine), which saves a process start per
@@ -30,9 +30,9 @@ from pytgi_router.core.request_stream import Token
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.metrics import Metrics
 from pytgi_shard.models import MODELS
-from pytgi_shard.server import start_server
+from pytgi_shard.service.server import start_server
+from pytgi_shard.service.startup import load_engine, peer_urls
 from pytgi_shard.settings import ShardSettings
-from pytgi_shard.startup import load_engine, peer_urls
 from tests.hf_reference import hf_greedy
 from tests.tiny_models import EOS, FALLBACK, FAMILIES, build_model
 

@@ -1,7 +1,7 @@
 """Real `pytgi-shard serve` processes driven over gRPC: two ranks (gloo) per model family.
 
 Like the router, the tests send every call to every rank at once, read rank 0's answer and check
-that both ranks answered the same. One rank is covered in-process by tests/unit/shard/test_batch.py
+that both ranks answered the same. One rank is covered in-process by tests/unit/shard/engine/test_batch.py
 and through real processes by the router's and launcher's tests.
 """
 

@@ -29,8 +29,8 @@ WARMUP = pb.WarmupRequest(max_prefill_tokens=64, max_batch_total_tokens=1024)
 
 SHARD = """
 import os, sys
-from pytgi_shard import cli
-from pytgi_shard.engine import Engine
+from pytgi_shard.service import cli
+from pytgi_shard.engine.engine import Engine
 
 real_health = Engine.health
 

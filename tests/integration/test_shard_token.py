@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from pytgi_proto import generate_pb2 as pb
 from pytgi_proto import generate_pb2_grpc
 from pytgi_router.core.shard_client import ShardCallError, ShardClient
-from pytgi_shard.ctl import call as ctl_call
+from pytgi_shard.service.ctl import call as ctl_call
 from tests.shard_process import ShardProcesses, start_shards
 
 TOKEN = "s3cret-shard-token"

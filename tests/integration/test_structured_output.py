@@ -192,8 +192,8 @@ def test_the_prompt_carries_the_tools(url: str) -> None:
 def test_a_template_without_tools_gets_them_as_json(url: str, model: Path) -> None:
     """TGI's rule for templates that do not render `tools`: their JSON and the tool prompt are
     appended to the last message."""
-    from pytgi_router.http.chat_template import load_chat_template
     from pytgi_router.http.model_files import ModelFiles
+    from pytgi_router.http.openai.chat_template import load_chat_template
 
     template = load_chat_template(ModelFiles(str(model), None))
     assert template is not None and not template.uses_tools

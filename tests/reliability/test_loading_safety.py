@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from pytgi_shard.distributed import single_process
+from pytgi_shard.device.distributed import single_process
 from pytgi_shard.models import ModelConfig, get_model
 from tests.shard_process import shard_command
 

@@ -15,8 +15,8 @@ import yaml
 
 from pytgi_router.cli import parse_settings as parse_router
 from pytgi_router.metrics import Metrics
-from pytgi_shard.cli import build_parser as shard_parser
-from pytgi_shard.cli import settings_from_args as shard_settings
+from pytgi_shard.service.cli import build_parser as shard_parser
+from pytgi_shard.service.cli import settings_from_args as shard_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"

@@ -7,8 +7,8 @@ from pathlib import Path
 from pytgi_launcher.cli import parse_settings
 from pytgi_launcher.commands import router_argv, router_env, shard_argv, shard_env
 from pytgi_router.cli import parse_settings as parse_router
-from pytgi_shard.cli import build_parser as shard_parser
-from pytgi_shard.cli import settings_from_args as shard_settings
+from pytgi_shard.service.cli import build_parser as shard_parser
+from pytgi_shard.service.cli import settings_from_args as shard_settings
 
 MODEL = Path("/models/tiny")
 
@@ -19,7 +19,7 @@ def test_shard_command_is_understood_by_the_shard() -> None:
                         "--json-output", "--otlp-endpoint", "http://c:4317",
                         "--watermark-gamma", "0.4"], environ={})
     argv = shard_argv(s, MODEL, rank=1, world_size=2, dtype="float32")
-    assert argv[1:3] == ["-m", "pytgi_shard.cli"]
+    assert argv[1:3] == ["-m", "pytgi_shard.service.cli"]
     env = shard_env(s, {"LOG_LEVEL": "debug", "KEEP": "1"}, rank=1, world_size=2)
     shard = shard_settings(shard_parser().parse_args(argv[3:]), env)
     assert shard.model_path == MODEL and (shard.rank, shard.world_size) == (1, 2)

@@ -13,8 +13,8 @@ import tomllib
 import torch
 
 from pytgi_launcher.settings import DEMO_MODEL
-from pytgi_shard.cli import build_parser
-from pytgi_shard.download_weights import source_from_args
+from pytgi_shard.service.cli import build_parser
+from pytgi_shard.weights.download import source_from_args
 
 ROOT = Path(__file__).resolve().parents[3]
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",

@@ -13,8 +13,8 @@ from pytgi_launcher.cli import parse_settings
 from pytgi_launcher.commands import router_argv, shard_argv, shard_env
 from pytgi_proto.contracts import MAX_GRAMMAR_BYTES
 from pytgi_router.cli import parse_settings as parse_router
-from pytgi_shard.cli import build_parser as shard_parser
-from pytgi_shard.cli import settings_from_args as shard_settings
+from pytgi_shard.service.cli import build_parser as shard_parser
+from pytgi_shard.service.cli import settings_from_args as shard_settings
 from pytgi_shard.settings import DEFAULT_GRAMMAR_CACHE_BYTES
 
 MODEL = Path("/models/tiny")

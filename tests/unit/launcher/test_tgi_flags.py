@@ -17,9 +17,9 @@ from pytgi_launcher.commands import router_argv, shard_argv, shard_env
 from pytgi_proto.version import package_version, version_line
 from pytgi_router.cli import main as router_main
 from pytgi_router.cli import parse_settings as parse_router
-from pytgi_shard.cli import build_parser as shard_parser
-from pytgi_shard.cli import main as shard_main
-from pytgi_shard.cli import settings_from_args as shard_settings
+from pytgi_shard.service.cli import build_parser as shard_parser
+from pytgi_shard.service.cli import main as shard_main
+from pytgi_shard.service.cli import settings_from_args as shard_settings
 from pytgi_shard.settings import ShardSettings
 
 MODEL = Path("/models/tiny")

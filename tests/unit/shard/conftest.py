@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytgi_shard.engine import Engine
+from pytgi_shard.engine.engine import Engine
 from tests.unit.shard.router_steps import Engines, build_engine
 
 

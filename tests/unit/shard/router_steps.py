@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine import Engine
+from pytgi_shard.engine.engine import Engine
+from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
-from pytgi_shard.startup import load_engine
-from tests.unit.shard.test_engine import Run
+from tests.unit.shard.engine.test_engine import Run
 
 BLOCK = 4
 # engines(overlap=False, attention="reference", grammar_thread=None) -> Engine (the fixture).

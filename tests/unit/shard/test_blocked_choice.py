@@ -10,8 +10,8 @@ import torch
 
 from pytgi_shard.argmax import first_max
 from pytgi_shard.blocked_choice import BLOCKED_FROM, block_rows, blocked_greedy
-from pytgi_shard.grammar_masks import HostBias, SharedBias, host_masks
 from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark, ban_tokens
+from pytgi_shard.structured_output.masks import HostBias, SharedBias, host_masks
 
 
 def random_words(rows: int, vocab: int, seed: int) -> torch.Tensor:

@@ -1,0 +1,317 @@
+"""OpenAI-compatible bodies: chat/completions requests mapped onto generate requests the way TGI
+maps them, and the response objects exactly as the OpenAI SDK parses them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.core.request_stream import TokenInfo
+from pytgi_router.http.grammar import response_format_grammar
+from pytgi_router.http.http_errors import CompletionRequestError, ToolError
+from pytgi_router.http.json_fields import (
+    U64_MAX,
+    obj,
+    opt_bool,
+    opt_float,
+    opt_int,
+    opt_obj,
+    opt_str,
+    required,
+    str_list,
+    wrong_type,
+)
+from pytgi_router.http.openai.tools import ChatTools, chat_tools, parse_tool_choice, parse_tools
+from pytgi_router.http.schemas import GenerateParameters, logprob_or_none
+from pytgi_router.http.validation import REPETITION_PENALTY_RANGE
+
+# TGI's finish reasons, as OpenAI names them.
+FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
+
+
+@dataclass(slots=True)
+class SamplingFields:
+    """What chat and completions share, before mapping onto GenerateParameters."""
+
+    model: str | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: list[str]
+    frequency_penalty: float | None
+    presence_penalty: float | None
+    repetition_penalty: float | None
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension, see GenerateParameters.ignore_eos
+
+    def parameters(self, *, top_n_tokens: int | None = None) -> GenerateParameters:
+        # TGI: temperature 0 means greedy; any other value (or none) samples.
+        greedy = self.temperature == 0.0
+        repetition = self.repetition_penalty
+        if self.presence_penalty is not None:
+            repetition = self.presence_penalty + 2.0  # TGI's mapping, kept for parity
+        return GenerateParameters(
+            temperature=None if greedy else self.temperature,
+            repetition_penalty=repetition,
+            frequency_penalty=self.frequency_penalty,
+            top_p=self.top_p,
+            do_sample=not greedy,
+            max_new_tokens=self.max_tokens,
+            stop=self.stop,
+            details=True,
+            seed=self.seed,
+            top_n_tokens=top_n_tokens,
+            adapter_id=self.model if self.model not in (None, "tgi") else None,
+            ignore_eos=self.ignore_eos,
+        )
+
+
+def _sampling_fields(data: dict[str, Any]) -> SamplingFields:
+    max_tokens = opt_int(data, "max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = opt_int(data, "max_tokens")
+    options = opt_obj(data, "stream_options") or {}
+    return SamplingFields(
+        model=opt_str(data, "model"),
+        max_tokens=max_tokens,
+        temperature=opt_float(data, "temperature"),
+        top_p=opt_float(data, "top_p"),
+        seed=opt_int(data, "seed", hi=U64_MAX),
+        stop=str_list(data, "stop"),
+        frequency_penalty=opt_float(data, "frequency_penalty"),
+        presence_penalty=_presence_penalty(data),
+        repetition_penalty=opt_float(data, "repetition_penalty"),
+        stream=bool(opt_bool(data, "stream")),
+        include_usage=bool(opt_bool(options, "include_usage", "stream_options.")),
+        ignore_eos=bool(opt_bool(data, "ignore_eos") or opt_bool(data, "ignore_eos_token")),
+    )
+
+
+def _presence_penalty(data: dict[str, Any]) -> float | None:
+    """OpenAI's range, then TGI's mapping onto `repetition_penalty` (+ 2.0) held to the range
+    the validator accepts, with a message about the field the client sent: -1.9999999 would run
+    as a penalty of 1e-7."""
+    value = opt_float(data, "presence_penalty")
+    if value is None:
+        return None
+    if not -2.0 <= value <= 2.0:
+        raise ValidationError("`presence_penalty` must be >= -2.0 and <= 2.0")
+    lowest = REPETITION_PENALTY_RANGE[0]
+    if value + 2.0 < lowest:
+        raise ValidationError(
+            f"`presence_penalty` must be > {lowest - 2.0}: it runs as `repetition_penalty` = "
+            f"presence_penalty + 2.0 (TGI's mapping), which must be >= {lowest}. Given: {value}"
+        )
+    return value
+
+
+# ---- chat --------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChatRequest:
+    messages: list[dict[str, Any]]
+    fields: SamplingFields
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    grammar: dict[str, Any] | None = None
+    # The functions offered and the tool prompt (None: no tools, or `tool_choice: "none"`).
+    tools: ChatTools | None = None
+
+    def parameters(self) -> GenerateParameters:
+        p = self.fields.parameters(top_n_tokens=self.top_logprobs)
+        p.grammar = self.tools.grammar() if self.tools is not None else self.grammar
+        return p
+
+
+def _content(value: Any, path: str) -> str | None:
+    """A message's content: a string, or parts flattened as TGI does for text models."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise wrong_type(path, "a string or an array of content parts", value)
+    out = []
+    for i, part in enumerate(value):
+        part = obj(part, f"{path}[{i}]")
+        kind = part.get("type")
+        if kind == "text":
+            out.append(str(required(part, "text", f"{path}[{i}].")))
+        elif kind == "image_url":
+            url = obj(required(part, "image_url", f"{path}[{i}]."), f"{path}[{i}].image_url")
+            out.append(f"![]({required(url, 'url', f'{path}[{i}].image_url.')})")
+        else:
+            raise ValidationError(f"`{path}[{i}].type` must be \"text\" or \"image_url\"")
+    return "".join(out)
+
+
+def _message(value: Any, i: int) -> dict[str, Any]:
+    path = f"messages[{i}]"
+    data = obj(value, path)
+    role = required(data, "role", f"{path}.")
+    if not isinstance(role, str):
+        raise wrong_type(f"{path}.role", "a string", role)
+    message: dict[str, Any] = {"role": role, "content": _content(data.get("content"), f"{path}.content")}
+    for key in ("name", "tool_calls", "tool_call_id"):
+        if data.get(key) is not None:
+            message[key] = data[key]
+    if message["content"] is None and "tool_calls" not in message:
+        message["content"] = ""
+    return message
+
+
+def parse_chat(body: Any) -> ChatRequest:
+    data = obj(body, "body")
+    raw = required(data, "messages")
+    if not isinstance(raw, list):
+        raise wrong_type("messages", "an array of messages", raw)
+    if not raw:
+        raise ValidationError("`messages` cannot be empty")
+    tools = parse_tools(data.get("tools"))
+    grammar = response_format_grammar(opt_obj(data, "response_format"))
+    if tools and grammar is not None:
+        raise ToolError("Grammar and tools are mutually exclusive")
+    tool_prompt = opt_str(data, "tool_prompt")
+    offered = chat_tools(tools, parse_tool_choice(data.get("tool_choice")), tool_prompt)
+    logprobs = bool(opt_bool(data, "logprobs"))
+    top = opt_int(data, "top_logprobs")
+    return ChatRequest(
+        messages=[_message(m, i) for i, m in enumerate(raw)],
+        fields=_sampling_fields(data),
+        logprobs=logprobs,
+        top_logprobs=top if logprobs else None,
+        grammar=grammar,
+        tools=offered,
+    )
+
+
+def _logprob_entry(t: TokenInfo, top: list[TokenInfo]) -> dict[str, Any]:
+    return {
+        "token": t.text,
+        "logprob": logprob_or_none(t.logprob),
+        "bytes": list(t.text.encode()),
+        "top_logprobs": [
+            {"token": x.text, "logprob": logprob_or_none(x.logprob), "bytes": list(x.text.encode())}
+            for x in top
+        ],
+    }
+
+
+def chat_logprobs(tokens: list[TokenInfo], top: list[list[TokenInfo]]) -> dict[str, Any]:
+    return {
+        "content": [
+            _logprob_entry(t, top[i] if i < len(top) else []) for i, t in enumerate(tokens)
+        ]
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass(slots=True)
+class Envelope:
+    """The fields every OpenAI object of one response repeats."""
+
+    model: str
+    system_fingerprint: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    id: str = ""
+
+    def head(self, kind: str) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+        }
+
+
+def chat_completion(
+    env: Envelope, text: str, finish_reason: str, logprobs: dict[str, Any] | None,
+    prompt_tokens: int, completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """`tool_calls` replaces the content (null, as OpenAI writes it); a complete call's
+    finish reason is "tool_calls"."""
+    out = env.head("chat.completion")
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    reason = FINISH_REASONS.get(finish_reason, finish_reason)
+    if tool_calls is not None:
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+        reason = "tool_calls" if finish_reason == "eos_token" else reason
+    out["choices"] = [{
+        "index": 0,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": reason,
+    }]
+    out["usage"] = usage(prompt_tokens, completion_tokens)
+    return out
+
+
+# ---- completions -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CompletionRequest:
+    prompts: list[str]
+    fields: SamplingFields
+    echo: bool = False
+    grammar: dict[str, Any] | None = None
+
+    def parameters(self) -> GenerateParameters:
+        p = self.fields.parameters()
+        p.return_full_text = self.echo
+        p.grammar = self.grammar
+        return p
+
+
+def parse_completion(body: Any) -> CompletionRequest:
+    data = obj(body, "body")
+    if data.get("suffix"):
+        raise CompletionRequestError(
+            "suffix not supported",
+            "Suffix is not supported and can be achieved by preprocessing the prompt.",
+        )
+    prompt = required(data, "prompt")
+    if isinstance(prompt, str):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    else:
+        raise wrong_type("prompt", "a string or an array of strings", prompt)
+    if not prompts:
+        raise ValidationError("`prompt` cannot be empty")
+    return CompletionRequest(
+        prompts=prompts, fields=_sampling_fields(data), echo=bool(opt_bool(data, "echo")),
+        grammar=response_format_grammar(opt_obj(data, "response_format")),
+    )
+
+
+def completion(
+    env: Envelope, choices: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    out = env.head("text_completion")
+    out["choices"] = [
+        {"index": i, "text": text, "logprobs": None,
+         "finish_reason": FINISH_REASONS.get(reason, reason)}
+        for i, (text, reason) in enumerate(choices)
+    ]
+    out["usage"] = usage(prompt_tokens, completion_tokens)
+    return out
+
+
+def models_list(model_id: str) -> dict[str, Any]:
+    return {
+        "object": "list",
+        "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}],
+    }

@@ -1,0 +1,275 @@
+"""CUDA graphs for decode steps, bucketed by batch size (TGI's --cuda-graphs).
+
+A decode step launches hundreds of small kernels whose launch cost, not their work, bounds small
+batches. The runner captures one graph per bucket of batch sizes over persistent input buffers;
+a step copies its inputs into the first rows of the buffers, pads the rest, and replays the
+graph of the smallest bucket that holds it. Padded rows are requests of one token at position 0
+whose K/V go to slot 0 of block 0, the block the router never hands out; their logits are
+dropped. Batches above the largest bucket, or with block tables wider than the buffers, run
+eagerly.
+
+A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
+states the largest context (max_seqlen_k = max_blocks_per_seq * block_size) rather than the
+step's: only a backend whose launches do not depend on that value gains from a graph (Triton's
+decode does; the reference backend gathers max_seqlen_k keys per request, so it is never captured
+in production, though it captures correctly).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pytgi_shard.attention.kv_cache import SCRATCH_SLOT, KVCache
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.engine.batch import ForwardInputs
+from pytgi_shard.models.model import Model
+from pytgi_shard.quantization.linear_weight import QuantizedWeight
+from pytgi_shard.settings import ShardSettings
+
+log = logging.getLogger(__name__)
+
+# Attention backends whose decode launches are capturable: no host synchronisation, and a grid
+# that depends on the batch size only (never on a step's context lengths).
+CAPTURABLE_BACKENDS = ("triton",)
+
+
+def resolve_buckets(sizes: Sequence[int], max_batch_size: int) -> tuple[int, ...]:
+    """The batch sizes to capture: `sizes`, those above the router's max_batch_size (0: no cap)
+    collapsed onto it, so that a capped list still covers every batch the router can form."""
+    if max_batch_size > 0:
+        sizes = [min(size, max_batch_size) for size in sizes]
+    return tuple(sorted(set(sizes)))
+
+
+def bucket_for(buckets: Sequence[int], batch_size: int) -> int | None:
+    """The smallest bucket that holds `batch_size` (buckets sorted), None when none does."""
+    i = bisect.bisect_left(buckets, batch_size)
+    return buckets[i] if i < len(buckets) else None
+
+
+def graphs_off_reason(settings: ShardSettings, model: Model) -> str | None:
+    """Why this shard must decode without CUDA graphs, or None when it can capture them."""
+    if not settings.cuda_graphs:
+        return "--cuda-graphs 0"
+    if model.device.type != "cuda":
+        return f"the model runs on {model.device.type}"
+    if settings.attention not in CAPTURABLE_BACKENDS:
+        return (
+            f"the {settings.attention} attention backend's shapes follow the context length "
+            f"(capturable: {', '.join(CAPTURABLE_BACKENDS)})"
+        )
+    if not model.graph_capturable:
+        return (f"{model.model_type}'s forward is not capturable (the transformers fallback, "
+                "an encoder-decoder)")
+    uncapturable = sorted({
+        type(m).__name__ for m in (model.modules() if isinstance(model, nn.Module) else ())
+        if isinstance(m, QuantizedWeight) and not m.graph_capturable
+    })
+    if uncapturable:
+        return f"{', '.join(uncapturable)} synchronises with the host in its matmul"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Buffers:
+    """The graphs' inputs: every replay reads these addresses, so they live as long as the runner."""
+
+    input_ids: torch.Tensor  # [max_bucket] int64
+    positions: torch.Tensor  # [max_bucket] int64
+    slot_mapping: torch.Tensor  # [max_bucket] int64
+    seqlens_k: torch.Tensor  # [max_bucket] int32
+    cu_seqlens_q: torch.Tensor  # [max_bucket + 1] int32: 0, 1, 2, ... (one token per request)
+    block_tables: torch.Tensor  # [max_bucket, max_blocks_per_seq] int32
+
+    @classmethod
+    def allocate(cls, rows: int, max_blocks: int, device: torch.device) -> _Buffers:
+        def long() -> torch.Tensor:
+            return torch.zeros(rows, dtype=torch.long, device=device)
+
+        return cls(
+            input_ids=long(),
+            positions=long(),
+            slot_mapping=torch.full((rows,), SCRATCH_SLOT, dtype=torch.long, device=device),
+            seqlens_k=torch.ones(rows, dtype=torch.int32, device=device),
+            cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32, device=device),
+            block_tables=torch.zeros(rows, max_blocks, dtype=torch.int32, device=device),
+        )
+
+
+class DecodeGraphRunner:
+    """Runs decode forwards padded to batch-size buckets: replayed from a CUDA graph once
+    captured, else eagerly over the same buffers (CPU, tests, and the run before a capture).
+
+    `pad_eagerly` makes `takes` accept bucketed batches without graphs, so that the padding path
+    runs inside the engine on any device (tests).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        buckets: Sequence[int],
+        max_blocks_per_seq: int,
+        block_size: int,
+        pad_eagerly: bool = False,
+    ) -> None:
+        if not buckets or min(buckets) < 1:
+            raise ValueError(f"buckets must be batch sizes >= 1, got {list(buckets)}")
+        if max_blocks_per_seq < 1:
+            raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
+        self.model = model
+        self.buckets = tuple(sorted(set(buckets)))
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.block_size = block_size
+        self.pad_eagerly = pad_eagerly
+        self._buffers = _Buffers.allocate(self.buckets[-1], max_blocks_per_seq, model.device)
+        # Rows [0, _rows) may hold a real request; in those rows, block-table columns from
+        # _width on are 0. Every other row is a padding row. Lets a step reset only what the
+        # previous step left behind.
+        self._rows = 0
+        self._width = 0
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._captured_cache: KVCache | None = None
+
+    @property
+    def captured(self) -> tuple[int, ...]:
+        return tuple(sorted(self._graphs))
+
+    def takes(self, inputs: ForwardInputs, kv_cache: KVCache) -> bool:
+        """Whether `forward` runs this step through a graph (or its eager padding): a decode step
+        that fits a bucket and the block-table width, over the cache the graphs were captured on."""
+        bucket = self._bucket(inputs)
+        if bucket is None:
+            return False
+        return self.pad_eagerly or (kv_cache is self._captured_cache and bucket in self._graphs)
+
+    def _bucket(self, inputs: ForwardInputs) -> int | None:
+        """The bucket of a decode step that fits the buffers; None for anything else."""
+        meta = inputs.meta
+        if meta.is_prefill or inputs.lm_head_indices is not None:
+            return None
+        if meta.block_tables.shape[1] > self.max_blocks_per_seq:
+            return None
+        return bucket_for(self.buckets, meta.batch_size)
+
+    @torch.inference_mode()
+    def forward(self, inputs: ForwardInputs, kv_cache: KVCache) -> torch.Tensor:
+        """Float32 logits [batch, vocab] of a decode step, as Model.forward returns them.
+
+        After a replay they are a view of the graph's output: valid until the next forward of
+        this runner (consume or copy them first; work queued on the same stream is ordered).
+        """
+        meta = inputs.meta
+        bucket = self._bucket(inputs)
+        if bucket is None:
+            return self.model.forward(
+                inputs.input_ids, inputs.positions, kv_cache, meta, inputs.lm_head_indices
+            )
+        n = meta.batch_size
+        self._load(inputs)
+        graph = self._graphs.get(bucket) if kv_cache is self._captured_cache else None
+        if graph is not None:
+            graph.replay()
+            return self._outputs[bucket][:n]
+        return self._run(bucket, kv_cache, meta.max_seqlen_k)[:n]
+
+    def _load(self, inputs: ForwardInputs) -> None:
+        """Copies the step's n requests into rows [0, n) and leaves every later row a padding row.
+
+        The one path by which inputs reach the buffers, for the eager run as for the replay.
+        """
+        b, meta = self._buffers, inputs.meta
+        n, width = meta.batch_size, meta.block_tables.shape[1]
+        b.input_ids[:n].copy_(inputs.input_ids)
+        b.positions[:n].copy_(inputs.positions)
+        b.slot_mapping[:n].copy_(meta.slot_mapping)
+        b.seqlens_k[:n].copy_(meta.seqlens_k)
+        b.block_tables[:n, :width].copy_(meta.block_tables)
+        if self._width > width:
+            b.block_tables[:n, width : self._width].zero_()
+        if self._rows > n:
+            self._pad(n, self._rows)
+        self._rows, self._width = n, width
+
+    def _pad(self, start: int, stop: int) -> None:
+        """Rows [start, stop) become padding: token 0 at position 0 of a one-token context whose
+        K/V go to the scratch slot and whose block table is all block 0."""
+        b = self._buffers
+        b.input_ids[start:stop].zero_()
+        b.positions[start:stop].zero_()
+        b.slot_mapping[start:stop].fill_(SCRATCH_SLOT)
+        b.seqlens_k[start:stop].fill_(1)
+        b.block_tables[start:stop].zero_()
+
+    def _metadata(self, bucket: int, max_seqlen_k: int) -> AttentionMetadata:
+        """A fresh metadata (backends cache per-forward plans in it) over the first rows."""
+        b = self._buffers
+        return AttentionMetadata(
+            is_prefill=False,
+            cu_seqlens_q=b.cu_seqlens_q[: bucket + 1],
+            seqlens_k=b.seqlens_k[:bucket],
+            slot_mapping=b.slot_mapping[:bucket],
+            block_tables=b.block_tables[:bucket],
+            max_seqlen_q=1,
+            max_seqlen_k=max_seqlen_k,
+            block_size=self.block_size,
+        )
+
+    def _run(self, bucket: int, kv_cache: KVCache, max_seqlen_k: int) -> torch.Tensor:
+        b = self._buffers
+        meta = self._metadata(bucket, max_seqlen_k)
+        return self.model.forward(b.input_ids[:bucket], b.positions[:bucket], kv_cache, meta)
+
+    @torch.inference_mode()
+    def capture(self, kv_cache: KVCache) -> None:
+        """Captures every bucket's graph over `kv_cache`, largest first, in one memory pool.
+
+        Graphs replay one at a time, so they share a pool: the largest capture's temporaries
+        hold every smaller one's. Each capture follows an eager run of the same shapes on the
+        capture stream, which compiles and tunes kernels and creates the stream's library
+        handles outside the capture. Every rank must capture the same buckets in the same order
+        (the tensor-parallel collectives are captured into the graphs).
+        """
+        device = self.model.device
+        if device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
+        self.release()
+        self._pad(0, self.buckets[-1])
+        self._rows, self._width = 0, 0
+        static_max = self.max_blocks_per_seq * self.block_size
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        start = time.perf_counter()
+        try:
+            with torch.cuda.stream(stream):
+                for bucket in reversed(self.buckets):
+                    self._run(bucket, kv_cache, static_max)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream):
+                        output = self._run(bucket, kv_cache, static_max)
+                    self._graphs[bucket] = graph
+                    self._outputs[bucket] = output
+        except BaseException:
+            self.release()
+            raise
+        finally:
+            torch.cuda.current_stream(device).wait_stream(stream)
+        torch.cuda.synchronize(device)
+        self._captured_cache = kv_cache
+        log.debug(
+            "captured decode graphs %s in %.1f s", list(self.buckets), time.perf_counter() - start
+        )
+
+    def release(self) -> None:
+        """Drops the graphs and their outputs, so that their memory pool can be freed."""
+        self._graphs.clear()
+        self._outputs.clear()
+        self._captured_cache = None

@@ -1,0 +1,417 @@
+"""One rank's engine: the model, its KV cache and batch cache, and the RPC verbs on them.
+
+Every rank runs every call in the same order (the router fans out and waits), so the
+tensor-parallel collectives inside the model line up; sampling runs redundantly on every rank
+with the same seeds, so every rank's answer is the same and rank 0's is used.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
+from typing import NamedTuple, TypeVar, cast
+
+import torch
+from opentelemetry import trace
+
+from pytgi_proto import generate_pb2
+from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.device.distributed import Dist
+from pytgi_shard.engine.batch import Batch, BatchContext
+from pytgi_shard.engine.batch_cache import BatchCache
+from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+from pytgi_shard.engine.encoder_decoder_batch import (
+    Encoding,
+    decoder_inputs,
+    new_batch,
+    prefill_inputs,
+)
+from pytgi_shard.engine.forward_timer import ForwardTimer
+from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
+from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
+from pytgi_shard.engine.step_inputs import ForwardInputs
+from pytgi_shard.engine.warmup import (
+    CacheSize,
+    allocation_failure,
+    capture_graphs,
+    is_out_of_memory,
+    size_kv_cache,
+    warmup_limits,
+    warmup_response,
+)
+from pytgi_shard.errors import InvalidRequest, OutOfMemory
+from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
+from pytgi_shard.models.model import Model
+from pytgi_shard.output.detokenizer import Detokenizer
+from pytgi_shard.output.generation import (
+    choose_tokens,
+    emit_generations,
+    prefill_tokens,
+    resume_texts,
+)
+from pytgi_shard.output.wire import GenerationWriter
+from pytgi_shard.sampling import Watermark
+from pytgi_shard.service.info import info_response
+from pytgi_shard.settings import ShardSettings
+from pytgi_shard.structured_output.compiler import GrammarCompiler
+from pytgi_shard.structured_output.worker import MaskWorker
+
+_Response = TypeVar("_Response", generate_pb2.PrefillResponse, generate_pb2.DecodeResponse)
+
+
+class _Step(NamedTuple):
+    """One forward and token choice: the generations (in a DecodeResponse, see _reply), the
+    batch of the requests still running (None when all finished), and the forward and decode
+    times in ns."""
+
+    generations: generate_pb2.DecodeResponse
+    live: Batch | None
+    forward_ns: int
+    decode_ns: int
+
+
+class Engine:
+    def __init__(
+        self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings
+    ) -> None:
+        self.model = model
+        self.detokenizer = detokenizer
+        # Each step's Generations, as wire bytes (shard/output/wire.py).
+        self.writer = GenerationWriter(detokenizer.special_ids)
+        self.dist = dist
+        self.settings = settings
+        self.block_size = settings.block_size
+        self.watermark = Watermark(settings.watermark_gamma, settings.watermark_delta)
+        self.cache = BatchCache()
+        self.tracer = trace.get_tracer("pytgi.shard")
+        # Block 0 only, for Health, until Warmup sizes the cache.
+        self.kv_cache = self.allocate_kv_cache(1)
+        # Decode forwards through CUDA graphs; Warmup captures them over the cache it sizes.
+        self.decode_graphs: DecodeGraphRunner | None = None
+        # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
+        self.encoder_decoder = isinstance(model, EncoderDecoderModel)
+        # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
+        # asynchronously (CUDA); on the CPU it would only compute ahead what it waits for anyway.
+        # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
+        self.overlap = not self.encoder_decoder and (
+            settings.overlap if settings.overlap is not None else model.device.type == "cuda"
+        )
+        self.lookaheads = Lookaheads()
+        # Constrained requests' matchers and their grammars' cache; the vocabulary is prepared
+        # for them in the compile pool from now on (shard/structured_output/compiler.py).
+        self.grammars = GrammarCompiler(
+            detokenizer.tokenizer.to_str(), model.vocab_size, sorted(detokenizer.eos_ids),
+            MaskWorker.for_device(model.device, settings.grammar_thread),
+            settings.grammar_cache_bytes,
+        )
+
+    def allocate_kv_cache(self, num_blocks: int) -> KVCache:
+        m = self.model
+        return KVCache.allocate(
+            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype, m.device
+        )
+
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        """Replaces the KV cache by one of `num_blocks` blocks. The old one goes first (block 0
+        alone meanwhile), so two caches are never held at once; if the new one cannot be
+        allocated, block 0 alone is left, and Health still works."""
+        self.kv_cache = self.allocate_kv_cache(1)
+        if num_blocks > 1:
+            self.kv_cache = self.allocate_kv_cache(num_blocks)
+
+    def batch_context(self) -> BatchContext:
+        return BatchContext(
+            device=self.model.device,
+            block_size=self.block_size,
+            num_blocks=self.kv_cache.num_blocks,
+            vocab_size=self.model.vocab_size,
+            eos_ids=self.detokenizer.eos_ids,
+            watermark=self.watermark,
+            grammars=self.grammars,
+        )
+
+    def info(self) -> generate_pb2.InfoResponse:
+        return info_response(
+            self.model, self.settings, self.dist.world_size, self.block_size, self.encoder_decoder
+        )
+
+    def prepare_grammar(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
+        """PrepareGrammar, compiled off the engine's thread (GrammarCompiler.prepare_request)."""
+        return self.grammars.prepare_request(request)
+
+    @torch.inference_mode()
+    def health(self) -> None:
+        """Proves the device still computes: a one-token forward into reserved block 0, through
+        the batch-1 decode graph when Warmup captured one (on a GPU one replay, not a forward's
+        worth of launches).
+
+        With several ranks the forward's collectives could interleave with a Prefill/Decode that
+        another rank is running, so there Health computes on the device without collectives.
+        """
+        device = self.model.device
+        if self.dist.world_size > 1:
+            x = torch.ones(2, 2, device=device)
+            if float((x @ x).sum()) != 8.0:
+                raise RuntimeError(f"device {device} computed a wrong result")
+            return
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        meta = AttentionMetadata.build([1], [0], [[0]], self.block_size, device)
+        logits, _, _ = self._forward(ForwardInputs(zero, zero, meta, None, zero))
+        if not bool(torch.isfinite(logits).all()):
+            raise RuntimeError("health check forward produced non-finite logits")
+
+    def prefill(self, request: generate_pb2.PrefillRequest) -> generate_pb2.PrefillResponse:
+        """The newcomers' chunks and, with a cached batch, its next decode step, in one step."""
+        start = time.perf_counter_ns()
+        new, encoding = new_batch(request.batch, self.batch_context(), self.model)
+        cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
+        check_new_batch(
+            new.batch_id, new.request_ids, cached_id,
+            self.cache.get(cached_id).request_ids if cached_id is not None else (),
+            self.cache, len(request.grants),
+        )
+        grants: Grants = {}
+        if cached_id is not None:
+            batches = [self.cache.get(cached_id)]
+            grants = checked_grants(request.grants, batches, self.kv_cache.num_blocks)
+        try:
+            cached = self.cache.pop(cached_id) if cached_id is not None else None
+            step, concat_ns = self._prefill_step(new, cached, grants, encoding)
+        except BaseException:
+            # A failed step leaves the batches it touched in an unknown state: drop them.
+            if cached_id is not None:
+                self.cache.delete(cached_id)
+            self.lookaheads.clear()
+            raise
+        return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
+
+    def _decode_inputs(self, batch: Batch) -> ForwardInputs:
+        return decoder_inputs(batch) if self.encoder_decoder else batch.decode_inputs()
+
+    @torch.inference_mode()
+    def _prefill_step(
+        self, new: Batch, cached: Batch | None, grants: Grants, encoding: Encoding | None = None
+    ) -> tuple[_Step, int | None]:
+        """One forward over the cached batch's decode rows (unless its logits were computed
+        ahead) and every newcomer's chunk (an encoder-decoder's: its prompt encoded, its decoder
+        started); then the cached requests and the newcomers whose chunk completed their
+        sequence sample, in that order. Partial chunks only write KV (and report prefill
+        logprobs when asked)."""
+        start = time.perf_counter_ns()
+        ahead = None
+        decode = None
+        if cached is not None:
+            if apply_grants(cached, grants):
+                self.lookaheads.clear()
+            ahead = self.lookaheads.take(cached.request_ids)
+            decode = self._decode_inputs(cached) if ahead is None else None
+        inputs = prefill_inputs(new, decode, encoding)
+        with self._span("forward"):
+            logits, timer, _ = self._forward(inputs)
+        prefill = prefill_tokens(new, logits, inputs, self.detokenizer)
+        last = logits.index_select(0, inputs.last_rows)
+        if ahead is not None:
+            last = torch.cat([ahead[0], last])
+        complete = [r.id for r in new.requests if r.complete]
+        parts = [b for b in (cached, new.filter(complete) if complete else None) if b is not None]
+        concat_ns = None
+        if len(parts) > 1:
+            concat_start = time.perf_counter_ns()
+            with self._span("concatenate"):
+                batch = Batch.concatenate(parts)
+            concat_ns = time.perf_counter_ns() - concat_start
+        if complete:
+            resume_texts(new, self.detokenizer)
+        if parts:
+            step = self._sample(batch if len(parts) > 1 else parts[0], last, prefill, timer, start)
+        else:
+            step = _Step(generate_pb2.DecodeResponse(), None, timer.elapsed_ns(), 0)
+        for r in new.requests:
+            if not r.complete and r.id in prefill:
+                step.generations.generations.add(request_id=r.id).prefill_tokens.CopyFrom(
+                    prefill[r.id]
+                )
+        return step, concat_ns
+
+    def decode(self, request: generate_pb2.DecodeRequest) -> generate_pb2.DecodeResponse:
+        start = time.perf_counter_ns()
+        ids = [b.id for b in request.batches]
+        check_decode_batches(ids)
+        grants = checked_grants(
+            request.grants, [self.cache.get(i) for i in ids], self.kv_cache.num_blocks
+        )
+        batches = self.cache.pop_all(ids)
+        concat_ns = None
+        if len(batches) > 1:
+            with self._span("concatenate"):
+                batch = Batch.concatenate(batches)
+            concat_ns = time.perf_counter_ns() - start
+        else:
+            batch = batches[0]
+        try:
+            step = self._decode_step(batch, grants)
+        except BaseException:
+            self.lookaheads.clear()
+            raise
+        return self._reply(generate_pb2.DecodeResponse, step, start, concat_ns)
+
+    def _reply(
+        self, response: type[_Response], step: _Step, start: int, concat_ns: int | None
+    ) -> _Response:
+        """Caches the step's live batch and answers with its generations and timings.
+
+        A Decode answers with the step's own DecodeResponse, so its Generations (one per request,
+        every step) are never copied; a Prefill copies them into its PrefillResponse.
+        """
+        self.cache.set(step.live)
+        if response is generate_pb2.DecodeResponse:
+            out = cast(_Response, step.generations)
+        else:
+            out = response(generations=step.generations.generations)
+        if step.live is not None:
+            out.batch.CopyFrom(step.live.to_pb())
+        out.forward_ns = step.forward_ns
+        out.decode_ns = step.decode_ns
+        if concat_ns is not None:
+            out.concat_ns = concat_ns
+        out.total_ns = time.perf_counter_ns() - start
+        return out
+
+    @torch.inference_mode()
+    def _decode_step(self, batch: Batch, grants: Grants) -> _Step:
+        """One token per request, from the logits computed ahead when there are (overlap)."""
+        start = time.perf_counter_ns()
+        if apply_grants(batch, grants):
+            self.lookaheads.clear()
+        ahead = self.lookaheads.take(batch.request_ids)
+        if ahead is not None:
+            last, timer = ahead
+        else:
+            with self._span("forward"):
+                last, timer, _ = self._forward(self._decode_inputs(batch))
+        return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
+
+    def _sample(
+        self,
+        batch: Batch,
+        last: torch.Tensor,
+        prefill: dict[int, generate_pb2.Tokens],
+        timer: ForwardTimer,
+        start: int,
+        computed_ahead: bool = False,
+    ) -> _Step:
+        """Next tokens from `last` (a logits row per request of `batch`); with overlap, the next
+        decode forward is queued before the host reads this step's tokens back."""
+        with self._span("sample"):
+            choice = choose_tokens(batch, last, prefill)
+            if self.overlap:
+                self._look_ahead(batch)
+            generations, finished = emit_generations(batch, choice, self.detokenizer, self.writer)
+            live: Batch | None = batch
+            if finished:
+                done = set(finished)
+                keep = [i for i in batch.request_ids if i not in done]
+                live = batch.filter(keep) if keep else None
+                if live is None and self.overlap:
+                    self.lookaheads.drop(done)
+        # The forward's own time (on CUDA: on the device, read without another sync) and the
+        # rest; a forward computed ahead overlapped the previous call, so all of this one's
+        # time is the rest.
+        step_ns, forward_ns = time.perf_counter_ns() - start, timer.elapsed_ns()
+        decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
+        return _Step(generations, live, forward_ns, decode_ns)
+
+    def _forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
+        """The model's logits for `inputs`, through a CUDA graph when one fits (then the logits
+        are a view of the graph's output, which its next replay overwrites: the bool says so)."""
+        timer = ForwardTimer(self.model.device)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.takes(inputs, self.kv_cache):
+            logits, graphed = graphs.forward(inputs, self.kv_cache), True
+        else:
+            logits, graphed = self.model.forward(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_cache,
+                inputs.meta,
+                inputs.lm_head_indices,
+            ), False
+        timer.stop()
+        return logits, timer, graphed
+
+    def _look_ahead(self, batch: Batch) -> None:
+        """Queues the next decode forward of every request of `batch` (shard/engine/lookahead.py)."""
+        with self._span("lookahead"):
+            logits, timer, graphed = self._forward(batch.lookahead_inputs())
+            if graphed:
+                logits = logits.clone()
+            self.lookaheads.add(Lookahead(list(batch.request_ids), logits, timer))
+
+    def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch | None:
+        """Keeps the listed requests; None when none is left (the batch is dropped)."""
+        batch = self.cache.pop(batch_id)
+        try:
+            with self._span("filter"):
+                kept = batch.filter(request_ids)
+        except InvalidRequest:
+            self.cache.set(batch)
+            raise
+        self.cache.set(kept)
+        return kept.to_pb() if len(kept) else None
+
+    def clear(self, batch_id: int | None) -> None:
+        if batch_id is None:
+            self.cache.clear()
+            self.lookaheads.clear()
+        else:
+            self.cache.delete(batch_id)
+
+    def warmup(self, request: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
+        """Warmup (shard/engine/warmup.py) measures the cache size; the engine then allocates the cache
+        at that size and captures the decode graphs over it."""
+        # Warmup replaces the cache the look-aheads wrote into.
+        self.lookaheads.clear()
+        try:
+            limits = warmup_limits(request, self.model, len(self.cache))
+            self.cache.clear()
+            self._release_graphs()
+            size = size_kv_cache(self, limits)
+            try:
+                self.resize_kv_cache(size.num_blocks)
+            except (RuntimeError, MemoryError) as e:
+                if not is_out_of_memory(e):
+                    raise
+                raise allocation_failure(size.num_blocks) from e
+            response = warmup_response(limits, self.model, size.num_blocks, self.block_size)
+            if size.graph_buckets:
+                self._capture_graphs(size, response.max_total_tokens)
+            return response
+        finally:
+            self.lookaheads.clear()
+
+    def _release_graphs(self) -> None:
+        """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
+        if self.decode_graphs is not None:
+            self.decode_graphs.release()
+            self.decode_graphs = None
+
+    def _capture_graphs(self, size: CacheSize, max_total_tokens: int) -> None:
+        try:
+            self.decode_graphs = capture_graphs(self, size, max_total_tokens)
+        except OutOfMemory:
+            # The cache took the room the graphs were measured to need: give it back and fail
+            # this Warmup (block 0 stays, for Health).
+            self.resize_kv_cache(1)
+            torch.cuda.empty_cache()
+            raise
+
+    def _span(self, name: str) -> AbstractContextManager[trace.Span | None]:
+        """A span of the engine's tracer; none while tracing is off (no tracer provider was
+        installed): no-op spans still cost ~20 us each in a decode step's bookkeeping."""
+        if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+            return nullcontext()
+        return self.tracer.start_as_current_span(name)
+

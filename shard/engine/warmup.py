@@ -1,0 +1,342 @@
+"""Warmup: run the largest prefill the router will send, then size the KV cache.
+
+This module measures and returns sizes (CacheSize); the engine alone allocates its KV cache and
+holds the decode graphs (Engine.warmup, Engine.resize_kv_cache).
+
+The warmup batch exercises every logits processor, top-n tokens and prefill logprobs, so that the
+measured peak is the real worst case. On GPU the cache then takes what is left of the device
+(under --cuda-memory-fraction) after keeping room for that peak and for the decode CUDA graphs;
+on CPU it takes the budget the router or --max-total-tokens imposes, else a bounded share of RAM.
+
+The graphs' memory (their private pool: every bucket's activations, logits and library
+workspaces, plus the graphs themselves) is measured, not guessed: they are captured once into the
+small warmup cache, the device's free memory is read before and after, and they are let go. Once
+the cache is allocated they are captured again over it (a graph holds the cache's addresses),
+into the room kept for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from pytgi_proto import generate_pb2
+from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason, resolve_buckets
+from pytgi_shard.errors import InvalidRequest, OutOfMemory
+
+if TYPE_CHECKING:
+    from pytgi_shard.engine.engine import Engine
+    from pytgi_shard.models.model import Model
+
+log = logging.getLogger(__name__)
+
+# u64::MAX is the router's health-check batch; warmup uses the id below it.
+WARMUP_BATCH_ID = 2**64 - 2
+# Share of the memory left after the peak that the KV cache may take (allocator fragmentation).
+GPU_HEADROOM = 0.95
+# CPU default budget: at most this share of available RAM ...
+CPU_RAM_SHARE = 0.10
+# ... and at most this many full-context sequences.
+CPU_MAX_SEQUENCES = 64
+_OOM_ADVICE = "decrease --max-batch-prefill-tokens or increase --cuda-memory-fraction"
+_GRAPH_ADVICE = "capture fewer or smaller batch sizes with --cuda-graphs (0: none)"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_prefill_tokens: int
+    max_input_tokens: int
+    max_total_tokens: int
+    max_batch_size: int
+    max_batch_total_tokens: int
+
+    @classmethod
+    def from_pb(cls, pb: generate_pb2.WarmupRequest) -> Limits:
+        if pb.max_prefill_tokens == 0:
+            raise InvalidRequest("Warmup needs max_prefill_tokens > 0")
+        if pb.max_total_tokens and pb.max_input_tokens >= pb.max_total_tokens:
+            raise InvalidRequest(
+                f"max_input_tokens ({pb.max_input_tokens}) must be < max_total_tokens "
+                f"({pb.max_total_tokens})"
+            )
+        return cls(
+            pb.max_prefill_tokens,
+            pb.max_input_tokens,
+            pb.max_total_tokens,
+            pb.max_batch_size,
+            pb.max_batch_total_tokens,
+        )
+
+
+def check_positions(limits: Limits, model: Model) -> None:
+    """Refuses a max_total_tokens beyond a learned position table (GPT-2 through the transformers
+    fallback): a position past its last row does not exist, and looking it up fails mid-request
+    (an index error on the CPU, a device-side assert that poisons the device on CUDA)."""
+    limit = model.max_position_embeddings
+    if model.learned_positions and limits.max_total_tokens > limit:
+        raise InvalidRequest(
+            f"max_total_tokens ({limits.max_total_tokens}) exceeds max_position_embeddings "
+            f"({limit}) of {model.model_type}, whose learned position table has no row past "
+            f"{limit}: set --max-total-tokens to at most {limit}"
+        )
+
+
+def prompt_lengths(limits: Limits, max_position_embeddings: int) -> list[int]:
+    """The warmup prompts: max_prefill_tokens split into requests of at most max_input_tokens."""
+    per_request = limits.max_input_tokens or max(
+        (limits.max_total_tokens or max_position_embeddings) - 1, 1
+    )
+    lengths: list[int] = []
+    left = limits.max_prefill_tokens
+    while left > 0 and (not limits.max_batch_size or len(lengths) < limits.max_batch_size):
+        lengths.append(min(per_request, left))
+        left -= lengths[-1]
+    return lengths
+
+
+def warmup_batch(lengths: list[int], vocab_size: int, block_size: int) -> generate_pb2.Batch:
+    """Requests with every processor on, generating 2 tokens (a prefill and a decode step)."""
+    params = generate_pb2.NextTokenChooserParameters(
+        temperature=0.9, top_k=10, top_p=0.9, typical_p=0.9, do_sample=True, seed=0,
+        repetition_penalty=1.2, frequency_penalty=0.1, watermark=True,
+    )  # fmt: skip
+    requests = []
+    next_block = 1
+    for i, length in enumerate(lengths):
+        blocks = math.ceil((length + 1) / block_size)
+        requests.append(
+            generate_pb2.Request(
+                id=i,
+                input_ids=[(7 * (i + j)) % vocab_size for j in range(length)],
+                parameters=params,
+                stopping_parameters=generate_pb2.StoppingCriteriaParameters(
+                    max_new_tokens=2, ignore_eos_token=True
+                ),
+                prefill_logprobs=True,
+                top_n_tokens=20,
+                blocks=list(range(next_block, next_block + blocks)),
+            )
+        )
+        next_block += blocks
+    return generate_pb2.Batch(id=WARMUP_BATCH_ID, requests=requests, size=len(requests))
+
+
+@dataclass(frozen=True, slots=True)
+class CacheSize:
+    """What Warmup measured; the engine allocates the cache and captures the graphs from it."""
+
+    # KV blocks for this rank (the same on every rank), block 0 included.
+    num_blocks: int
+    # Decode batch sizes to capture as CUDA graphs over the cache; () when graphs are off.
+    graph_buckets: tuple[int, ...]
+    # Device memory kept for those graphs.
+    graph_bytes: int
+
+
+def warmup_limits(
+    pb: generate_pb2.WarmupRequest, model: Model, live_batches: int
+) -> Limits:
+    """The request's limits, or an InvalidRequest before anything is touched."""
+    if live_batches:
+        # Resizing the KV cache under live batches corrupts them (their blocks may fall outside
+        # the new cache): a stray router, e.g. a second instance's, must not do that.
+        raise InvalidRequest(
+            f"Warmup refused: {live_batches} live batch(es) hold the KV cache; their router "
+            "must ClearCache first (is another router connected to this shard?)"
+        )
+    limits = Limits.from_pb(pb)
+    check_positions(limits, model)
+    return limits
+
+
+def size_kv_cache(engine: Engine, limits: Limits) -> CacheSize:
+    """Runs the largest prefill the router will send (in a cache of its own size, which the
+    engine allocates and then shrinks back to block 0), measures the decode graphs, and returns
+    the cache size every rank agrees on."""
+    model = engine.model
+    lengths = prompt_lengths(limits, model.max_position_embeddings)
+    batch = warmup_batch(lengths, model.vocab_size, engine.block_size)
+    blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
+    peak = _run_warmup_batch(engine, batch, blocks_used, sum(lengths))
+    buckets = _graph_buckets(engine, limits)
+    # Before the cache is sized, the longest context is bounded by the model's.
+    longest = limits.max_total_tokens or model.max_position_embeddings
+    graph_bytes = _graph_bytes(engine, buckets, longest) if buckets else 0
+    num_blocks = _agree(engine, _size_cache(engine, limits, peak + graph_bytes))
+    if num_blocks < 2:
+        raise OutOfMemory(f"no memory is left for the KV cache: {_OOM_ADVICE}")
+    return CacheSize(num_blocks, buckets, graph_bytes)
+
+
+def allocation_failure(num_blocks: int) -> OutOfMemory:
+    """The error of a cache of `num_blocks` that Warmup sized but the device could not hold."""
+    return OutOfMemory(f"cannot allocate a KV cache of {num_blocks} blocks: {_OOM_ADVICE}")
+
+
+def warmup_response(
+    limits: Limits, model: Model, num_blocks: int, block_size: int
+) -> generate_pb2.WarmupResponse:
+    """The token limits a cache of `num_blocks` supports, as the router reads them."""
+    capacity = (num_blocks - 1) * block_size
+    max_total = limits.max_total_tokens or min(model.max_position_embeddings, capacity)
+    max_input = limits.max_input_tokens or min(max_total - 1, limits.max_prefill_tokens)
+    log.info(
+        "KV cache: %d blocks of %d tokens (%d tokens); max_input_tokens %d, max_total_tokens %d",
+        num_blocks, block_size, capacity, max_input, max_total,
+    )  # fmt: skip
+    return generate_pb2.WarmupResponse(
+        max_supported_total_tokens=capacity,
+        max_input_tokens=max_input,
+        max_total_tokens=max_total,
+        num_blocks=num_blocks,
+        block_size=block_size,
+    )
+
+
+def _run_warmup_batch(
+    engine: Engine, batch: generate_pb2.Batch, num_blocks: int, prefill_tokens: int
+) -> int:
+    """Runs the batch in a cache of its own size; returns the peak bytes beyond the cache."""
+    device = engine.model.device
+    try:
+        engine.resize_kv_cache(num_blocks)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        response = engine.prefill(generate_pb2.PrefillRequest(batch=batch))
+        if response.HasField("batch"):
+            engine.decode(generate_pb2.DecodeRequest(batches=[response.batch]))
+        peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        raise OutOfMemory(
+            f"not enough memory to handle {prefill_tokens} prefill tokens: {_OOM_ADVICE}"
+        ) from e
+    finally:
+        engine.cache.clear()
+        engine.resize_kv_cache(1)
+    return peak
+
+
+def _graph_buckets(engine: Engine, limits: Limits) -> tuple[int, ...]:
+    """The decode batch sizes to capture; () (and the reason, logged) when graphs are off."""
+    reason = graphs_off_reason(engine.settings, engine.model)
+    if reason is not None:
+        log.info("CUDA graphs off: %s", reason)
+        return ()
+    return resolve_buckets(engine.settings.cuda_graphs, limits.max_batch_size)
+
+
+def _graph_runner(
+    engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
+) -> DecodeGraphRunner:
+    max_blocks = math.ceil(max_total_tokens / engine.block_size)
+    return DecodeGraphRunner(engine.model, buckets, max_blocks, engine.block_size)
+
+
+def _graph_bytes(engine: Engine, buckets: tuple[int, ...], max_total_tokens: int) -> int:
+    """Device memory the decode graphs keep, measured by capturing them into the current
+    (warmup-sized) cache: padding rows only touch block 0, which every cache has."""
+    device = engine.model.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    free_before = torch.cuda.mem_get_info(device)[0]
+    try:
+        runner = _graph_runner(engine, buckets, max_total_tokens)
+        runner.capture(engine.kv_cache)
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        used = free_before - torch.cuda.mem_get_info(device)[0]
+        runner.release()
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        raise OutOfMemory(
+            f"not enough memory to capture CUDA graphs for batch sizes {list(buckets)}: "
+            f"{_GRAPH_ADVICE}"
+        ) from e
+    finally:
+        torch.cuda.empty_cache()
+    return max(used, 0)
+
+
+def capture_graphs(engine: Engine, size: CacheSize, max_total_tokens: int) -> DecodeGraphRunner:
+    """The graphs over the engine's final cache, in the room _graph_bytes kept for them; an
+    OutOfMemory when that room does not suffice."""
+    try:
+        runner = _graph_runner(engine, size.graph_buckets, max_total_tokens)
+        runner.capture(engine.kv_cache)
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        raise OutOfMemory(f"not enough memory left to capture CUDA graphs: {_GRAPH_ADVICE}") from e
+    log.info(
+        "CUDA graphs: decode batch sizes %s up to %d tokens of context (%.0f MiB kept for them)",
+        list(size.graph_buckets), max_total_tokens, size.graph_bytes / 2**20,
+    )  # fmt: skip
+    return runner
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """CUDA raises torch.OutOfMemoryError; the CPU allocator a RuntimeError or MemoryError."""
+    return isinstance(e, torch.OutOfMemoryError | MemoryError) or "memory" in str(e).lower()
+
+
+def _size_cache(engine: Engine, limits: Limits, peak: int) -> int:
+    """KV blocks for this rank, block 0 included."""
+    m = engine.model
+    per_token = KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype)
+    block = per_token * engine.block_size
+    budget_blocks = (
+        math.ceil(limits.max_batch_total_tokens / engine.block_size) + 1
+        if limits.max_batch_total_tokens
+        else None
+    )
+    if m.device.type == "cuda":
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(m.device)
+        allowed = engine.settings.cuda_memory_fraction * total - torch.cuda.memory_reserved(
+            m.device
+        )
+        usable = (min(free, allowed) - peak) * GPU_HEADROOM
+        blocks = max(int(usable // block), 0)
+        return min(blocks, budget_blocks) if budget_blocks else blocks
+    if budget_blocks:
+        return budget_blocks
+    tokens = engine.settings.max_total_tokens or _default_cpu_tokens(
+        per_token, m.max_position_embeddings
+    )
+    return math.ceil(tokens / engine.block_size) + 1
+
+
+def _default_cpu_tokens(per_token: int, max_position_embeddings: int) -> int:
+    """A modest share of RAM, and never more than a generous batch of full contexts."""
+    by_ram = int(_available_ram() * CPU_RAM_SHARE) // per_token
+    return max(min(by_ram, max_position_embeddings * CPU_MAX_SEQUENCES), 1)
+
+
+def _available_ram() -> int:
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _agree(engine: Engine, num_blocks: int) -> int:
+    """Every rank must use the same number of blocks: the smallest one."""
+    dist = engine.dist
+    if dist.world_size == 1:
+        return num_blocks
+    mine = torch.tensor([num_blocks], dtype=torch.long, device=engine.model.device)
+    return int(dist.all_gather(mine, dim=0).min())
