@@ -175,10 +175,6 @@ class Weights:
         """This rank's 1/world_size slice of `name` along `dim`."""
         return self.get_part(name, dim, self.dist.rank, self.dist.world_size, cast=cast)
 
-    def get_packed_sharded(self, names: list[str], dim: int = 0) -> torch.Tensor:
-        """This rank's slice of each of `names`, concatenated along `dim` (fused gate/up)."""
-        return torch.cat([self.get_sharded(n, dim) for n in names], dim=dim)
-
     def close(self) -> None:
         """Drops the file handles (and their memory maps) once the model is built."""
         self._handles.clear()
