@@ -30,6 +30,13 @@ from pytgi_shard.engine.encoder_decoder_batch import (
     prefill_inputs,
 )
 from pytgi_shard.engine.forward_timer import ForwardTimer
+from pytgi_shard.engine.generation import (
+    choose_tokens,
+    emit_generations,
+    prefill_tokens,
+    resume_texts,
+)
+from pytgi_shard.engine.info import info_response
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
@@ -46,15 +53,8 @@ from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.output.detokenizer import Detokenizer
-from pytgi_shard.output.generation import (
-    choose_tokens,
-    emit_generations,
-    prefill_tokens,
-    resume_texts,
-)
 from pytgi_shard.output.wire import GenerationWriter
 from pytgi_shard.sampling import Watermark
-from pytgi_shard.service.info import info_response
 from pytgi_shard.settings import ShardSettings
 from pytgi_shard.structured_output.compiler import GrammarCompiler
 from pytgi_shard.structured_output.worker import MaskWorker

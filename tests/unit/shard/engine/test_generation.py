@@ -12,8 +12,7 @@ import torch
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.batch import Batch, BatchContext, ForwardInputs
-from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
-from pytgi_shard.output.generation import (
+from pytgi_shard.engine.generation import (
     HostTransfer,
     choose_tokens,
     emit_generations,
@@ -21,6 +20,7 @@ from pytgi_shard.output.generation import (
     prefill_tokens,
     unpack,
 )
+from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.wire import GenerationWriter
 from pytgi_shard.sampling import Watermark
 from tests.tiny_models import train_tokenizer, write_tokenizer
