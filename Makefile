@@ -3,27 +3,68 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# A second environment with the lowest transformers, huggingface-hub and tokenizers that
+# pyproject.toml allows (constraints-lowest.txt), for the tests whose outcome depends on them.
+LOWEST := build/venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast proto lint bench demo-model gpu-wheel-tags gpu-wheels clean
+# The whole suite runs in $(VENV) on the newest releases (constraints.txt: what `pip install
+# pytgi` gets when they were pinned); these files run again on the lowest ones: model families
+# and encoder-decoders against transformers' own forward, config layouts, loading, hub
+# resolution and its client, tokenizer, detokenizer and chat-template paths (~2 min on 2 cores).
+LOWEST_TESTS := \
+	tests/unit/shard/models/test_config_layout.py tests/unit/shard/models/test_models.py \
+	tests/unit/shard/models/test_model_families.py tests/unit/shard/models/test_models_gpt.py \
+	tests/unit/shard/models/test_t5.py tests/unit/shard/layers/test_moe.py \
+	tests/unit/shard/layers/test_alibi_attention.py tests/unit/shard/layers/test_learned_positions.py \
+	tests/unit/shard/quantization/test_quantization_detection.py tests/unit/shard/weights/test_loading_safety.py \
+	tests/unit/shard/weights/test_model_resolution.py tests/unit/shard/output/test_detokenizer.py \
+	tests/unit/router/http/openai/test_chat_template.py tests/unit/router/http/test_validation.py \
+	tests/unit/router/http/test_token_bound.py tests/unit/router/http/test_model_card.py \
+	tests/unit/launcher/test_demo_model.py tests/unit/bench/test_hf_baselines.py \
+	tests/integration/test_clients.py
+
+# TGI's Python client (the client tests) caps huggingface-hub below 1, which would hold
+# transformers at 4.x: it goes in without its dependencies, which the test extra names instead.
+TGI_CLIENT := text-generation==0.7.0
+
+.PHONY: install install-lowest run test test-fast test-lowest proto lint bench demo-model \
+	gpu-wheel-tags gpu-wheels clean
 
 install: $(STAMP)
 
 # Reinstall only when the project's metadata changes; the install is editable, so code edits
 # need nothing.
-# constraints.txt pins what belongs to these machines rather than to the package (torch's CPU build).
+# constraints.txt pins what belongs to these machines rather than to the package (torch's CPU
+# build, the transformers stack the suite was last run on).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[test,bench]'
+	$(BIN)/python -m pip install -q --no-deps '$(TGI_CLIENT)'
 	touch $(STAMP)
+
+install-lowest: $(LOWEST_STAMP)
+
+$(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
+	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST)/bin/python -m pip install -q -c constraints-lowest.txt -e '.[test]'
+	$(LOWEST)/bin/python -m pip install -q --no-deps '$(TGI_CLIENT)'
+	touch $(LOWEST_STAMP)
 
 run: install
 	$(BIN)/pytgi-launcher --port $(PORT)
 
-test: install
+# PYTEST_ARGS reach the main run only.
+test: install install-lowest
 	$(BIN)/python -m pytest -q -x $(PYTEST_ARGS)
+	$(LOWEST)/bin/python -m pytest -q -x $(LOWEST_TESTS)
+
+test-lowest: install-lowest
+	$(LOWEST)/bin/python -m pytest -q -x $(LOWEST_TESTS)
 
 proto: install
 	$(BIN)/python -m pytgi_proto.build
