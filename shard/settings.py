@@ -88,10 +88,10 @@ class ShardSettings:
     # start-up resolves it, the method that runs ("" for float weights), which Info reports.
     quantize: str | None = None
     trust_remote_code: bool = False
-    # None: the device's default (shard.attention.default_backend), resolved at start-up.
+    # None: the device's default (DeviceCapabilities.default_attention), resolved at start-up.
     attention: str | None = None
     # Plain PyTorch only (TGI's --disable-custom-kernels): the reference attention, and no fused
-    # Triton norm, rotary, activation, MoE or dequantize-GEMM kernel (Dist.custom_kernels).
+    # Triton norm, rotary, activation, MoE or dequantize-GEMM kernel (Dist.caps).
     disable_custom_kernels: bool = False
     # TGI's --rope-scaling / --rope-factor: replace config.json's rope_scaling (rope_override).
     rope_scaling: str | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from abc import ABC, abstractmethod
 
 import torch
@@ -43,15 +42,6 @@ class AttentionBackend(ABC):
         `alibi_slopes` (BLOOM, MPT) [Hq] float32 adds slope_h * (key position - query position)
         to head h's scaled scores; None leaves the scores as they are, at no cost.
         """
-
-
-def default_backend(device: torch.device) -> str:
-    """The backend a shard uses when --attention is not given: the Triton kernels on a CUDA
-    device when Triton is installed (the fast path, and the one CUDA graphs capture), else the
-    plain-PyTorch reference (the CPU path)."""
-    if device.type == "cuda" and importlib.util.find_spec("triton") is not None:
-        return "triton"
-    return "reference"
 
 
 def get_backend(name: str) -> AttentionBackend:

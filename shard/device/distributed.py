@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
 import torch.distributed as tdist
 from torch.distributed import ProcessGroup
+
+from pytgi_shard.device.capabilities import DeviceCapabilities, probe_capabilities
 
 # A rank that never joins must not hang its peers forever: the launcher reports the failure instead.
 INIT_TIMEOUT = timedelta(seconds=120)
@@ -21,9 +23,14 @@ class Dist:
     world_size: int
     device: torch.device
     group: ProcessGroup | None
-    # False (--disable-custom-kernels): the layers built for this rank take their plain-PyTorch
-    # path on any device (layernorm.triton_kernels_on, int_kernel_choice).
-    custom_kernels: bool = True
+    # What the device runs (device/capabilities.py), resolved once at start-up and read by
+    # every layer built for this rank; None: probed from `device` with custom kernels allowed
+    # (tests, tools).
+    caps: DeviceCapabilities = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.caps is None:
+            self.caps = probe_capabilities(self.device)
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sums `t` over all ranks, in place; returns it."""
@@ -48,13 +55,15 @@ class Dist:
 
 
 def init_distributed(
-    rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device
-) -> Dist:
-    """Joins the group of `world_size` shards rendezvousing at master_addr:master_port."""
+    rank: int, world_size: int, master_addr: str, master_port: int, device: torch.device,
+    caps: DeviceCapabilities | None = None,
+) -> Dist:  # fmt: skip
+    """Joins the group of `world_size` shards rendezvousing at master_addr:master_port; `caps`
+    None: probed from `device`."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside world_size {world_size}")
     if world_size == 1:
-        return single_process(device)
+        return single_process(device, caps)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -67,9 +76,10 @@ def init_distributed(
     )
     group = tdist.group.WORLD
     assert group is not None
-    return Dist(rank=rank, world_size=world_size, device=device, group=group)
+    return Dist(rank, world_size, device, group, caps or probe_capabilities(device))
 
 
-def single_process(device: torch.device) -> Dist:
-    """A world of one: every collective is a no-op (tests, tools, --num-shard 1)."""
-    return Dist(rank=0, world_size=1, device=device, group=None)
+def single_process(device: torch.device, caps: DeviceCapabilities | None = None) -> Dist:
+    """A world of one: every collective is a no-op (tests, tools, --num-shard 1); `caps` None:
+    probed from `device`."""
+    return Dist(0, 1, device, None, caps or probe_capabilities(device))

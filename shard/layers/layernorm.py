@@ -5,25 +5,11 @@ hidden states they normalise are whole on each rank."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.device.distributed import Dist
 from pytgi_shard.weights.reader import Weights
-
-
-def triton_kernels_on(dist: Dist) -> bool:
-    """Whether the layers run their fused Triton kernels: on CUDA devices, when Triton is there,
-    unless --disable-custom-kernels turned them off (dist.custom_kernels).
-
-    Decided once when a model is built; the eager ops stay the CPU path and the tests' oracle.
-    """
-    if not dist.custom_kernels:
-        return False
-    return dist.device.type == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 class RMSNorm(nn.Module):
@@ -45,7 +31,9 @@ class RMSNorm(nn.Module):
 
     @classmethod
     def load(cls, weights: Weights, prefix: str, eps: float, plus_one: bool = False) -> RMSNorm:
-        fused = triton_kernels_on(weights.dist)
+        # dist.caps.triton_kernels: decided once at start-up; the eager ops stay the CPU path
+        # and the tests' oracle.
+        fused = weights.dist.caps.triton_kernels
         weight = weights.get_tensor(f"{prefix}.weight")
         if plus_one:
             weight = 1.0 + weight.float()

@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.layers.layernorm import triton_kernels_on
 from pytgi_shard.layers.linear import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -77,7 +76,7 @@ class GatedMLP(nn.Module):
             )
         down = RowParallelLinear.load(weights, f"{prefix}.down_proj", bias)
         kernel_act = None
-        if triton_kernels_on(weights.dist):
+        if weights.dist.caps.triton_kernels:
             from pytgi_shard.layers.triton_activation import KERNEL_ACTIVATIONS
 
             # An activation the kernel lacks (relu, quick_gelu) stays on the eager path.

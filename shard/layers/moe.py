@@ -46,7 +46,6 @@ from pytgi_shard.layers.expert_partition import (
     load_stacked_experts,
 )
 from pytgi_shard.layers.grouped_experts import grouped_experts
-from pytgi_shard.layers.layernorm import triton_kernels_on
 from pytgi_shard.layers.linear import ColumnParallelLinear
 from pytgi_shard.layers.mlp import activation
 from pytgi_shard.layers.moe_routing import route
@@ -131,7 +130,7 @@ class SparseMoE(nn.Module):
         self.dist = dist
         # The Triton grouped GEMMs (CUDA), else the grouped PyTorch path; the fused activation
         # kernel's name when it computes act(gate) * up there.
-        self.triton = triton_kernels_on(dist)
+        self.triton = dist.caps.triton_kernels
         self.kernel_act: str | None = None
         if self.triton:
             from pytgi_shard.layers.triton_activation import KERNEL_ACTIVATIONS

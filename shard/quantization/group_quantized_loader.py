@@ -84,4 +84,4 @@ class GroupQuantizedLoader(ABC):
 
     def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
         dist = weights.dist
-        return build_int_weight(weight, dist.device, weights.dtype, self.kernel, dist.custom_kernels)
+        return build_int_weight(weight, dist.device, weights.dtype, self.kernel, dist.caps)

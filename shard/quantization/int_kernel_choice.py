@@ -26,6 +26,7 @@ from enum import Enum
 
 import torch
 
+from pytgi_shard.device.capabilities import DeviceCapabilities, probe_capabilities
 from pytgi_shard.quantization.group_quantized import GroupQuantized
 from pytgi_shard.quantization.int4pack_layout import Int4PackLayout, int4pack_layout
 from pytgi_shard.quantization.int4pack_weight import Int4PackWeight, int4pack_fits
@@ -43,15 +44,20 @@ class IntKernel(str, Enum):
 
 def choose_int_kernel(
     device: torch.device, dtype: torch.dtype, bits: int, out_features: int,
-    layout: Int4PackLayout, even: bool, custom_kernels: bool = True,
+    layout: Int4PackLayout, even: bool, caps: DeviceCapabilities | None = None,
 ) -> IntKernel:  # fmt: skip
     """The kernel for one layer (the order and the reasons: this module's docstring); `layout`
     is how int4pack would read its input groups, `even` whether they hold as many inputs.
-    Without `custom_kernels` (--disable-custom-kernels) CUDA dequantizes where Triton would run."""
+    `caps` (None: probed from `device`) says whether the Triton dequantize-GEMM may run; where
+    it may not on CUDA (--disable-custom-kernels) the weight is dequantized instead."""
+    caps = caps if caps is not None else probe_capabilities(device)
     if int4pack_fits(device, dtype, out_features, layout, bits):
         return IntKernel.INT4PACK
-    if device.type == "cuda":
-        return IntKernel.TRITON if custom_kernels else IntKernel.DEQUANT
+    if caps.triton_dequant_gemm:
+        return IntKernel.TRITON
+    if caps.kind == "cuda":
+        # int8pack is PyTorch's CPU op.
+        return IntKernel.DEQUANT
     if bits == 8 and even:
         return IntKernel.INT8PACK
     return IntKernel.DEQUANT
@@ -59,14 +65,14 @@ def choose_int_kernel(
 
 def build_int_weight(
     weight: GroupQuantized, device: torch.device, dtype: torch.dtype,
-    kernel: IntKernel | None = None, custom_kernels: bool = True,
+    kernel: IntKernel | None = None, caps: DeviceCapabilities | None = None,
 ) -> QuantizedWeight:  # fmt: skip
-    """The layer's QuantizedWeight through `kernel`, or the chosen one when None."""
+    """The layer's QuantizedWeight through `kernel`, or the one chosen under `caps` when None."""
     layout = int4pack_layout(weight.g_idx)
     if kernel is None:
         even = even_groups(weight.g_idx) is not None
         kernel = choose_int_kernel(
-            device, dtype, weight.bits, weight.out_features, layout, even, custom_kernels
+            device, dtype, weight.bits, weight.out_features, layout, even, caps
         )
     if kernel is IntKernel.INT4PACK:
         if not int4pack_fits(device, dtype, weight.out_features, layout, weight.bits):

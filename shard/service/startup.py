@@ -9,7 +9,7 @@ import socket
 import torch
 import torch.distributed as tdist
 
-from pytgi_shard.attention.backend import default_backend
+from pytgi_shard.device.capabilities import DeviceCapabilities, probe_capabilities
 from pytgi_shard.device.distributed import Dist, init_distributed
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.models import MODELS, get_model
@@ -72,13 +72,11 @@ def read_config(settings: ShardSettings) -> ModelConfig:
     return config.with_rope_scaling(override)
 
 
-def resolve_attention(settings: ShardSettings, device: torch.device) -> str:
-    """--attention, else reference under --disable-custom-kernels, else the device's default."""
+def resolve_attention(settings: ShardSettings, caps: DeviceCapabilities) -> str:
+    """--attention, else the device's default (the reference under --disable-custom-kernels)."""
     if settings.attention is not None:
         return settings.attention
-    if settings.disable_custom_kernels:
-        return "reference"
-    return default_backend(device)
+    return caps.default_attention
 
 
 def load_engine(settings: ShardSettings) -> Engine:
@@ -91,13 +89,14 @@ def load_engine(settings: ShardSettings) -> Engine:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.cuda.set_per_process_memory_fraction(settings.cuda_memory_fraction, device)
+    # Resolved once: every layer built below reads its kernel choices from dist.caps.
+    caps = probe_capabilities(device, custom_kernels=not settings.disable_custom_kernels)
     dist = init_distributed(
-        settings.rank, settings.world_size, settings.master_addr, settings.master_port, device
+        settings.rank, settings.world_size, settings.master_addr, settings.master_port, device,
+        caps,
     )
-    # Every layer built below reads its kernel choice from here (--disable-custom-kernels).
-    dist.custom_kernels = not settings.disable_custom_kernels
     dtype = resolve_dtype(settings, config, device)
-    settings = dataclasses.replace(settings, attention=resolve_attention(settings, device))
+    settings = dataclasses.replace(settings, attention=resolve_attention(settings, caps))
     kernels = "plain PyTorch only" if settings.disable_custom_kernels else "custom kernels allowed"
     log.info("loading %s on %s as %s, %s attention, %s", settings.model_path, device, dtype,
              settings.attention, kernels)

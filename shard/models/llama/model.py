@@ -29,7 +29,7 @@ from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.layers.embedding import VocabParallelEmbedding
 from pytgi_shard.layers.fused_qkv import HeadShape, load_stacked_qkv
-from pytgi_shard.layers.layernorm import HeadLayerNorm, LayerNorm, RMSNorm, triton_kernels_on
+from pytgi_shard.layers.layernorm import HeadLayerNorm, LayerNorm, RMSNorm
 from pytgi_shard.layers.linear import (
     RowParallelLinear,
     kv_head_partition,
@@ -118,7 +118,7 @@ class LlamaAttention(nn.Module):
         # gives them; the eager path takes rotation_tables' factors (Llama.rotation builds either).
         half = self.head_dim // 2
         self.fused_rotary = (
-            triton_kernels_on(weights.dist) and half & (half - 1) == 0
+            weights.dist.caps.triton_kernels and half & (half - 1) == 0
             and self.rotate is apply_rotary
         )
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytgi_shard.device.capabilities import probe_capabilities
 from pytgi_shard.device.distributed import Dist
-from pytgi_shard.layers.layernorm import triton_kernels_on
 from pytgi_shard.layers.rotary import default_inv_freq
 from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.quantization.int4pack_layout import int4pack_layout
@@ -57,10 +57,12 @@ def test_rope_override_is_refused_for_the_transformers_fallback(tmp_path: Path) 
 
 def test_without_custom_kernels_attention_is_the_reference() -> None:
     off = ShardSettings(model_path=Path("m"), disable_custom_kernels=True)
-    assert resolve_attention(off, CUDA) == "reference"
+    plain = probe_capabilities(CUDA, custom_kernels=False)
+    assert resolve_attention(off, plain) == "reference"
     if importlib.util.find_spec("triton") is not None:
-        assert resolve_attention(ShardSettings(model_path=Path("m")), CUDA) == "triton"
-    assert resolve_attention(dataclasses.replace(off, attention="reference"), CUDA) == "reference"
+        on = probe_capabilities(CUDA)
+        assert resolve_attention(ShardSettings(model_path=Path("m")), on) == "triton"
+    assert resolve_attention(dataclasses.replace(off, attention="reference"), plain) == "reference"
     with pytest.raises(ValueError, match="contradicts --disable-custom-kernels"):
         ShardSettings(model_path=Path("m"), attention="triton", disable_custom_kernels=True)
 
@@ -69,9 +71,10 @@ def test_without_custom_kernels_attention_is_the_reference() -> None:
 def test_without_custom_kernels_layers_skip_triton() -> None:
     """A CUDA rank (only described here: nothing runs on it) takes the fused kernels unless
     told not to; the CPU never does."""
-    assert triton_kernels_on(Dist(0, 1, CUDA, None))
-    assert not triton_kernels_on(Dist(0, 1, CUDA, None, custom_kernels=False))
-    assert not triton_kernels_on(Dist(0, 1, CPU, None))
+    assert Dist(0, 1, CUDA, None).caps.triton_kernels
+    plain = probe_capabilities(CUDA, custom_kernels=False)
+    assert not Dist(0, 1, CUDA, None, plain).caps.triton_kernels
+    assert not Dist(0, 1, CPU, None).caps.triton_kernels
 
 
 def test_without_custom_kernels_gptq_on_cuda_dequantizes() -> None:
@@ -80,13 +83,13 @@ def test_without_custom_kernels_gptq_on_cuda_dequantizes() -> None:
     layout = int4pack_layout(torch.arange(64, dtype=torch.int32) // 16)
     assert choose_int_kernel(CUDA, torch.float16, 8, 64, layout, True) is IntKernel.TRITON
     assert choose_int_kernel(
-        CUDA, torch.float16, 8, 64, layout, True, custom_kernels=False
+        CUDA, torch.float16, 8, 64, layout, True, probe_capabilities(CUDA, custom_kernels=False)
     ) is IntKernel.DEQUANT
 
 
 def test_engine_built_without_custom_kernels(tiny_model: Callable[..., Path]) -> None:
     engine = load_engine(ShardSettings(model_path=tiny_model("llama"),
                                        disable_custom_kernels=True))
-    assert engine.dist.custom_kernels is False
+    assert engine.dist.caps.custom_kernels is False
     assert engine.settings.attention == "reference"
-    assert load_engine(ShardSettings(model_path=tiny_model("llama"))).dist.custom_kernels
+    assert load_engine(ShardSettings(model_path=tiny_model("llama"))).dist.caps.custom_kernels
