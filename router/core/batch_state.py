@@ -55,25 +55,12 @@ def request_pb(entry_id: int, request: ValidRequest) -> generate_pb2.Request:
 
     Raises ValueError for a value the wire cannot carry (e.g. a seed beyond 64 bits).
     """
-    sampling = request.sampling
     stopping = request.stopping
     return generate_pb2.Request(
         id=entry_id,
         inputs=request.inputs,
         truncate=request.truncate,
-        parameters=generate_pb2.NextTokenChooserParameters(
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            typical_p=sampling.typical_p,
-            do_sample=sampling.do_sample,
-            seed=sampling.seed,
-            repetition_penalty=sampling.repetition_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            watermark=sampling.watermark,
-            grammar=sampling.grammar,
-            grammar_type=sampling.grammar_type,  # type: ignore[arg-type]
-        ),
+        parameters=request.sampling,
         stopping_parameters=generate_pb2.StoppingCriteriaParameters(
             max_new_tokens=stopping.max_new_tokens,
             stop_sequences=stopping.stop_sequences,

@@ -13,22 +13,6 @@ from pytgi_router.core.request_stream import RequestStream, TokenInfo
 
 
 @dataclass(slots=True)
-class SamplingParameters:
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    do_sample: bool = False
-    seed: int = 0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    watermark: bool = False
-    # "" or a regex / JSON-schema string; grammar_type follows the proto enum (0 none, 1 json, 2 regex).
-    grammar: str = ""
-    grammar_type: int = 0
-
-
-@dataclass(slots=True)
 class StoppingParameters:
     max_new_tokens: int
     stop_sequences: list[str] = field(default_factory=list)
@@ -42,7 +26,9 @@ class ValidRequest:
     inputs: str
     input_ids: list[int]
     truncate: int
-    sampling: SamplingParameters
+    # The wire's own message (pytgi_proto.parameters.neutral_sampling builds one): the router
+    # and the shards share one sampling type, declared in generate.proto and parameters.py.
+    sampling: generate_pb2.NextTokenChooserParameters
     stopping: StoppingParameters
     top_n_tokens: int = 0
     prefill_logprobs: bool = False

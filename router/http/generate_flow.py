@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from opentelemetry.trace import INVALID_SPAN
 
+from pytgi_proto.parameters import replace_sampling
 from pytgi_router.core.errors import IncompleteGenerationError, InferError
 from pytgi_router.core.request_stream import End, Prefill, TokenInfo
 from pytgi_router.http.http_errors import IncompleteGenerationStreamError, ShuttingDownError
@@ -243,7 +244,7 @@ class GenerateFlow:
         for _ in range(valid.best_of - 1):
             # best_of samples N independent submissions: each gets its own seed.
             seed = self.state.validator.random_seed()
-            sampling = dataclasses.replace(valid.request.sampling, seed=seed)
+            sampling = replace_sampling(valid.request.sampling, seed=seed)
             requests.append(dataclasses.replace(valid.request, sampling=sampling))
         queued = time.monotonic()
         streams: list[RequestStream] = []

@@ -8,6 +8,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
+from pytgi_proto.parameters import openapi_properties
 from pytgi_router.http.http_io import json_response
 from pytgi_router.http.state import AppState
 
@@ -32,34 +33,9 @@ TOKEN = _obj({
     "logprob": _nullable("number"), "special": {"type": "boolean"},
 }, ["id", "text", "special"])
 
-PARAMETERS = _obj({
-    "best_of": _nullable("integer", minimum=1, example=1),
-    "decoder_input_details": {"type": "boolean", "default": False},
-    "details": {"type": "boolean", "default": False},
-    "do_sample": {"type": "boolean", "default": False,
-                  "description": "true when `parameters` is omitted entirely"},
-    "frequency_penalty": _nullable("number", minimum=-2.0, maximum=2.0),
-    "grammar": {"type": "object", "nullable": True,
-                "description": "{type: json|json_object|json_schema|regex, value}"},
-    "max_new_tokens": _nullable("integer", minimum=1,
-                                description="default: max_total_tokens - input tokens"),
-    "repetition_penalty": _nullable("number", exclusiveMinimum=0),
-    "return_full_text": _nullable("boolean"),
-    "seed": _nullable("integer", minimum=0),
-    "stop": {"type": "array", "items": {"type": "string"}, "maxItems": 4},
-    "temperature": _nullable("number", exclusiveMinimum=0),
-    "top_k": _nullable("integer", minimum=1),
-    "top_n_tokens": _nullable("integer", minimum=0, maximum=5),
-    "top_p": _nullable("number", exclusiveMinimum=0, maximum=1),
-    "truncate": _nullable("integer", minimum=1),
-    "typical_p": _nullable("number", exclusiveMinimum=0, exclusiveMaximum=1),
-    "watermark": {"type": "boolean", "default": False},
-    "adapter_id": _nullable("string"),
-    "ignore_eos": {"type": "boolean", "default": False,
-                   "description": "pytgi extension: generate past EOS (token-exact benchmarks)"},
-    "ignore_eos_token": {"type": "boolean", "default": False,
-                         "description": "alias of ignore_eos (vLLM's TGI backend sends it)"},
-})
+# Derived from the parameter table (pytgi_proto.parameters): the document cannot drift from what
+# the router parses and bounds.
+PARAMETERS = _obj(openapi_properties())
 
 DETAILS = _obj({
     "finish_reason": {"type": "string", "enum": ["length", "eos_token", "stop_sequence"]},

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
 from typing import Any
 
+from pytgi_proto.parameters import BY_NAME, Parameter
 from pytgi_router.core.request_stream import End, TokenInfo
 from pytgi_router.http.json_fields import (
-    U64_MAX,
     obj,
     opt_bool,
     opt_float,
@@ -25,12 +26,12 @@ from pytgi_router.http.json_fields import (
     str_list,
 )
 
-I32 = 2**31
-
 
 @dataclass(slots=True)
 class GenerateParameters:
-    """`parameters` of a generate request; None means "not given" (TGI's Option fields)."""
+    """`parameters` of a generate request; None means "not given" (TGI's Option fields).
+    One field per row of pytgi_proto.parameters.PARAMETERS, which says how each is read,
+    bounded and documented (a test keeps the two equal)."""
 
     best_of: int | None = None
     temperature: float | None = None
@@ -51,8 +52,6 @@ class GenerateParameters:
     top_n_tokens: int | None = None
     grammar: dict[str, Any] | None = None
     adapter_id: str | None = None
-    # pytgi extension (vLLM's name; TGI has none): generate until max_new_tokens or a stop
-    # sequence even past EOS, for token-exact benchmarks.
     ignore_eos: bool = False
 
 
@@ -66,32 +65,32 @@ class GenerateRequest:
 
 
 def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> GenerateParameters:
-    """An omitted `parameters` object samples (TGI's default_parameters); `{}` is greedy."""
+    """An omitted `parameters` object samples (TGI's default_parameters); `{}` is greedy.
+    Each field is read as its row of pytgi_proto.parameters says (type, range, aliases)."""
     if data is None:
         return GenerateParameters(do_sample=True)
-    return GenerateParameters(
-        best_of=opt_int(data, "best_of", path),
-        temperature=opt_float(data, "temperature", path),
-        repetition_penalty=opt_float(data, "repetition_penalty", path),
-        frequency_penalty=opt_float(data, "frequency_penalty", path),
-        top_k=opt_int(data, "top_k", path, lo=-I32, hi=I32 - 1),
-        top_p=opt_float(data, "top_p", path),
-        typical_p=opt_float(data, "typical_p", path),
-        do_sample=bool(opt_bool(data, "do_sample", path)),
-        max_new_tokens=opt_int(data, "max_new_tokens", path),
-        return_full_text=opt_bool(data, "return_full_text", path),
-        stop=str_list(data, "stop", path),
-        truncate=opt_int(data, "truncate", path),
-        watermark=bool(opt_bool(data, "watermark", path)),
-        details=bool(opt_bool(data, "details", path)),
-        decoder_input_details=bool(opt_bool(data, "decoder_input_details", path)),
-        seed=opt_int(data, "seed", path, hi=U64_MAX),
-        top_n_tokens=opt_int(data, "top_n_tokens", path),
-        grammar=opt_obj(data, "grammar", path),
-        adapter_id=opt_str(data, "adapter_id", path),
-        # vLLM's TGI backend sends `ignore_eos_token`: the same switch.
-        ignore_eos=bool(opt_bool(data, "ignore_eos", path) or opt_bool(data, "ignore_eos_token", path)),
-    )
+    return GenerateParameters(**{p.name: read_parameter(data, p, path) for p in _READ_ORDER})
+
+
+def read_parameter(data: dict[str, Any], param: Parameter, path: str) -> Any:
+    """One field by its JSON kind; a flag (TGI's plain `bool`) is True if any spelling says so."""
+    if param.flag:
+        return any(opt_bool(data, key, path) for key in (param.name, *param.aliases))
+    if param.kind == "integer":
+        return opt_int(data, param.name, path, lo=param.lo, hi=param.hi)
+    return _READERS[param.kind](data, param.name, path)
+
+
+# The dataclass's order, which is the order fields were always read in (the first wrong one is
+# the 422); a field without a row fails here, at import.
+_READ_ORDER: tuple[Parameter, ...] = tuple(BY_NAME[f.name] for f in fields(GenerateParameters))
+_READERS: dict[str, Callable[[dict[str, Any], str, str], Any]] = {
+    "number": opt_float,
+    "boolean": opt_bool,
+    "string": opt_str,
+    "object": opt_obj,
+    "strings": str_list,
+}
 
 
 def parse_generate(body: Any) -> GenerateRequest:

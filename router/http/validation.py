@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 
 from tokenizers import Encoding, Tokenizer
 
+from pytgi_proto import generate_pb2
+from pytgi_proto.parameters import FLOAT32_TINY, SAMPLING
 from pytgi_router.core.errors import ValidationError
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits
 from pytgi_router.http.prompt_windows import (
     GROWTH,
@@ -45,17 +47,6 @@ REFUSE_BY_LENGTH_CHARS = 65536
 # float32 (1e-40: infinite scores, NaN logprobs) or, below float32's range, arrives at the shard
 # as 0, which proto3 reads as "unset" (1e-50 sampled at temperature 1). Its limit is the argmax.
 GREEDY_BELOW_TEMPERATURE = 1e-5
-
-# The wire carries sampling parameters as 32-bit floats: a larger value arrives as infinity
-# (a grammar's -inf logits over an infinite temperature are NaN).
-FLOAT32_MAX = 3.4028234663852886e38
-# float32's smallest normal value: a probability mass below it is 0 (or subnormal) on the wire.
-FLOAT32_TINY = 1.1754943508222875e-38
-# repetition_penalty divides a seen token's positive logit by itself and multiplies a negative
-# one: 1e-40 overflows float32 (infinite scores, NaN logprobs, token 0 forever) and a huge one
-# can make a constrained row all -inf. At either end of this range the choice among seen tokens
-# is already fixed, so nothing a user could want lies beyond it (TGI only asks for > 0).
-REPETITION_PENALTY_RANGE = (1e-3, 1e3)
 
 # The longest stop sequence, in characters: the shard matches every stop sequence against the
 # newly decoded text at every step, and the count alone (--max-stop-sequences) bounds nothing
@@ -267,34 +258,27 @@ class Validator:
                 raise ValidationError("`seed` must not be set when `best_of` > 1")
         return best_of
 
-    def _sampling_parameters(self, p: GenerateParameters, best_of: int) -> SamplingParameters:
-        temperature = _temperature(p.temperature)
-        repetition_penalty = _repetition_penalty(p.repetition_penalty)
-        frequency_penalty = 0.0 if p.frequency_penalty is None else p.frequency_penalty
-        if not -2.0 <= frequency_penalty <= 2.0:
-            raise ValidationError("`frequency_penalty` must be >= -2.0 and <= 2.0")
-        top_p, typical_p = _masses(p)
-        top_k = 0 if p.top_k is None else p.top_k
-        if p.top_k is not None and top_k <= 0:
-            raise ValidationError("`top_k` must be strictly positive")
+    def _sampling_parameters(
+        self, p: GenerateParameters, best_of: int
+    ) -> generate_pb2.NextTokenChooserParameters:
+        """The wire's sampling message: each parameter checked against its row's bounds
+        (pytgi_proto.parameters), then TGI's rules on how they combine."""
+        values = checked_sampling(p)
+        # Past float32's range a mass arrives as 0, which proto3 reads as "unset" (no
+        # filtering): any mass that small keeps just the most likely token, and so does
+        # float32's smallest normal value, which is sent instead.
+        top_p = values["top_p"] = max(values["top_p"], FLOAT32_TINY)
+        typical_p = values["typical_p"] = max(values["typical_p"], FLOAT32_TINY)
+        temperature, top_k = values["temperature"], values["top_k"]
         # The shard samples whenever a warper is active (TGI's NextTokenChooser): say so.
         warped = temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
-        seed = self.random_seed() if p.seed is None else p.seed
-        do_sample = p.do_sample or warped
+        values["do_sample"] = p.do_sample or warped
+        if p.seed is None:
+            values["seed"] = self.random_seed()
         if temperature < GREEDY_BELOW_TEMPERATURE:
             # Greedy; the warpers keep the most likely token anyway.
-            temperature, top_k, top_p, typical_p, do_sample = 1.0, 0, 1.0, 1.0, False
-        return SamplingParameters(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            typical_p=typical_p,
-            do_sample=do_sample,
-            seed=seed,
-            repetition_penalty=repetition_penalty,
-            frequency_penalty=frequency_penalty,
-            watermark=p.watermark,
-        )
+            values.update(temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0, do_sample=False)
+        return generate_pb2.NextTokenChooserParameters(**values)
 
     def _check_truncate(self, truncate: int | None) -> None:
         limit = self.limits.max_input_tokens
@@ -343,40 +327,15 @@ class Validator:
         return parsed
 
 
-def _temperature(value: float | None) -> float:
-    """TGI's rule (> 0), and a value the wire's float32 can carry."""
-    temperature = 1.0 if value is None else value
-    if temperature <= 0.0:
-        raise ValidationError("`temperature` must be strictly positive")
-    if temperature > FLOAT32_MAX:
-        raise ValidationError(
-            f"`temperature` must be <= {FLOAT32_MAX} (a 32-bit float). Given: {temperature}"
-        )
-    return temperature
-
-
-def _repetition_penalty(value: float | None) -> float:
-    """TGI's rule (> 0, its message), then the range where float32 scores stay finite."""
-    penalty = 1.0 if value is None else value
-    if penalty <= 0.0:
-        raise ValidationError("`repetition_penalty` must be strictly positive")
-    low, high = REPETITION_PENALTY_RANGE
-    if not low <= penalty <= high:
-        raise ValidationError(
-            f"`repetition_penalty` must be >= {low} and <= {high}. Given: {penalty}"
-        )
-    return penalty
-
-
-def _masses(p: GenerateParameters) -> tuple[float, float]:
-    """top_p and typical_p. Past float32's range a mass arrives as 0, which proto3 reads as
-    "unset" (no filtering): any mass that small keeps just the most likely token, and so does
-    float32's smallest normal value, which is sent instead."""
-    # Deliberate difference from TGI: top_p = 1.0 is accepted and means no filtering.
-    top_p = 1.0 if p.top_p is None else p.top_p
-    if not 0.0 < top_p <= 1.0:
-        raise ValidationError("`top_p` must be > 0.0 and <= 1.0")
-    typical_p = 1.0 if p.typical_p is None else p.typical_p
-    if p.typical_p is not None and not 0.0 < typical_p < 1.0:
-        raise ValidationError("`typical_p` must be > 0.0 and < 1.0")
-    return max(top_p, FLOAT32_TINY), max(typical_p, FLOAT32_TINY)
+def checked_sampling(p: GenerateParameters) -> dict[str, Any]:
+    """Each sampling parameter by its wire name: given, it must keep its row's bounds (TGI's
+    messages, in the table's order); absent, it is the row's neutral value."""
+    values: dict[str, Any] = {}
+    for param in SAMPLING:
+        value = getattr(p, param.name)
+        if value is None:
+            value = param.neutral
+        elif (message := param.violation(value)) is not None:
+            raise ValidationError(message)
+        values[param.wire or param.name] = value
+    return values

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.infer import Infer, InferSettings
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import Token
 from tests.hf_reference import hf_greedy
 from tests.integration.test_router_infer import serving
@@ -69,7 +70,7 @@ def cases_of(model: Path, texts: list[tuple[str, int]]) -> list[Case]:
 
 def valid(prompt: list[int], max_new: int) -> ValidRequest:
     return ValidRequest(
-        inputs="", input_ids=prompt, truncate=len(prompt), sampling=SamplingParameters(),
+        inputs="", input_ids=prompt, truncate=len(prompt), sampling=neutral_sampling(),
         stopping=StoppingParameters(max_new_tokens=max_new, ignore_eos_token=True),
     )
 

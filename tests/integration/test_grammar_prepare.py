@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.errors import ValidationError
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import End, RequestStream
 from tests.integration.test_router_infer import serving, settings
 from tests.shard_process import ShardProcesses, start_shards
@@ -36,7 +37,7 @@ def tokenizer(tiny_model: Callable[..., Path]) -> Tokenizer:
 
 def constrained(tokenizer: Tokenizer, text: str, grammar: str) -> ValidRequest:
     ids = tokenizer.encode(text).ids
-    sampling = SamplingParameters(grammar=grammar, grammar_type=REGEX)
+    sampling = neutral_sampling(grammar=grammar, grammar_type=REGEX)
     return ValidRequest(inputs=text, input_ids=ids, truncate=len(ids), sampling=sampling,
                         stopping=StoppingParameters(max_new_tokens=24))  # fmt: skip
 
@@ -44,7 +45,7 @@ def constrained(tokenizer: Tokenizer, text: str, grammar: str) -> ValidRequest:
 def free_request(tokenizer: Tokenizer, text: str) -> ValidRequest:
     ids = tokenizer.encode(text).ids
     return ValidRequest(inputs=text, input_ids=ids, truncate=len(ids),
-                        sampling=SamplingParameters(), stopping=StoppingParameters(max_new_tokens=8))  # fmt: skip
+                        sampling=neutral_sampling(), stopping=StoppingParameters(max_new_tokens=8))  # fmt: skip
 
 
 async def final_text(stream: RequestStream) -> str:

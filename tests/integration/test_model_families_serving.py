@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.infer import Infer, InferSettings
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import Token
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.metrics import Metrics
@@ -70,7 +71,7 @@ def case_of(family: str, root: Path) -> Case:
 
 def valid(prompt: list[int]) -> ValidRequest:
     return ValidRequest(
-        inputs="", input_ids=prompt, truncate=len(prompt), sampling=SamplingParameters(),
+        inputs="", input_ids=prompt, truncate=len(prompt), sampling=neutral_sampling(),
         stopping=StoppingParameters(max_new_tokens=MAX_NEW, ignore_eos_token=True),
     )
 

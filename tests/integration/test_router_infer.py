@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.errors import GenerationError, OverloadedError, UnhealthyError
 from pytgi_router.core.infer import Infer, InferSettings
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import End, RequestStream, Token
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.metrics import Metrics
@@ -72,7 +73,7 @@ def request(tokenizer: Tokenizer, text: str, max_new_tokens: int) -> ValidReques
     ids = tokenizer.encode(text).ids
     # ignore_eos_token: a random model may pick EOS at any step; lengths must be predictable.
     return ValidRequest(
-        inputs=text, input_ids=ids, truncate=len(ids), sampling=SamplingParameters(),
+        inputs=text, input_ids=ids, truncate=len(ids), sampling=neutral_sampling(),
         stopping=StoppingParameters(max_new_tokens=max_new_tokens, ignore_eos_token=True),
     )
 
@@ -318,7 +319,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pytgi_router.core.shard_client import ShardClient
 from pytgi_router.core.infer import Infer, InferSettings
 from pytgi_router.metrics import Metrics
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_proto.parameters import neutral_sampling
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 
 exporter = InMemorySpanExporter()
 provider = TracerProvider()
@@ -331,7 +333,7 @@ async def main():
                   Metrics())
     await infer.start()
     stopping = StoppingParameters(3, ignore_eos_token=True)
-    request = ValidRequest("hi", [1, 40, 41], 3, SamplingParameters(), stopping)
+    request = ValidRequest("hi", [1, 40, 41], 3, neutral_sampling(), stopping)
     with trace.get_tracer("test").start_as_current_span("request"):
         stream = infer.submit(request)
     async for _ in stream:

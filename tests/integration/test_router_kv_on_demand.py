@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.infer import Infer, InferSettings
-from pytgi_router.core.request import SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import End, Event, Prefill, Token
 from tests.integration.test_router_infer import PROMPTS, serving, wait_until
 from tests.shard_process import ShardProcesses, start_shards
@@ -46,7 +47,7 @@ def config(prefill: int = 512, budget: int = 4096, caching: bool = True) -> Infe
 def request(ids: list[int], new: int, stop: list[str] | None = None,
             logprobs: bool = False) -> ValidRequest:
     return ValidRequest(
-        inputs="", input_ids=ids, truncate=len(ids), sampling=SamplingParameters(),
+        inputs="", input_ids=ids, truncate=len(ids), sampling=neutral_sampling(),
         stopping=StoppingParameters(max_new_tokens=new, stop_sequences=stop or [],
                                     ignore_eos_token=True),
         prefill_logprobs=logprobs,
@@ -225,7 +226,7 @@ def test_best_of_copies_share_their_prompt_blocks_and_sample_as_alone(
 
     def sampled(seed: int) -> ValidRequest:
         req = request(ids, 12)
-        req.sampling = SamplingParameters(do_sample=True, temperature=0.9, seed=seed)
+        req.sampling = neutral_sampling(do_sample=True, temperature=0.9, seed=seed)
         return req
 
     async def main() -> None:

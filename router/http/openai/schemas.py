@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytgi_proto.parameters import REPETITION_PENALTY_RANGE
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request_stream import TokenInfo
 from pytgi_router.http.grammar import response_format_grammar
@@ -26,7 +27,6 @@ from pytgi_router.http.json_fields import (
 )
 from pytgi_router.http.openai.tools import ChatTools, chat_tools, parse_tool_choice, parse_tools
 from pytgi_router.http.schemas import GenerateParameters, logprob_or_none
-from pytgi_router.http.validation import REPETITION_PENALTY_RANGE
 
 # TGI's finish reasons, as OpenAI names them.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}

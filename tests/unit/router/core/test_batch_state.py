@@ -10,13 +10,13 @@ from collections import deque
 import pytest
 
 from pytgi_proto import generate_pb2
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.batch_state import RunningBatch, build_batch, request_pb, route_generation
 from pytgi_router.core.errors import GenerationError, IncompleteGenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import (
     Entry,
     EntryState,
-    SamplingParameters,
     StoppingParameters,
     ValidRequest,
 )
@@ -29,7 +29,7 @@ def make_entry(entry_id: int, cache: PrefixCache, prompt: int = 3, new: int = 5)
         inputs="hello",
         input_ids=list(range(10, 10 + prompt)),
         truncate=prompt,
-        sampling=SamplingParameters(temperature=0.7, top_k=5, do_sample=True, seed=42),
+        sampling=neutral_sampling(temperature=0.7, top_k=5, do_sample=True, seed=42),
         stopping=StoppingParameters(max_new_tokens=new, stop_sequences=["\n"]),
         top_n_tokens=2,
     )
@@ -84,10 +84,10 @@ def test_build_batch_carries_blocks_chunks_and_parameters() -> None:
     assert req.top_n_tokens == 2
 
 
-def test_request_pb_rejects_values_the_wire_cannot_carry() -> None:
-    request = ValidRequest("x", [1], 1, SamplingParameters(seed=2**64), StoppingParameters(1))
+def test_the_sampling_type_rejects_values_the_wire_cannot_carry() -> None:
+    """A request's sampling is the wire's message: a seed past 64 bits cannot even be built."""
     with pytest.raises(ValueError):
-        request_pb(0, request)
+        neutral_sampling(seed=2**64)
 
 
 def test_route_generation_makes_tokens_then_end_with_timestamps() -> None:

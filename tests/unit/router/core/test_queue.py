@@ -3,9 +3,10 @@ step_plan's: tests/unit/router/core/test_step_plan.py.)"""
 
 from __future__ import annotations
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.batch_state import request_pb
 from pytgi_router.core.queue import Queue
-from pytgi_router.core.request import Entry, SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
 
 
@@ -14,7 +15,7 @@ def make_entry(entry_id: int, prompt: int, new_tokens: int) -> Entry:
         inputs="x" * prompt,
         input_ids=list(range(1, prompt + 1)),
         truncate=prompt,
-        sampling=SamplingParameters(),
+        sampling=neutral_sampling(),
         stopping=StoppingParameters(max_new_tokens=new_tokens),
     )
     return Entry(entry_id, request, RequestStream(), request_pb(entry_id, request))

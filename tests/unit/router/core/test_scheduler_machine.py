@@ -18,11 +18,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.batch_state import request_pb
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue
-from pytgi_router.core.request import Entry, SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import End, RequestStream, Token
 from pytgi_router.core.scheduler import Scheduler
 from pytgi_router.core.shard_client import ShardClient
@@ -75,7 +76,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         entry_id = self.next_id
         self.next_id += 1
         request = ValidRequest(
-            inputs="x", input_ids=prompt, truncate=len(prompt), sampling=SamplingParameters(),
+            inputs="x", input_ids=prompt, truncate=len(prompt), sampling=neutral_sampling(),
             stopping=StoppingParameters(max_new_tokens=max_new),
         )
         scheduler = self.scheduler

@@ -7,9 +7,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.batch_state import request_pb
 from pytgi_router.core.prefix_cache import PrefixCache
-from pytgi_router.core.request import Entry, SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
 from pytgi_router.core.step_plan import (
     Budgets,
@@ -31,7 +32,7 @@ def make_entry(entry_id: int, prompt: int | list[int], new_tokens: int = 50,
                prefill_logprobs: bool = False) -> Entry:
     ids = list(range(1, prompt + 1)) if isinstance(prompt, int) else prompt
     request = ValidRequest(
-        inputs="x", input_ids=ids, truncate=len(ids), sampling=SamplingParameters(),
+        inputs="x", input_ids=ids, truncate=len(ids), sampling=neutral_sampling(),
         stopping=StoppingParameters(max_new_tokens=new_tokens),
         prefill_logprobs=prefill_logprobs,
     )

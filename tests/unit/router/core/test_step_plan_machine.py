@@ -15,9 +15,10 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from pytgi_proto.parameters import neutral_sampling
 from pytgi_router.core.batch_state import request_pb
 from pytgi_router.core.prefix_cache import PrefixCache
-from pytgi_router.core.request import Entry, SamplingParameters, StoppingParameters, ValidRequest
+from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
 from pytgi_router.core.step_plan import Budgets, StepPlan, admission_rank, kv_tokens, plan_step
 from tests.unit.router.model_shard import next_token
@@ -59,7 +60,7 @@ class StepPlanMachine(RuleBasedStateMachine):
         if max_new < 1:
             return
         request = ValidRequest(
-            inputs="x", input_ids=prompt, truncate=len(prompt), sampling=SamplingParameters(),
+            inputs="x", input_ids=prompt, truncate=len(prompt), sampling=neutral_sampling(),
             stopping=StoppingParameters(max_new_tokens=max_new),
         )
         self.waiting.append(Entry(self.next_id, request, RequestStream(),

@@ -12,17 +12,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytgi_proto.parameters import FLOAT32_MAX, FLOAT32_TINY, REPETITION_PENALTY_RANGE
 from pytgi_router.core.errors import InferError
 from pytgi_router.http.json_fields import decode_body, finite_float
 from pytgi_router.http.openai.schemas import parse_chat, parse_completion
 from pytgi_router.http.schemas import parse_generate
-from pytgi_router.http.validation import (
-    FLOAT32_MAX,
-    FLOAT32_TINY,
-    REPETITION_PENALTY_RANGE,
-    ValidationLimits,
-    Validator,
-)
+from pytgi_router.http.validation import ValidationLimits, Validator
 from tests.tiny_models import _CORPUS, train_tokenizer
 
 LIMITS = ValidationLimits(
@@ -33,6 +28,11 @@ HUGE = int("1" + "0" * 400)  # a valid JSON number; float() raises OverflowError
 FLOATS = ("temperature", "repetition_penalty", "frequency_penalty", "top_p", "typical_p")
 OPENAI_FLOATS = ("temperature", "top_p", "frequency_penalty", "presence_penalty",
                  "repetition_penalty")
+
+
+def wire(value: float) -> float:
+    """What the wire's float32 carries: a request's sampling is the wire's own message."""
+    return float(np.float32(value))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_repetition_penalty_stays_where_float32_scores_stay_finite(validator: Va
             "`repetition_penalty` must be strictly positive")
     for penalty in (low, 0.5, 1.2, high):
         sampling = validate(validator, repetition_penalty=penalty).request.sampling
-        assert sampling.repetition_penalty == penalty
+        assert sampling.repetition_penalty == wire(penalty)
 
 
 def test_temperature_fits_the_wires_float32(validator: Validator) -> None:
@@ -102,7 +102,7 @@ def test_presence_penalty_keeps_openais_range_and_a_usable_mapping(validator: Va
         valid = asyncio.run(validator.validate(
             parse_generate({"inputs": "a", "parameters": {
                 "repetition_penalty": params.repetition_penalty}})))
-        assert valid.request.sampling.repetition_penalty == value + 2.0
+        assert valid.request.sampling.repetition_penalty == wire(value + 2.0)
 
 
 def test_a_mass_below_float32s_range_still_filters(validator: Validator) -> None:
