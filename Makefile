@@ -23,7 +23,7 @@ LOWEST_TESTS := \
 	tests/unit/shard/weights/test_model_resolution.py tests/unit/shard/output/test_detokenizer.py \
 	tests/unit/router/http/openai/test_chat_template.py tests/unit/router/http/test_validation.py \
 	tests/unit/router/http/test_token_bound.py tests/unit/router/http/test_model_card.py \
-	tests/unit/launcher/test_demo_model.py tests/unit/bench/test_hf_baselines.py \
+	tests/unit/launcher/test_demo_model.py tests/unit/bench/compare/test_hf_baselines.py \
 	tests/integration/test_clients.py
 
 # TGI's Python client (the client tests) caps huggingface-hub below 1, which would hold
@@ -88,7 +88,7 @@ demo-model: install
 	nice -n 15 $(BIN)/python deploy/demo_model/train.py model --corpus $(DEMO_CORPUS) --threads 1
 
 bench: install
-	$(BIN)/python bench/compare.py
+	$(BIN)/python -m pytgi_bench.compare
 
 # Every wheel a GPU machine without network needs beyond its own torch, triton and transformers
 # (bench/gpu-wheels.txt says which and why), for CPython 3.12 on manylinux x86_64, into .whl/;

@@ -12,11 +12,11 @@
 #               word for word; then every requirement and every process's entry module checked
 #   tests       pytest on CUDA: the Triton kernel and CUDA-graph tests, and tests/gpu/ (greedy
 #               tokens equal to transformers' on the GPU)
-#   steps       pytgi_bench.engine_steps on the 1B and 8B shapes: the Triton attention at batch
+#   steps       pytgi_bench.compare.engine_steps on the 1B and 8B shapes: the Triton attention at batch
 #               1, 64 and 256 (the reference attention's numbers: bench/README.md)
-#   compare-1b  bench/compare.py --gpu --shape 1b: pytgi over HTTP against transformers
+#   compare-1b  bench/compare/run.py --gpu --shape 1b: pytgi over HTTP against transformers
 #   compare-8b  the same on the Llama-3-8B shape
-#   quantization  pytgi_bench.quantization: each --quantize mode against bfloat16 on a ~20M
+#   quantization  pytgi_bench.experiments.quantization: each --quantize mode against bfloat16 on a ~20M
 #               Llama (decode tok/s at batch 1 and 64, weight memory) and the modes' kernels
 # Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
 # never stops the next one; a stage that would not get 30 s is skipped and said so.
@@ -49,7 +49,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 # ---- stage bodies (run as `gpu.sh --run-stage NAME` under `timeout`) ------------------------
 
 ensure_model() {  # SHAPE -> prints the model directory
-    "$PY" -m pytgi_bench.build_model --shape "$1" --root "$WORK/models" \
+    "$PY" -m pytgi_bench.compare.build_model --shape "$1" --root "$WORK/models" \
         --record "$WORK/models.jsonl" | tail -n 1
 }
 
@@ -112,7 +112,7 @@ stage_tests() {
 
 pick_attention() {  # triton on a GPU when pytgi has it (asked after the install stage)
     if [[ $SMOKE == 1 ]]; then echo reference; return; fi
-    "$PY" -c 'from pytgi_bench.compare_settings import default_attention as d; print(d())' \
+    "$PY" -c 'from pytgi_bench.compare.settings import default_attention as d; print(d())' \
         2>/dev/null || echo reference
 }
 
@@ -124,7 +124,7 @@ stage_steps() {
     for shape in $(shapes_for 8b 1b); do
         model="$(ensure_model "$shape")" && [[ -n $model ]] || { rc=1; continue; }
         echo "+ engine_steps $shape --attention $ATTN --batch-sizes $sizes"
-        "$PY" -m pytgi_bench.engine_steps --model "$model" --attention "$ATTN" \
+        "$PY" -m pytgi_bench.compare.engine_steps --model "$model" --attention "$ATTN" \
             --batch-sizes "$sizes" --steps "$steps" --out "$WORK/steps/$shape-$ATTN.json" || rc=1
     done
     return $rc
@@ -156,8 +156,8 @@ stage_quantization() {
     # The smoke run: two modes, tiny counts, no kernel table.
     [[ $SMOKE == 1 ]] && args+=(--modes float,eetq --rounds 1 --steps 2 --batch-sizes 1,4
                                 --no-kernels)
-    echo "+ python -m pytgi_bench.quantization ${args[*]}"
-    "$PY" -m pytgi_bench.quantization "${args[@]}"
+    echo "+ python -m pytgi_bench.experiments.quantization ${args[*]}"
+    "$PY" -m pytgi_bench.experiments.quantization "${args[@]}"
 }
 
 run_stage_body() {
@@ -286,7 +286,7 @@ main() {
 
     # As a file, with the standard library alone: the summary must come even when the install
     # stage failed (-P: bench/ itself is not put on sys.path, where its module names would shadow).
-    "$PY" -P bench/gpu_summary.py --stages "$stages_file" --work "$WORK" --out "$OUT" \
+    "$PY" -P bench/compare/gpu_summary.py --stages "$stages_file" --work "$WORK" --out "$OUT" \
         --seconds "$(($(date +%s) - start))" 2>&1 | tee -a "$LOG"
     local summary_rc=${PIPESTATUS[0]}
     if grep -qv $'\tok\t' "$stages_file" || ((summary_rc != 0)); then exit 1; fi

@@ -1,15 +1,30 @@
-"""The distribution ships every package folder under its pytgi_* import name."""
+"""The distribution ships every package folder under its pytgi_* import name, except the
+benchmarks' repository-only parts."""
 
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
+import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"proto": "pytgi_proto", "router": "pytgi_router", "shard": "pytgi_shard",
            "launcher": "pytgi_launcher", "bench": "pytgi_bench"}
+# bench/compare (`make bench`, bench/gpu.sh) and bench/experiments measure pytgi in this
+# repository; users get only the load tool, pytgi_bench's top level. The editable install
+# (`make install`, gpu.sh's `pip install -e .`) still imports them: setuptools maps each
+# top-level package to its folder and Python finds subpackages there, listed or not.
+REPOSITORY_ONLY = {"pytgi_bench.compare", "pytgi_bench.experiments"}
 
 
-def test_every_package_folder_is_listed() -> None:
+def _is_repository_only(dotted: str) -> bool:
+    return any(dotted == r or dotted.startswith(r + ".") for r in REPOSITORY_ONLY)
+
+
+def test_every_package_folder_is_listed_but_the_repository_only_ones() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(setuptools["packages"])
     for folder, name in FOLDERS.items():
@@ -17,7 +32,37 @@ def test_every_package_folder_is_listed() -> None:
         for init in (ROOT / folder).rglob("__init__.py"):
             rel = init.parent.relative_to(ROOT / folder)
             dotted = ".".join([name, *rel.parts])
-            assert dotted in listed, f"{init.parent} is not in pyproject's packages list"
+            if _is_repository_only(dotted):
+                assert dotted not in listed, f"{dotted} is repository-only: not for the wheel"
+            else:
+                assert dotted in listed, f"{init.parent} is not in pyproject's packages list"
+
+
+def test_the_wheel_ships_the_load_tool_and_not_the_comparisons_or_experiments(
+    tmp_path: Path,
+) -> None:
+    """Built from a copy of the package folders (setuptools writes build/ beside pyproject)."""
+    pytest.importorskip("setuptools")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    skip = shutil.ignore_patterns("__pycache__", "results", "*.png")
+    for folder in FOLDERS:
+        shutil.copytree(ROOT / folder, src / folder, ignore=skip)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", str(src), "-w", str(tmp_path / "wheel")],
+                   check=True, capture_output=True, timeout=240)
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    bench = {n for n in names if n.startswith("pytgi_bench/")}
+    assert {"pytgi_bench/cli.py", "pytgi_bench/load.py", "pytgi_bench/requirements_check.py",
+            "pytgi_bench/shard_cli.py"} <= bench
+    assert not [n for n in bench if n.startswith(("pytgi_bench/compare/",
+                                                  "pytgi_bench/experiments/"))]
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "pytgi-benchmark = pytgi_bench.cli:main" in zipfile.ZipFile(wheel).read(
+        entry_points).decode()
 
 
 def test_no_generic_top_level_names() -> None:
