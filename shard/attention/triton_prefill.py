@@ -37,7 +37,7 @@ class PrefillConfig:
 
 
 def prefill_config(device: torch.device) -> PrefillConfig:
-    """Tiles measured on an H100 (bench/attention_kernels.py --sweep) on CUDA; small elsewhere.
+    """Tiles measured on an H100 (bench/experiments/attention_kernels.py --sweep) on CUDA; small elsewhere.
 
     For head_dim 128, 64x64 tiles with 4 warps and 2 stages led or tied on every prompt shape
     measured (512-2048 tokens, 1-8 requests, with and without a cached prefix): 250-285 TFLOP/s

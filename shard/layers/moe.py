@@ -16,7 +16,7 @@ whole). Both hold 1/world of the weights and need the same single all-reduce of 
 (the block's input is replicated on every rank, so ep needs no all-to-all here); they differ in
 balance. With tp every rank does 1/world of every chosen expert whatever the routing; with ep a
 step waits for the rank that holds most of the chosen experts. Measured on the CPU
-(bench/moe_sharding.py, bench/results/cpu/moe.json; each rank's share timed alone, the slower
+(bench/experiments/moe_sharding.py, bench/results/cpu/moe.json; each rank's share timed alone, the slower
 rank per input), a Mixtral-like block at batch 1 takes 0.76 ms on the busier tp rank against
 1.24 ms with ep, and the same at batch 64 (8.9 / 9.3 ms); 64 small experts top-8 are even at
 batch 1 and 20% faster with ep at batch 64 (6.3 / 7.7 ms: whole experts make wider matmuls).

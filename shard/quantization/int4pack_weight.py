@@ -10,7 +10,7 @@ It computes in bfloat16 (COMPUTE_DTYPE) on both devices, activations cast to it 
 cast back: CUDA takes nothing else, and on CPU its float32 path is a slow fallback while the
 bfloat16 one is vectorised (one thread, 4096 x 4096, groups of 128: batch 1 0.82 ms against
 27.5 ms in float32 and 2.4 ms for the float32 F.linear it replaces; batch 64 25 ms against
-1.7 s and 18 ms; bench/quant_kernels.py). The cost is bfloat16 rounding of the activations and of
+1.7 s and 18 ms; bench/experiments/quant_kernels.py). The cost is bfloat16 rounding of the activations and of
 each offset (within 1/64 of a quantization step): what every bf16 GPU deployment accepts.
 
 Act-order weights and uneven groups are read as int4pack_layout orders and pads the inputs,

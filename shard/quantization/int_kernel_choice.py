@@ -17,7 +17,7 @@ choice, Marlin's own CUDA kernel not being bundled.
   not a multiple of 16); 100x slower than the float matmul on big layers (336 ms at 4096 x
   4096), but it keeps the weight at 4/8 bits.
 
-The measurements behind the order are in bench/quant_kernels.py and the README.
+The measurements behind the order are in bench/experiments/quant_kernels.py and the README.
 """
 
 from __future__ import annotations

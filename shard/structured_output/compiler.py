@@ -2,7 +2,7 @@
 
 A request's NextTokenChooserParameters may carry a grammar (GRAMMAR_TYPE_JSON: a JSON Schema as
 a JSON string; GRAMMAR_TYPE_REGEX: a regex the whole output must match). llguidance (chosen over
-xgrammar by measurement: bench/grammar_libraries.py) compiles it against the model's vocabulary
+xgrammar by measurement: bench/experiments/grammar_libraries.py) compiles it against the model's vocabulary
 into an LLMatcher, advanced by every token the request samples.
 
 Why llguidance (bench/results/cpu/grammar_libraries.json, 128k vocabulary, this CPU): a

@@ -3,7 +3,7 @@
 llguidance writes one bit per token (bit i of int32 word w: token 32 w + i allowed). Sampling
 needs the banned tokens at -inf before anything else sees the logits. On the CPU a masked fill
 by a [rows, vocab] bool is the slow way: torch's masked_fill_ and where run scalar loops there
-(~6 ms for 64 x 128k, measured in bench/grammar.py's breakdown), while adding a float32 bias of
+(~6 ms for 64 x 128k, measured in bench/experiments/grammar.py's breakdown), while adding a float32 bias of
 0 / -inf is vectorised (~1-2 ms). The bias comes from the words in one gather: each byte of the
 words holds 8 tokens' bits, and a [256, 8] table holds the 8 biases of every byte value, so
 index_select(table, bytes) writes the whole bias (multi-threaded and memory-bound, ~2 ms;

@@ -12,7 +12,7 @@ rather than sleep: a grammar thread there only steals the forward's time (even a
 priority, where it starved until the forward ended and the engine then waited for it), and
 llguidance's executor hands each call to its own pool, which costs more than the work at these
 sizes. So the CPU runs it inline, matcher by matcher, on the engine's thread right after a
-step's tokens reach the host: measured with `python -m pytgi_bench.grammar` (batch 64, every
+step's tokens reach the host: measured with `python -m pytgi_bench.experiments.grammar` (batch 64, every
 row constrained), 4,096-token vocabulary 0.85x -> 0.91x of the unconstrained tokens/s,
 128k-token vocabulary 0.90-0.91x either way; the work itself is ~0.26 ms a step at 64 rows and
 4k tokens (consume 0.07, masks 0.19) against ~0.45 ms through the executor.
@@ -51,7 +51,7 @@ class GrammarTimings:
     inline, and on the engine's thread (handoff: submitting a step's tokens, which inline
     includes consume and mask; wait: waiting for the masks when sampling needs them; convert:
     the words to what sampling applies, the CPU's bias; shared_steps: how many steps' bias was
-    made per run of rows sharing a mask, not per row). bench/grammar.py prints them."""
+    made per run of rows sharing a mask, not per row). bench/experiments/grammar.py prints them."""
 
     steps: int = 0
     shared_steps: int = 0
@@ -73,7 +73,7 @@ class GrammarTimings:
 
 
 # How much lower than the process's the grammar threads' priority is (nice units; measured in
-# bench/grammar.py).
+# bench/experiments/grammar.py).
 GRAMMAR_NICE = 9
 
 
