@@ -26,20 +26,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pytgi_shard.device.capabilities import cuda_capability_of, scaled_mm_runs
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # torch._scaled_mm: both dimensions of the weight in multiples of 16.
 SCALED_MM_MULTIPLE = 16
-SCALED_MM_MIN_CAPABILITY = (8, 9)
 
 
 def scaled_mm_supported(device: torch.device) -> bool:
-    """Whether `device` has FP8 tensor cores torch._scaled_mm runs on."""
-    if device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device) >= SCALED_MM_MIN_CAPABILITY
+    """Whether `device` has FP8 tensor cores torch._scaled_mm runs on (DeviceCapabilities)."""
+    return scaled_mm_runs(device.type, cuda_capability_of(device))
 
 
 def quantize_fp8_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

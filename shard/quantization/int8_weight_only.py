@@ -32,6 +32,7 @@ from enum import Enum
 import torch
 import torch.nn.functional as F
 
+from pytgi_shard.device.capabilities import int_mm_fast
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
 
 INT8_MAX = 127
@@ -47,12 +48,10 @@ class Int8Kernel(str, Enum):
 
 
 def default_int8_kernel(device: torch.device) -> Int8Kernel:
-    """The kernel measured fastest on `device` (this module's docstring says why)."""
-    if device.type == "cuda":
-        return Int8Kernel.INT_MM
-    if device.type == "cpu" and torch.backends.cpu.get_cpu_capability() == "AVX512":
-        return Int8Kernel.INT_MM
-    return Int8Kernel.DEQUANT
+    """The kernel measured fastest on `device` (this module's docstring says why; the table is
+    DeviceCapabilities.int8_int_mm)."""
+    fast = int_mm_fast(device.type, torch.backends.cpu.get_cpu_capability())
+    return Int8Kernel.INT_MM if fast else Int8Kernel.DEQUANT
 
 
 def quantize_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -61,3 +61,27 @@ def test_dist_without_caps_gets_the_devices_defaults() -> None:
     plain = resolve_capabilities("cpu", triton_installed=False, custom_kernels=False)
     assert single_process(cpu, plain).caps is plain
     assert Dist(0, 2, cpu, None, plain).caps is plain
+
+
+@pytest.mark.parametrize(
+    ("kind", "cuda_capability", "cpu_capability", "scaled_mm", "int_mm"),
+    [
+        ("cuda", (9, 0), "", True, True),  # Hopper: FP8 tensor cores
+        ("cuda", (8, 0), "", False, True),  # Ampere: FP8 dequantizes
+        ("cuda", None, "", False, True),  # a CUDA device only described
+        ("cpu", None, "AVX512", False, True),
+        ("cpu", None, "AVX2", False, False),
+        ("mps", None, "AVX512", False, False),
+    ],
+)
+def test_quantized_matmul_kernels(
+    kind: str, cuda_capability: tuple[int, int] | None, cpu_capability: str,
+    scaled_mm: bool, int_mm: bool,
+) -> None:  # fmt: skip
+    """PyTorch's FP8 and int8 GEMMs are not custom kernels: --disable-custom-kernels keeps them."""
+    for custom in (True, False):
+        caps = resolve_capabilities(
+            kind, triton_installed=True, custom_kernels=custom,
+            cuda_capability=cuda_capability, cpu_capability=cpu_capability,
+        )  # fmt: skip
+        assert (caps.fp8_scaled_mm, caps.int8_int_mm) == (scaled_mm, int_mm)
