@@ -193,9 +193,12 @@ class Batch:
         out.CopyFrom(self._pb)
         return out
 
-    def prefill_inputs(self) -> ForwardInputs:
-        """Every request's chunk of its sequence, flat (shard/engine/step_inputs.py)."""
-        return chunk_inputs(self)
+    def prefill_inputs(self, decode: ForwardInputs | None = None) -> ForwardInputs:
+        """Every request's chunk of its sequence, flat, after `decode`'s rows when given (a
+        mixed step; shard/engine/step_inputs.py)."""
+        return chunk_inputs(
+            self.requests, self.all_ids, self.slot_table, self.block_tables, self.block_size, decode
+        )
 
     def decode_inputs(self) -> ForwardInputs:
         """One token per request: the last known one, at position length - 1."""

@@ -32,7 +32,7 @@ from pytgi_shard.attention.encoder_decoder import EncoderDecoderMetadata, Encode
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch, BatchContext, RequestState
-from pytgi_shard.engine.step_inputs import ForwardInputs, chunk_inputs
+from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
@@ -122,9 +122,9 @@ def prefill_inputs(
     new: Batch, decode: ForwardInputs | None, encoding: Encoding | None
 ) -> ForwardInputs:
     """A Prefill's forward: the running batch's decode rows, then the newcomers' chunks
-    (step_inputs.chunk_inputs). For an encoder-decoder (an `encoding`) the chunks are the
+    (Batch.prefill_inputs). For an encoder-decoder (an `encoding`) the chunks are the
     decoder's tokens and the metadata carries the newcomers' prompts, encoded first."""
-    inputs = chunk_inputs(new, decode)
+    inputs = new.prefill_inputs(decode)
     if encoding is None:
         return inputs
     slots, lengths = encoding.decoder_slots, encoding.lengths

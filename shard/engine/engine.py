@@ -1,4 +1,8 @@
-"""One rank's engine: the model, its KV cache and batch cache, and the RPC verbs on them.
+"""One rank's engine: the RPC verbs, the batch cache, and each step's token choice.
+
+The model, its KV cache, the decode graphs, the look-aheads and Warmup's sizing are the model
+runner's (shard/engine/model_runner.py): the engine builds a step's inputs from its batches,
+asks the runner for the logits, samples, and answers.
 
 Every rank runs every call in the same order (the router fans out and waits), so the
 tensor-parallel collectives inside the model line up; sampling runs redundantly on every rank
@@ -16,13 +20,10 @@ import torch
 from opentelemetry import trace
 
 from pytgi_proto import generate_pb2
-from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
-from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.encoder_decoder_batch import (
     Encoding,
     decoder_inputs,
@@ -37,19 +38,11 @@ from pytgi_shard.engine.generation import (
     resume_texts,
 )
 from pytgi_shard.engine.info import info_response
-from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
+from pytgi_shard.engine.model_runner import ModelRunner
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
-from pytgi_shard.engine.warmup import (
-    CacheSize,
-    allocation_failure,
-    capture_graphs,
-    is_out_of_memory,
-    size_kv_cache,
-    warmup_limits,
-    warmup_response,
-)
-from pytgi_shard.errors import InvalidRequest, OutOfMemory
+from pytgi_shard.engine.warmup import warmup_limits, warmup_response
+from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -87,10 +80,8 @@ class Engine:
         self.watermark = Watermark(settings.watermark_gamma, settings.watermark_delta)
         self.cache = BatchCache()
         self.tracer = trace.get_tracer("pytgi.shard")
-        # Block 0 only, for Health, until Warmup sizes the cache.
-        self.kv_cache = self.allocate_kv_cache(1)
-        # Decode forwards through CUDA graphs; Warmup captures them over the cache it sizes.
-        self.decode_graphs: DecodeGraphRunner | None = None
+        # The model, its KV cache (block 0 only until Warmup), decode graphs and look-aheads.
+        self.runner = ModelRunner(model, dist, settings)
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
         self.encoder_decoder = isinstance(model, EncoderDecoderModel)
         # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
@@ -99,7 +90,6 @@ class Engine:
         self.overlap = not self.encoder_decoder and (
             settings.overlap if settings.overlap is not None else model.device.type == "cuda"
         )
-        self.lookaheads = Lookaheads()
         # Constrained requests' matchers and their grammars' cache; the vocabulary is prepared
         # for them in the compile pool from now on (shard/structured_output/compiler.py).
         self.grammars = GrammarCompiler(
@@ -108,25 +98,11 @@ class Engine:
             settings.grammar_cache_bytes,
         )
 
-    def allocate_kv_cache(self, num_blocks: int) -> KVCache:
-        m = self.model
-        return KVCache.allocate(
-            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype, m.device
-        )
-
-    def resize_kv_cache(self, num_blocks: int) -> None:
-        """Replaces the KV cache by one of `num_blocks` blocks. The old one goes first (block 0
-        alone meanwhile), so two caches are never held at once; if the new one cannot be
-        allocated, block 0 alone is left, and Health still works."""
-        self.kv_cache = self.allocate_kv_cache(1)
-        if num_blocks > 1:
-            self.kv_cache = self.allocate_kv_cache(num_blocks)
-
     def batch_context(self) -> BatchContext:
         return BatchContext(
             device=self.model.device,
             block_size=self.block_size,
-            num_blocks=self.kv_cache.num_blocks,
+            num_blocks=self.runner.kv_cache.num_blocks,
             vocab_size=self.model.vocab_size,
             eos_ids=self.detokenizer.eos_ids,
             watermark=self.watermark,
@@ -142,26 +118,9 @@ class Engine:
         """PrepareGrammar, compiled off the engine's thread (GrammarCompiler.prepare_request)."""
         return self.grammars.prepare_request(request)
 
-    @torch.inference_mode()
     def health(self) -> None:
-        """Proves the device still computes: a one-token forward into reserved block 0, through
-        the batch-1 decode graph when Warmup captured one (on a GPU one replay, not a forward's
-        worth of launches).
-
-        With several ranks the forward's collectives could interleave with a Prefill/Decode that
-        another rank is running, so there Health computes on the device without collectives.
-        """
-        device = self.model.device
-        if self.dist.world_size > 1:
-            x = torch.ones(2, 2, device=device)
-            if float((x @ x).sum()) != 8.0:
-                raise RuntimeError(f"device {device} computed a wrong result")
-            return
-        zero = torch.zeros(1, dtype=torch.long, device=device)
-        meta = AttentionMetadata.build([1], [0], [[0]], self.block_size, device)
-        logits, _, _ = self._forward(ForwardInputs(zero, zero, meta, None, zero))
-        if not bool(torch.isfinite(logits).all()):
-            raise RuntimeError("health check forward produced non-finite logits")
+        """Health: a forward into reserved block 0 (ModelRunner.health)."""
+        self.runner.health()
 
     def prefill(self, request: generate_pb2.PrefillRequest) -> generate_pb2.PrefillResponse:
         """The newcomers' chunks and, with a cached batch, its next decode step, in one step."""
@@ -176,7 +135,7 @@ class Engine:
         grants: Grants = {}
         if cached_id is not None:
             batches = [self.cache.get(cached_id)]
-            grants = checked_grants(request.grants, batches, self.kv_cache.num_blocks)
+            grants = checked_grants(request.grants, batches, self.runner.kv_cache.num_blocks)
         try:
             cached = self.cache.pop(cached_id) if cached_id is not None else None
             step, concat_ns = self._prefill_step(new, cached, grants, encoding)
@@ -184,7 +143,7 @@ class Engine:
             # A failed step leaves the batches it touched in an unknown state: drop them.
             if cached_id is not None:
                 self.cache.delete(cached_id)
-            self.lookaheads.clear()
+            self.runner.lookaheads.clear()
             raise
         return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
 
@@ -205,12 +164,12 @@ class Engine:
         decode = None
         if cached is not None:
             if apply_grants(cached, grants):
-                self.lookaheads.clear()
-            ahead = self.lookaheads.take(cached.request_ids)
+                self.runner.lookaheads.clear()
+            ahead = self.runner.lookaheads.take(cached.request_ids)
             decode = self._decode_inputs(cached) if ahead is None else None
         inputs = prefill_inputs(new, decode, encoding)
         with self._span("forward"):
-            logits, timer, _ = self._forward(inputs)
+            logits, timer, _ = self.runner.forward(inputs)
         prefill = prefill_tokens(new, logits, inputs, self.detokenizer)
         last = logits.index_select(0, inputs.last_rows)
         if ahead is not None:
@@ -241,7 +200,7 @@ class Engine:
         ids = [b.id for b in request.batches]
         check_decode_batches(ids)
         grants = checked_grants(
-            request.grants, [self.cache.get(i) for i in ids], self.kv_cache.num_blocks
+            request.grants, [self.cache.get(i) for i in ids], self.runner.kv_cache.num_blocks
         )
         batches = self.cache.pop_all(ids)
         concat_ns = None
@@ -254,7 +213,7 @@ class Engine:
         try:
             step = self._decode_step(batch, grants)
         except BaseException:
-            self.lookaheads.clear()
+            self.runner.lookaheads.clear()
             raise
         return self._reply(generate_pb2.DecodeResponse, step, start, concat_ns)
 
@@ -285,13 +244,13 @@ class Engine:
         """One token per request, from the logits computed ahead when there are (overlap)."""
         start = time.perf_counter_ns()
         if apply_grants(batch, grants):
-            self.lookaheads.clear()
-        ahead = self.lookaheads.take(batch.request_ids)
+            self.runner.lookaheads.clear()
+        ahead = self.runner.lookaheads.take(batch.request_ids)
         if ahead is not None:
             last, timer = ahead
         else:
             with self._span("forward"):
-                last, timer, _ = self._forward(self._decode_inputs(batch))
+                last, timer, _ = self.runner.forward(self._decode_inputs(batch))
         return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
 
     def _sample(
@@ -316,7 +275,7 @@ class Engine:
                 keep = [i for i in batch.request_ids if i not in done]
                 live = batch.filter(keep) if keep else None
                 if live is None and self.overlap:
-                    self.lookaheads.drop(done)
+                    self.runner.lookaheads.drop(done)
         # The forward's own time (on CUDA: on the device, read without another sync) and the
         # rest; a forward computed ahead overlapped the previous call, so all of this one's
         # time is the rest.
@@ -324,31 +283,10 @@ class Engine:
         decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
         return _Step(generations, live, forward_ns, decode_ns)
 
-    def _forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
-        """The model's logits for `inputs`, through a CUDA graph when one fits (then the logits
-        are a view of the graph's output, which its next replay overwrites: the bool says so)."""
-        timer = ForwardTimer(self.model.device)
-        graphs = self.decode_graphs
-        if graphs is not None and graphs.takes(inputs, self.kv_cache):
-            logits, graphed = graphs.forward(inputs, self.kv_cache), True
-        else:
-            logits, graphed = self.model.forward(
-                inputs.input_ids,
-                inputs.positions,
-                self.kv_cache,
-                inputs.meta,
-                inputs.lm_head_indices,
-            ), False
-        timer.stop()
-        return logits, timer, graphed
-
     def _look_ahead(self, batch: Batch) -> None:
         """Queues the next decode forward of every request of `batch` (shard/engine/lookahead.py)."""
         with self._span("lookahead"):
-            logits, timer, graphed = self._forward(batch.lookahead_inputs())
-            if graphed:
-                logits = logits.clone()
-            self.lookaheads.add(Lookahead(list(batch.request_ids), logits, timer))
+            self.runner.look_ahead(batch)
 
     def filter(self, batch_id: int, request_ids: list[int]) -> generate_pb2.CachedBatch | None:
         """Keeps the listed requests; None when none is left (the batch is dropped)."""
@@ -365,48 +303,37 @@ class Engine:
     def clear(self, batch_id: int | None) -> None:
         if batch_id is None:
             self.cache.clear()
-            self.lookaheads.clear()
+            self.runner.lookaheads.clear()
         else:
             self.cache.delete(batch_id)
 
     def warmup(self, request: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
-        """Warmup (shard/engine/warmup.py) measures the cache size; the engine then allocates the cache
-        at that size and captures the decode graphs over it."""
+        """Warmup: the runner sizes the KV cache from the peak of the largest prefill (and a
+        decode) run through this engine's own Prefill and Decode (_run_warmup_batch), allocates
+        it, and captures the decode graphs over it."""
         # Warmup replaces the cache the look-aheads wrote into.
-        self.lookaheads.clear()
+        self.runner.lookaheads.clear()
         try:
             limits = warmup_limits(request, self.model, len(self.cache))
             self.cache.clear()
-            self._release_graphs()
-            size = size_kv_cache(self, limits)
-            try:
-                self.resize_kv_cache(size.num_blocks)
-            except (RuntimeError, MemoryError) as e:
-                if not is_out_of_memory(e):
-                    raise
-                raise allocation_failure(size.num_blocks) from e
+            size = self.runner.size_kv_cache(limits, self._run_warmup_batch)
+            self.runner.allocate_sized(size)
             response = warmup_response(limits, self.model, size.num_blocks, self.block_size)
             if size.graph_buckets:
-                self._capture_graphs(size, response.max_total_tokens)
+                self.runner.capture_graphs(size, response.max_total_tokens)
             return response
         finally:
-            self.lookaheads.clear()
+            self.runner.lookaheads.clear()
 
-    def _release_graphs(self) -> None:
-        """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
-        if self.decode_graphs is not None:
-            self.decode_graphs.release()
-            self.decode_graphs = None
-
-    def _capture_graphs(self, size: CacheSize, max_total_tokens: int) -> None:
+    def _run_warmup_batch(self, batch: generate_pb2.Batch) -> None:
+        """Warmup's batch through Prefill and, while requests remain, one Decode; the batch
+        cache is left empty (ModelRunner.size_kv_cache measures the device around this)."""
         try:
-            self.decode_graphs = capture_graphs(self, size, max_total_tokens)
-        except OutOfMemory:
-            # The cache took the room the graphs were measured to need: give it back and fail
-            # this Warmup (block 0 stays, for Health).
-            self.resize_kv_cache(1)
-            torch.cuda.empty_cache()
-            raise
+            response = self.prefill(generate_pb2.PrefillRequest(batch=batch))
+            if response.HasField("batch"):
+                self.decode(generate_pb2.DecodeRequest(batches=[response.batch]))
+        finally:
+            self.cache.clear()
 
     def _span(self, name: str) -> AbstractContextManager[trace.Span | None]:
         """A span of the engine's tracer; none while tracing is off (no tracer provider was

@@ -5,19 +5,20 @@ A request's chunk is tokens [cache_len, chunk_end) of its sequence (input_ids th
 at their true positions: attention reads the first cache_len tokens from the request's blocks
 (seqlens_k = chunk_end), and only the chunk's tokens get slots. A chunk that ends the sequence
 samples from its last row; one that stops short (a partial prefill) samples nothing.
+
+Batch.prefill_inputs is the entry point: it hands chunk_inputs its tensors and rows (plain
+values and the ChunkRow protocol), so this module needs no import of the batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from pytgi_shard.attention.metadata import AttentionMetadata
-
-if TYPE_CHECKING:
-    from pytgi_shard.engine.batch import Batch
 
 
 @dataclass(slots=True)
@@ -33,6 +34,21 @@ class ForwardInputs:
     # For prefill logprobs: logits rows and the sequence token each row predicts.
     prompt_rows: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
+
+
+class ChunkRow(Protocol):
+    """What a step's inputs read of one request (batch.py's RequestState)."""
+
+    @property
+    def cache_len(self) -> int: ...
+    @property
+    def chunk_end(self) -> int: ...
+    @property
+    def sequence_length(self) -> int: ...
+    @property
+    def prefill_logprobs(self) -> bool: ...
+    @property
+    def complete(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -51,34 +67,42 @@ def predicted_count(cache_len: int, chunk_end: int, sequence_length: int) -> int
     return min(chunk_end, sequence_length - 1) - cache_len
 
 
-def chunk_inputs(batch: Batch, decode: ForwardInputs | None = None) -> ForwardInputs:
-    """The chunks of every request of `batch`, flat, after `decode`'s rows when given (one
-    token per request: the cached batch's next decode step, computed in the same forward)."""
-    device = batch.lengths.device
-    starts = [r.cache_len for r in batch.requests]
-    ends = [r.chunk_end for r in batch.requests]
+def chunk_inputs(
+    requests: Sequence[ChunkRow],
+    all_ids: torch.Tensor,
+    slot_table: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    decode: ForwardInputs | None = None,
+) -> ForwardInputs:
+    """The chunks of every request (a batch's rows, with its token, slot and block tables),
+    flat, after `decode`'s rows when given (one token per request: the cached batch's next
+    decode step, computed in the same forward)."""
+    device = all_ids.device
+    starts = [r.cache_len for r in requests]
+    ends = [r.chunk_end for r in requests]
     q_lens = [e - s for s, e in zip(starts, ends, strict=True)]
     total = sum(q_lens)
     q_lens_t = torch.tensor(q_lens, dtype=torch.long, device=device)
     cu = torch.nn.functional.pad(torch.cumsum(q_lens_t, 0), (1, 0))
     request_of_token = torch.repeat_interleave(
-        torch.arange(len(batch), device=device), q_lens_t, output_size=total
+        torch.arange(len(requests), device=device), q_lens_t, output_size=total
     )
     offsets = torch.tensor(starts, dtype=torch.long, device=device) - cu[:-1]
     positions = torch.arange(total, device=device) + offsets[request_of_token]
-    input_ids = batch.all_ids[request_of_token, positions]
-    slots = batch.slot_table[request_of_token, positions]
+    input_ids = all_ids[request_of_token, positions]
+    slots = slot_table[request_of_token, positions]
     n_decode = 0 if decode is None else decode.meta.batch_size
-    rows = _logits_rows(batch, starts, ends, n_decode)
+    rows = _logits_rows(requests, all_ids, starts, ends, n_decode)
     meta = AttentionMetadata(
         is_prefill=max(q_lens) > 1,
         cu_seqlens_q=cu.to(torch.int32),
         seqlens_k=torch.tensor(ends, dtype=torch.int32, device=device),
         slot_mapping=slots,
-        block_tables=batch.block_tables,
+        block_tables=block_tables,
         max_seqlen_q=max(q_lens),
         max_seqlen_k=max(ends),
-        block_size=batch.block_size,
+        block_size=block_size,
     )
     if decode is not None:
         input_ids = torch.cat([decode.input_ids, input_ids])
@@ -100,17 +124,20 @@ def chunk_inputs(batch: Batch, decode: ForwardInputs | None = None) -> ForwardIn
     )
 
 
-def _logits_rows(batch: Batch, starts: list[int], ends: list[int], n_decode: int) -> _Rows:
+def _logits_rows(
+    requests: Sequence[ChunkRow], all_ids: torch.Tensor, starts: list[int], ends: list[int],
+    n_decode: int,
+) -> _Rows:
     """lm_head_indices: each decode row; each completing request's last token; every predicting
     row of the requests that want prefill logprobs."""
     rows = _Rows(list(range(n_decode)), list(range(n_decode)), [], [])
     first_token = n_decode
-    for row, (r, start, end) in enumerate(zip(batch.requests, starts, ends, strict=True)):
+    for row, (r, start, end) in enumerate(zip(requests, starts, ends, strict=True)):
         if r.prefill_logprobs:
             count = predicted_count(start, end, r.sequence_length)
             first_row = len(rows.indices)
             rows.prompt.extend(range(first_row, first_row + count))
-            rows.targets.append(batch.all_ids[row, start + 1 : start + 1 + count])
+            rows.targets.append(all_ids[row, start + 1 : start + 1 + count])
             rows.indices.extend(range(first_token, first_token + end - start))
         elif r.complete:
             rows.indices.append(first_token + end - start - 1)

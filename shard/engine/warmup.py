@@ -1,7 +1,9 @@
 """Warmup: run the largest prefill the router will send, then size the KV cache.
 
-This module measures and returns sizes (CacheSize); the engine alone allocates its KV cache and
-holds the decode graphs (Engine.warmup, Engine.resize_kv_cache).
+This module holds the measurements, on plain values; the model runner runs them in order and
+alone allocates its KV cache and holds the decode graphs (ModelRunner.size_kv_cache,
+ModelRunner.resize_kv_cache, shard/engine/model_runner.py), and the engine runs the warmup batch
+through its own Prefill and Decode (Engine.warmup).
 
 The warmup batch exercises every logits processor, top-n tokens and prefill logprobs, so that the
 measured peak is the real worst case. On GPU the cache then takes what is left of the device
@@ -20,20 +22,19 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason, resolve_buckets
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
-
-if TYPE_CHECKING:
-    from pytgi_shard.engine.engine import Engine
-    from pytgi_shard.models.model import Model
+from pytgi_shard.models.model import Model
+from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
 
@@ -156,23 +157,9 @@ def warmup_limits(
     return limits
 
 
-def size_kv_cache(engine: Engine, limits: Limits) -> CacheSize:
-    """Runs the largest prefill the router will send (in a cache of its own size, which the
-    engine allocates and then shrinks back to block 0), measures the decode graphs, and returns
-    the cache size every rank agrees on."""
-    model = engine.model
-    lengths = prompt_lengths(limits, model.max_position_embeddings)
-    batch = warmup_batch(lengths, model.vocab_size, engine.block_size)
-    blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
-    peak = _run_warmup_batch(engine, batch, blocks_used, sum(lengths))
-    buckets = _graph_buckets(engine, limits)
-    # Before the cache is sized, the longest context is bounded by the model's.
-    longest = limits.max_total_tokens or model.max_position_embeddings
-    graph_bytes = _graph_bytes(engine, buckets, longest) if buckets else 0
-    num_blocks = _agree(engine, _size_cache(engine, limits, peak + graph_bytes))
-    if num_blocks < 2:
-        raise OutOfMemory(f"no memory is left for the KV cache: {_OOM_ADVICE}")
-    return CacheSize(num_blocks, buckets, graph_bytes)
+def no_cache_room() -> OutOfMemory:
+    """The error of a device with no room left for a KV cache beyond block 0."""
+    return OutOfMemory(f"no memory is left for the KV cache: {_OOM_ADVICE}")
 
 
 def allocation_failure(num_blocks: int) -> OutOfMemory:
@@ -200,59 +187,55 @@ def warmup_response(
     )
 
 
-def _run_warmup_batch(
-    engine: Engine, batch: generate_pb2.Batch, num_blocks: int, prefill_tokens: int
-) -> int:
-    """Runs the batch in a cache of its own size; returns the peak bytes beyond the cache."""
-    device = engine.model.device
-    try:
-        engine.resize_kv_cache(num_blocks)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        response = engine.prefill(generate_pb2.PrefillRequest(batch=batch))
-        if response.HasField("batch"):
-            engine.decode(generate_pb2.DecodeRequest(batches=[response.batch]))
-        peak = torch.cuda.max_memory_allocated(device) - base if device.type == "cuda" else 0
-    except (RuntimeError, MemoryError) as e:
-        if not is_out_of_memory(e):
-            raise
-        raise OutOfMemory(
-            f"not enough memory to handle {prefill_tokens} prefill tokens: {_OOM_ADVICE}"
-        ) from e
-    finally:
-        engine.cache.clear()
-        engine.resize_kv_cache(1)
-    return peak
+def peak_bytes(device: torch.device, run: Callable[[], object]) -> int:
+    """The peak device bytes `run` allocates beyond what is allocated when it starts (0 off
+    CUDA, where the cache is sized from a budget, not from what is left)."""
+    if device.type != "cuda":
+        run()
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    run()
+    return torch.cuda.max_memory_allocated(device) - base
 
 
-def _graph_buckets(engine: Engine, limits: Limits) -> tuple[int, ...]:
+def prefill_failure(prefill_tokens: int) -> OutOfMemory:
+    """The error of a warmup batch of `prefill_tokens` that the device could not run."""
+    return OutOfMemory(
+        f"not enough memory to handle {prefill_tokens} prefill tokens: {_OOM_ADVICE}"
+    )
+
+
+def graph_buckets(settings: ShardSettings, model: Model, limits: Limits) -> tuple[int, ...]:
     """The decode batch sizes to capture; () (and the reason, logged) when graphs are off."""
-    reason = graphs_off_reason(engine.settings, engine.model)
+    reason = graphs_off_reason(settings, model)
     if reason is not None:
         log.info("CUDA graphs off: %s", reason)
         return ()
-    return resolve_buckets(engine.settings.cuda_graphs, limits.max_batch_size)
+    return resolve_buckets(settings.cuda_graphs, limits.max_batch_size)
 
 
 def _graph_runner(
-    engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
+    model: Model, block_size: int, buckets: tuple[int, ...], max_total_tokens: int
 ) -> DecodeGraphRunner:
-    max_blocks = math.ceil(max_total_tokens / engine.block_size)
-    return DecodeGraphRunner(engine.model, buckets, max_blocks, engine.block_size)
+    max_blocks = math.ceil(max_total_tokens / block_size)
+    return DecodeGraphRunner(model, buckets, max_blocks, block_size)
 
 
-def _graph_bytes(engine: Engine, buckets: tuple[int, ...], max_total_tokens: int) -> int:
-    """Device memory the decode graphs keep, measured by capturing them into the current
-    (warmup-sized) cache: padding rows only touch block 0, which every cache has."""
-    device = engine.model.device
+def graph_bytes(
+    model: Model, kv_cache: KVCache, block_size: int, buckets: tuple[int, ...],
+    max_total_tokens: int,
+) -> int:
+    """Device memory the decode graphs keep, measured by capturing them into `kv_cache` (the
+    warmup-sized one): padding rows only touch block 0, which every cache has."""
+    device = model.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free_before = torch.cuda.mem_get_info(device)[0]
     try:
-        runner = _graph_runner(engine, buckets, max_total_tokens)
-        runner.capture(engine.kv_cache)
+        runner = _graph_runner(model, block_size, buckets, max_total_tokens)
+        runner.capture(kv_cache)
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         used = free_before - torch.cuda.mem_get_info(device)[0]
@@ -269,12 +252,14 @@ def _graph_bytes(engine: Engine, buckets: tuple[int, ...], max_total_tokens: int
     return max(used, 0)
 
 
-def capture_graphs(engine: Engine, size: CacheSize, max_total_tokens: int) -> DecodeGraphRunner:
-    """The graphs over the engine's final cache, in the room _graph_bytes kept for them; an
+def capture_graphs(
+    model: Model, kv_cache: KVCache, block_size: int, size: CacheSize, max_total_tokens: int
+) -> DecodeGraphRunner:
+    """The graphs over the final `kv_cache`, in the room graph_bytes kept for them; an
     OutOfMemory when that room does not suffice."""
     try:
-        runner = _graph_runner(engine, size.graph_buckets, max_total_tokens)
-        runner.capture(engine.kv_cache)
+        runner = _graph_runner(model, block_size, size.graph_buckets, max_total_tokens)
+        runner.capture(kv_cache)
     except (RuntimeError, MemoryError) as e:
         if not is_out_of_memory(e):
             raise
@@ -291,20 +276,22 @@ def is_out_of_memory(e: BaseException) -> bool:
     return isinstance(e, torch.OutOfMemoryError | MemoryError) or "memory" in str(e).lower()
 
 
-def _size_cache(engine: Engine, limits: Limits, peak: int) -> int:
-    """KV blocks for this rank, block 0 included."""
-    m = engine.model
+def cache_blocks(
+    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int
+) -> int:
+    """KV blocks for this rank, block 0 included, keeping `peak` bytes free for the forward."""
+    m = model
     per_token = KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype)
-    block = per_token * engine.block_size
+    block = per_token * block_size
     budget_blocks = (
-        math.ceil(limits.max_batch_total_tokens / engine.block_size) + 1
+        math.ceil(limits.max_batch_total_tokens / block_size) + 1
         if limits.max_batch_total_tokens
         else None
     )
     if m.device.type == "cuda":
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(m.device)
-        allowed = engine.settings.cuda_memory_fraction * total - torch.cuda.memory_reserved(
+        allowed = settings.cuda_memory_fraction * total - torch.cuda.memory_reserved(
             m.device
         )
         usable = (min(free, allowed) - peak) * GPU_HEADROOM
@@ -312,10 +299,10 @@ def _size_cache(engine: Engine, limits: Limits, peak: int) -> int:
         return min(blocks, budget_blocks) if budget_blocks else blocks
     if budget_blocks:
         return budget_blocks
-    tokens = engine.settings.max_total_tokens or _default_cpu_tokens(
+    tokens = settings.max_total_tokens or _default_cpu_tokens(
         per_token, m.max_position_embeddings
     )
-    return math.ceil(tokens / engine.block_size) + 1
+    return math.ceil(tokens / block_size) + 1
 
 
 def _default_cpu_tokens(per_token: int, max_position_embeddings: int) -> int:
@@ -333,10 +320,9 @@ def _available_ram() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _agree(engine: Engine, num_blocks: int) -> int:
+def agree(dist: Dist, device: torch.device, num_blocks: int) -> int:
     """Every rank must use the same number of blocks: the smallest one."""
-    dist = engine.dist
     if dist.world_size == 1:
         return num_blocks
-    mine = torch.tensor([num_blocks], dtype=torch.long, device=engine.model.device)
+    mine = torch.tensor([num_blocks], dtype=torch.long, device=device)
     return int(dist.all_gather(mine, dim=0).min())

@@ -25,7 +25,7 @@ def engines(tiny_model: Callable[..., Path]) -> Iterator[Engines]:
         if key not in built:
             built[key] = build_engine(tiny_model("llama"), overlap, attention, grammar_thread)
         built[key].clear(None)
-        built[key].decode_graphs = None
+        built[key].runner.decode_graphs = None
         return built[key]
 
     yield get

@@ -69,7 +69,7 @@ def test_grants_widen_block_tables_past_the_graph_buffers(engines: Engines) -> N
     reqs = requests()
     expected = reference_run(engines(), reqs)
     engine = engines()
-    engine.decode_graphs = DecodeGraphRunner(engine.model, (1, 2, 4), 3, BLOCK, pad_eagerly=True)
+    engine.runner.decode_graphs = DecodeGraphRunner(engine.model, (1, 2, 4), 3, BLOCK, pad_eagerly=True)
     router = Router(engine)
     grow_on_demand(router, reqs)
     assert router.run.tokens == expected.tokens
@@ -88,7 +88,7 @@ def test_bad_grants_are_refused_and_leave_the_batch_intact(engines: Engines) -> 
     cached = router.cached
     assert cached is not None
     held = router.blocks[1]
-    num_blocks = engine.kv_cache.num_blocks
+    num_blocks = engine.runner.kv_cache.num_blocks
     bad = [
         ([pb.BlockGrant(request_id=9, blocks=[50])], "not in the batch"),
         ([pb.BlockGrant(request_id=1, blocks=[num_blocks])], "outside the KV cache"),

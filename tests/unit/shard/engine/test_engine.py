@@ -277,7 +277,7 @@ def test_health_runs_a_forward_in_block_zero(
     """Health writes the one token's keys and values into reserved block 0 of every layer (a
     real forward ran) and leaves every other block, which may hold live requests, untouched."""
     engine = engines(family)
-    cache = engine.kv_cache
+    cache = engine.runner.kv_cache
     for layer in cache.keys + cache.values:
         layer[0].zero_()
         layer[1:].normal_()
@@ -298,7 +298,7 @@ def test_warmup_sizes_the_cpu_cache_from_the_requested_budget(
     response = engine.warmup(
         pb.WarmupRequest(max_prefill_tokens=100, max_input_tokens=60, max_batch_total_tokens=1000)
     )
-    assert response.num_blocks == math.ceil(1000 / 16) + 1 == engine.kv_cache.num_blocks
+    assert response.num_blocks == math.ceil(1000 / 16) + 1 == engine.runner.kv_cache.num_blocks
     assert response.max_supported_total_tokens == (response.num_blocks - 1) * 16
     assert response.max_input_tokens == 60 and response.block_size == 16
     assert response.max_total_tokens == 256  # the model's context, below the capacity
@@ -309,6 +309,6 @@ def test_warmup_sizes_the_cpu_cache_from_the_requested_budget(
     # Terabytes of KV: a clear error naming the flags, and the engine still works.
     with pytest.raises(OutOfMemory, match="--max-batch-prefill-tokens"):
         engine.warmup(pb.WarmupRequest(max_prefill_tokens=100, max_batch_total_tokens=2**32 - 1))
-    assert engine.kv_cache.num_blocks == 1
+    assert engine.runner.kv_cache.num_blocks == 1
     engine.health()
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=256, max_batch_total_tokens=4096))

@@ -106,7 +106,7 @@ def engine(tiny_model: Callable[..., Path]) -> Iterator[Engine]:
     built = load_engine(settings)
     built.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
     yield built
-    built.decode_graphs = None
+    built.runner.decode_graphs = None
     built.clear(None)
 
 
@@ -127,7 +127,7 @@ def decode_inputs(engine: Engine, size: int, batch_id: int, first_block: int = 1
 
 
 def plain_forward(engine: Engine, inputs: ForwardInputs) -> torch.Tensor:
-    return engine.model.forward(inputs.input_ids, inputs.positions, engine.kv_cache, inputs.meta)
+    return engine.model.forward(inputs.input_ids, inputs.positions, engine.runner.kv_cache, inputs.meta)
 
 
 def runner_for(engine: Engine, **kwargs: bool) -> DecodeGraphRunner:
@@ -140,8 +140,8 @@ def test_padded_forward_gives_the_real_rows_the_unpadded_logits(engine: Engine, 
     try:
         expected = plain_forward(engine, inputs)
         runner = runner_for(engine, pad_eagerly=True)
-        assert runner.takes(inputs, engine.kv_cache) == (size <= max(BUCKETS))
-        got = runner.forward(inputs, engine.kv_cache)
+        assert runner.takes(inputs, engine.runner.kv_cache) == (size <= max(BUCKETS))
+        got = runner.forward(inputs, engine.runner.kv_cache)
         assert got.shape == expected.shape == (size, engine.model.vocab_size)
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     finally:
@@ -154,8 +154,8 @@ def test_a_smaller_step_leaves_no_trace_of_the_larger_one(engine: Engine) -> Non
     narrow = decode_inputs(engine, 2, batch_id=2, first_block=100)
     try:
         assert wide.meta.block_tables.shape[1] > narrow.meta.block_tables.shape[1]
-        runner.forward(wide, engine.kv_cache)
-        got = runner.forward(narrow, engine.kv_cache)
+        runner.forward(wide, engine.runner.kv_cache)
+        got = runner.forward(narrow, engine.runner.kv_cache)
         torch.testing.assert_close(got, plain_forward(engine, narrow), rtol=1e-5, atol=1e-5)
     finally:
         engine.clear(None)
@@ -172,11 +172,11 @@ def test_the_runner_takes_only_decode_steps_that_fit(engine: Engine) -> None:
     engine.prefill(pb.PrefillRequest(batch=batch))
     try:
         cached = engine.cache.get(3)
-        assert not runner_for(engine, pad_eagerly=True).takes(cached.prefill_inputs(), engine.kv_cache)
+        assert not runner_for(engine, pad_eagerly=True).takes(cached.prefill_inputs(), engine.runner.kv_cache)
         decode = cached.decode_inputs()
-        assert runner_for(engine, pad_eagerly=True).takes(decode, engine.kv_cache)
+        assert runner_for(engine, pad_eagerly=True).takes(decode, engine.runner.kv_cache)
         # Without graphs (none on CPU), the engine never routes a step through the runner.
-        assert not runner_for(engine).takes(decode, engine.kv_cache)
+        assert not runner_for(engine).takes(decode, engine.runner.kv_cache)
     finally:
         engine.clear(None)
 
@@ -185,8 +185,8 @@ def test_wider_block_tables_than_the_buffers_run_unpadded(engine: Engine) -> Non
     inputs = decode_inputs(engine, 5, batch_id=4)
     try:
         narrow = DecodeGraphRunner(engine.model, BUCKETS, 1, BLOCK, pad_eagerly=True)
-        assert not narrow.takes(inputs, engine.kv_cache)
-        got = narrow.forward(inputs, engine.kv_cache)
+        assert not narrow.takes(inputs, engine.runner.kv_cache)
+        got = narrow.forward(inputs, engine.runner.kv_cache)
         torch.testing.assert_close(got, plain_forward(engine, inputs), rtol=1e-5, atol=1e-5)
     finally:
         engine.clear(None)
@@ -196,7 +196,7 @@ def test_the_engine_decodes_through_the_runner_with_the_same_tokens(engine: Engi
     texts = [[5, 9, 14], [22, 7], [40, 41, 42, 43, 44, 45, 46], [8], [100, 3, 77, 12]]
 
     def generate(runner: DecodeGraphRunner | None) -> Run:
-        engine.decode_graphs = runner
+        engine.runner.decode_graphs = runner
         reqs = [
             request(i, t, max_new=6, block_size=BLOCK, ignore_eos=True, **MIXED[i])
             for i, t in enumerate(texts)
@@ -212,7 +212,7 @@ def test_the_engine_decodes_through_the_runner_with_the_same_tokens(engine: Engi
         plain = generate(None)
         padded = generate(runner_for(engine, pad_eagerly=True))
     finally:
-        engine.decode_graphs = None
+        engine.runner.decode_graphs = None
     assert padded.tokens == plain.tokens
     for rid in plain.logprobs:
         torch.testing.assert_close(padded.logprobs[rid], plain.logprobs[rid], rtol=1e-4, atol=1e-4)
@@ -230,7 +230,7 @@ def test_warmup_says_why_graphs_are_off(engine: Engine, caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="pytgi_shard.engine.warmup"):
         engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
     assert f"CUDA graphs off: {reason}" in caplog.text
-    assert engine.decode_graphs is None
+    assert engine.runner.decode_graphs is None
 
 
 # --- capture and replay on a GPU -------------------------------------------------------------
@@ -250,16 +250,16 @@ def test_replayed_graphs_match_the_eager_forward(tiny_model: Callable[..., Path]
     )
     gpu.warmup(warm)
     if attention == "reference":
-        assert gpu.decode_graphs is None
-        gpu.decode_graphs = runner_for(gpu)
-        gpu.decode_graphs.capture(gpu.kv_cache)
-    runner = gpu.decode_graphs
+        assert gpu.runner.decode_graphs is None
+        gpu.runner.decode_graphs = runner_for(gpu)
+        gpu.runner.decode_graphs.capture(gpu.runner.kv_cache)
+    runner = gpu.runner.decode_graphs
     assert runner is not None and runner.captured == BUCKETS
     for size in (1, 3, 8, 9):
         inputs = decode_inputs(gpu, size, batch_id=200 + size)
         expected = plain_forward(gpu, inputs)
-        assert runner.takes(inputs, gpu.kv_cache) == (size <= 8)
-        got = runner.forward(inputs, gpu.kv_cache)
+        assert runner.takes(inputs, gpu.runner.kv_cache) == (size <= 8)
+        got = runner.forward(inputs, gpu.runner.kv_cache)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
         gpu.clear(None)
     # Through the engine: the same tokens with and without graphs.
@@ -268,15 +268,15 @@ def test_replayed_graphs_match_the_eager_forward(tiny_model: Callable[..., Path]
             for i in range(3)]  # fmt: skip
     with_graphs = Run(gpu)
     with_graphs.finish(with_graphs.prefill(batch_of(*reqs, batch_id=300)))
-    gpu.decode_graphs = None
+    gpu.runner.decode_graphs = None
     without = Run(gpu)
     without.finish(without.prefill(batch_of(*reqs, batch_id=301)))
     assert with_graphs.tokens == without.tokens
     if attention == "triton":
         # A second Warmup sizes a new cache and captures again over it.
         gpu.warmup(warm)
-        assert gpu.decode_graphs is not None and gpu.decode_graphs is not runner
-        assert gpu.decode_graphs.takes(decode_inputs(gpu, 3, batch_id=400), gpu.kv_cache)
+        assert gpu.runner.decode_graphs is not None and gpu.runner.decode_graphs is not runner
+        assert gpu.runner.decode_graphs.takes(decode_inputs(gpu, 3, batch_id=400), gpu.runner.kv_cache)
         gpu.clear(None)
 
 

@@ -113,7 +113,7 @@ def test_overlap_gives_the_same_responses(tiny_model: Callable[..., Path]) -> No
             g.tokens.logprobs.extend(round(x, 4) for x in lps)
         assert ours == theirs, f"response {step} differs with overlap"
     # Everything finished: no look-ahead is left holding memory.
-    assert len(ahead.lookaheads) == 0
+    assert len(ahead.runner.lookaheads) == 0
 
 
 def test_a_decode_uses_the_forward_computed_ahead(tiny_model: Callable[..., Path]) -> None:
@@ -129,12 +129,12 @@ def test_a_decode_uses_the_forward_computed_ahead(tiny_model: Callable[..., Path
     engine.model.forward = counting  # type: ignore[method-assign]
     batch = pb.Batch(id=1, requests=[_request(1, [5, 6, 7], 6, 1)])
     cached = engine.prefill(pb.PrefillRequest(batch=batch)).batch
-    assert (calls, len(engine.lookaheads)) == (2, 1)  # the prefill, then the look-ahead
+    assert (calls, len(engine.runner.lookaheads)) == (2, 1)  # the prefill, then the look-ahead
     engine.decode(pb.DecodeRequest(batches=[cached]))
     # One forward per decode step: the look-ahead for the next one, none for this one.
-    assert (calls, len(engine.lookaheads)) == (3, 1)
+    assert (calls, len(engine.runner.lookaheads)) == (3, 1)
     engine.clear(None)
-    assert len(engine.lookaheads) == 0
+    assert len(engine.runner.lookaheads) == 0
 
 
 def test_lookahead_inputs_keep_finished_rows_inside_their_blocks() -> None:

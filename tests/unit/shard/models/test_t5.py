@@ -313,7 +313,7 @@ def test_warmup_encodes_the_largest_prefill(
                                               max_total_tokens=30, max_batch_total_tokens=512))
     assert encoded == [48]
     assert response.num_blocks == 512 // BLOCK + 1
-    assert len(engine.kv_cache.keys) == model.num_layers == 3  # decoder layers (encoder: 2)
+    assert len(engine.runner.kv_cache.keys) == model.num_layers == 3  # decoder layers (encoder: 2)
 
 
 @pytest.mark.parametrize(("bidirectional", "buckets", "distance"),

@@ -1,0 +1,191 @@
+"""One rank's model runner: the model and everything that lives on the device beside it.
+
+The Engine (shard/engine/engine.py) answers the RPCs, keeps the batches and chooses tokens; it
+hands this runner a step's flat inputs and gets logits back. The runner owns what a forward needs
+and what is sized against device memory: the KV cache (block 0 alone until Warmup sizes it), the
+decode CUDA graphs captured over that cache, the forwards launched one step ahead (the overlap
+scheduler's look-aheads, shard/engine/lookahead.py), the Health forward, and Warmup's sizing
+(the measurements are shard/engine/warmup.py's functions on plain values).
+
+Warmup sizes the cache from the peak of a real prefill and decode, which only the Engine can run
+(batches, sampling, detokenizing): the Engine passes size_kv_cache a callable that runs the
+warmup batch through its own Prefill and Decode, and the runner measures the device around it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from pytgi_proto import generate_pb2
+from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.device.distributed import Dist
+from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+from pytgi_shard.engine.forward_timer import ForwardTimer
+from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
+from pytgi_shard.engine.step_inputs import ForwardInputs
+from pytgi_shard.engine.warmup import (
+    CacheSize,
+    Limits,
+    agree,
+    allocation_failure,
+    cache_blocks,
+    capture_graphs,
+    graph_buckets,
+    graph_bytes,
+    is_out_of_memory,
+    no_cache_room,
+    peak_bytes,
+    prefill_failure,
+    prompt_lengths,
+    warmup_batch,
+)
+from pytgi_shard.errors import OutOfMemory
+from pytgi_shard.models.model import Model
+from pytgi_shard.settings import ShardSettings
+
+# Runs a warmup batch to its end (a Prefill, then a Decode while requests remain): the Engine's.
+RunBatch = Callable[[generate_pb2.Batch], None]
+
+
+class ModelRunner:
+    def __init__(self, model: Model, dist: Dist, settings: ShardSettings) -> None:
+        self.model = model
+        self.dist = dist
+        self.settings = settings
+        self.block_size = settings.block_size
+        # Block 0 only, for Health, until Warmup sizes the cache.
+        self.kv_cache = self.allocate_kv_cache(1)
+        # Decode forwards through CUDA graphs; Warmup captures them over the cache it sizes.
+        self.decode_graphs: DecodeGraphRunner | None = None
+        self.lookaheads = Lookaheads()
+
+    def allocate_kv_cache(self, num_blocks: int) -> KVCache:
+        m = self.model
+        return KVCache.allocate(
+            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype, m.device
+        )
+
+    def resize_kv_cache(self, num_blocks: int) -> None:
+        """Replaces the KV cache by one of `num_blocks` blocks. The old one goes first (block 0
+        alone meanwhile), so two caches are never held at once; if the new one cannot be
+        allocated, block 0 alone is left, and Health still works. The look-aheads go too: they
+        wrote into the old cache."""
+        self.lookaheads.clear()
+        self.kv_cache = self.allocate_kv_cache(1)
+        if num_blocks > 1:
+            self.kv_cache = self.allocate_kv_cache(num_blocks)
+
+    def forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
+        """The model's logits for `inputs`, through a CUDA graph when one fits (then the logits
+        are a view of the graph's output, which its next replay overwrites: the bool says so)."""
+        timer = ForwardTimer(self.model.device)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.takes(inputs, self.kv_cache):
+            logits, graphed = graphs.forward(inputs, self.kv_cache), True
+        else:
+            logits, graphed = self.model.forward(
+                inputs.input_ids,
+                inputs.positions,
+                self.kv_cache,
+                inputs.meta,
+                inputs.lm_head_indices,
+            ), False
+        timer.stop()
+        return logits, timer, graphed
+
+    def look_ahead(self, batch: Batch) -> None:
+        """Queues the next decode forward of every request of `batch` (shard/engine/lookahead.py)."""
+        logits, timer, graphed = self.forward(batch.lookahead_inputs())
+        if graphed:
+            logits = logits.clone()
+        self.lookaheads.add(Lookahead(list(batch.request_ids), logits, timer))
+
+    @torch.inference_mode()
+    def health(self) -> None:
+        """Proves the device still computes: a one-token forward into reserved block 0, through
+        the batch-1 decode graph when Warmup captured one (on a GPU one replay, not a forward's
+        worth of launches).
+
+        With several ranks the forward's collectives could interleave with a Prefill/Decode that
+        another rank is running, so there Health computes on the device without collectives.
+        """
+        device = self.model.device
+        if self.dist.world_size > 1:
+            x = torch.ones(2, 2, device=device)
+            if float((x @ x).sum()) != 8.0:
+                raise RuntimeError(f"device {device} computed a wrong result")
+            return
+        zero = torch.zeros(1, dtype=torch.long, device=device)
+        meta = AttentionMetadata.build([1], [0], [[0]], self.block_size, device)
+        logits, _, _ = self.forward(ForwardInputs(zero, zero, meta, None, zero))
+        if not bool(torch.isfinite(logits).all()):
+            raise RuntimeError("health check forward produced non-finite logits")
+
+    def size_kv_cache(self, limits: Limits, run_batch: RunBatch) -> CacheSize:
+        """Runs the largest prefill the router will send through `run_batch` (in a cache of its
+        own size, shrunk back to block 0 after), measures the decode graphs, and returns the
+        cache size every rank agrees on. The previous Warmup's graphs are let go first: they
+        hold the old cache and their memory pool."""
+        self.release_graphs()
+        model = self.model
+        lengths = prompt_lengths(limits, model.max_position_embeddings)
+        batch = warmup_batch(lengths, model.vocab_size, self.block_size)
+        blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
+        peak = self._warmup_peak(batch, blocks_used, sum(lengths), run_batch)
+        buckets = graph_buckets(self.settings, model, limits)
+        # Before the cache is sized, the longest context is bounded by the model's.
+        longest = limits.max_total_tokens or model.max_position_embeddings
+        graph_room = (
+            graph_bytes(model, self.kv_cache, self.block_size, buckets, longest) if buckets else 0
+        )
+        mine = cache_blocks(limits, model, self.block_size, self.settings, peak + graph_room)
+        num_blocks = agree(self.dist, model.device, mine)
+        if num_blocks < 2:
+            raise no_cache_room()
+        return CacheSize(num_blocks, buckets, graph_room)
+
+    def _warmup_peak(
+        self, batch: generate_pb2.Batch, num_blocks: int, prefill_tokens: int, run_batch: RunBatch
+    ) -> int:
+        """Runs the batch in a cache of its own size; returns the peak bytes beyond the cache."""
+        try:
+            self.resize_kv_cache(num_blocks)
+            return peak_bytes(self.model.device, lambda: run_batch(batch))
+        except (RuntimeError, MemoryError) as e:
+            if not is_out_of_memory(e):
+                raise
+            raise prefill_failure(prefill_tokens) from e
+        finally:
+            self.resize_kv_cache(1)
+
+    def allocate_sized(self, size: CacheSize) -> None:
+        """The cache at the size Warmup measured; an OutOfMemory when the device cannot hold it."""
+        try:
+            self.resize_kv_cache(size.num_blocks)
+        except (RuntimeError, MemoryError) as e:
+            if not is_out_of_memory(e):
+                raise
+            raise allocation_failure(size.num_blocks) from e
+
+    def release_graphs(self) -> None:
+        """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
+        if self.decode_graphs is not None:
+            self.decode_graphs.release()
+            self.decode_graphs = None
+
+    def capture_graphs(self, size: CacheSize, max_total_tokens: int) -> None:
+        """The decode graphs over the sized cache; on OutOfMemory the cache is given back
+        (block 0 stays, for Health) and the error raised, failing this Warmup."""
+        try:
+            self.decode_graphs = capture_graphs(
+                self.model, self.kv_cache, self.block_size, size, max_total_tokens
+            )
+        except OutOfMemory:
+            # The cache took the room the graphs were measured to need.
+            self.resize_kv_cache(1)
+            torch.cuda.empty_cache()
+            raise
