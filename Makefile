@@ -11,20 +11,10 @@ PORT ?= 8080
 PYTEST_ARGS ?=
 
 # The whole suite runs in $(VENV) on the newest releases (constraints.txt: what `pip install
-# pytgi` gets when they were pinned); these files run again on the lowest ones: model families
-# and encoder-decoders against transformers' own forward, config layouts, loading, hub
-# resolution and its client, tokenizer, detokenizer and chat-template paths (~2 min on 2 cores).
-LOWEST_TESTS := \
-	tests/unit/shard/models/test_config_layout.py tests/unit/shard/models/test_models.py \
-	tests/unit/shard/models/test_model_families.py tests/unit/shard/models/test_models_gpt.py \
-	tests/unit/shard/models/test_t5.py tests/unit/shard/layers/test_moe.py \
-	tests/unit/shard/layers/test_alibi_attention.py tests/unit/shard/layers/test_learned_positions.py \
-	tests/unit/shard/quantization/test_quantization_detection.py tests/unit/shard/weights/test_loading_safety.py \
-	tests/unit/shard/weights/test_model_resolution.py tests/unit/shard/output/test_detokenizer.py \
-	tests/unit/router/http/openai/test_chat_template.py tests/unit/router/http/test_validation.py \
-	tests/unit/router/http/test_token_bound.py tests/unit/router/http/test_model_card.py \
-	tests/unit/launcher/test_demo_model.py tests/unit/bench/compare/test_hf_baselines.py \
-	tests/integration/test_clients.py
+# pytgi` gets when they were pinned); the tests that depend on them (marked transformers_stack by
+# tests/conftest.py: model families, config layouts, loading, hub, tokenizer and chat-template
+# paths) run again on the lowest ones (~3 min on 2 cores).
+LOWEST_TESTS := -m transformers_stack tests/unit tests/integration
 
 # TGI's Python client (the client tests) caps huggingface-hub below 1, which would hold
 # transformers at 4.x: it goes in without its dependencies, which the test extra names instead.
@@ -51,7 +41,7 @@ install-lowest: $(LOWEST_STAMP)
 $(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
 	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
 	$(LOWEST)/bin/python -m pip install -q --upgrade pip
-	$(LOWEST)/bin/python -m pip install -q -c constraints-lowest.txt -e '.[test]'
+	$(LOWEST)/bin/python -m pip install -q -c constraints-lowest.txt -e '.[test,bench]'
 	$(LOWEST)/bin/python -m pip install -q --no-deps '$(TGI_CLIENT)'
 	touch $(LOWEST_STAMP)
 
