@@ -12,12 +12,15 @@
 #               word for word; then every requirement and every process's entry module checked
 #   tests       pytest on CUDA: the Triton kernel and CUDA-graph tests, and tests/gpu/ (greedy
 #               tokens equal to transformers' on the GPU)
-#   steps       pytgi_bench.compare.engine_steps on the 1B and 8B shapes: the Triton attention at batch
-#               1, 64 and 256 (the reference attention's numbers: bench/README.md)
-#   compare-1b  bench/compare/run.py --gpu --shape 1b: pytgi over HTTP against transformers
+#   steps       pytgi_bench.compare.engine_steps on the 1B and 8B shapes: the Triton attention at
+#               batch 1, 64 and 256 (the reference attention's numbers: bench/README.md)
+#   compare-1b  python -m pytgi_bench.compare --gpu --shape 1b: pytgi over HTTP against
+#               transformers
 #   compare-8b  the same on the Llama-3-8B shape
-#   quantization  pytgi_bench.experiments.quantization: each --quantize mode against bfloat16 on a ~20M
-#               Llama (decode tok/s at batch 1 and 64, weight memory) and the modes' kernels
+#   quantization  pytgi_bench.experiments.quantization: each --quantize mode against bfloat16 on a
+#               ~20M Llama (decode tok/s at batch 1 and 64, weight memory) and the modes' kernels
+# pytgi is installed editable, so pytgi_bench.compare and .experiments (not in the wheel) import
+# from this checkout.
 # Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
 # never stops the next one; a stage that would not get 30 s is skipped and said so.
 # Results go to $OUT when set, else bench/results/gpu/ (at most 8 files: summary.json,
@@ -87,10 +90,11 @@ stage_install() {
     # What the machine brings (listed in the wheel file) is checked, not walked into.
     "$PY" -m pytgi_bench.requirements_check --json "$WORK/requirements.json" \
         --trust $(sed -n 's/^# provided: //p' bench/gpu-wheels.txt) || rc=1
-    echo "+ import every process's entry module and the test clients"
+    echo "+ import every process's entry module, the test clients and the benchmarks' parts"
     "$PY" -c "import pytgi_launcher.cli, pytgi_router.cli, pytgi_shard.service.cli, pytgi_router.http.app, \
 pytgi_shard.service.server, openai, text_generation, pytest_timeout, grpc_health.v1.health, \
-opentelemetry.exporter.otlp.proto.grpc.trace_exporter; print('imports: ok')" || rc=1
+opentelemetry.exporter.otlp.proto.grpc.trace_exporter, pytgi_bench.cli, pytgi_bench.compare, \
+pytgi_bench.experiments; print('imports: ok')" || rc=1
     return $rc
 }
 
@@ -285,7 +289,8 @@ main() {
     done
 
     # As a file, with the standard library alone: the summary must come even when the install
-    # stage failed (-P: bench/ itself is not put on sys.path, where its module names would shadow).
+    # stage failed (-P: bench/compare/ itself is not put on sys.path, where its module names
+    # would shadow).
     "$PY" -P bench/compare/gpu_summary.py --stages "$stages_file" --work "$WORK" --out "$OUT" \
         --seconds "$(($(date +%s) - start))" 2>&1 | tee -a "$LOG"
     local summary_rc=${PIPESTATUS[0]}
