@@ -232,6 +232,10 @@ def replace_sampling(
     return out
 
 
-def unset_reads_as(name: str) -> Any:
-    """The value a wire field's proto3 0 ("never set") stands for: the row's neutral value."""
-    return BY_NAME[name].neutral
+def wire_values(sampling: generate_pb2.NextTokenChooserParameters) -> dict[str, Any]:
+    """Each sampling row's value by its name, proto3's 0 ("never set") read as the row's
+    neutral value: what the shard's SamplingParams is built from."""
+    return {p.name: getattr(sampling, p.wire) or p.neutral for p in _WIRE_ROWS}
+
+
+_WIRE_ROWS = tuple(p for p in SAMPLING if p.wire is not None)

@@ -10,10 +10,11 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
 from typing import Any
 
-from pytgi_proto.parameters import BY_NAME, Parameter
+from pytgi_proto.parameters import BY_NAME, U32_MAX, Parameter
 from pytgi_router.core.request_stream import End, TokenInfo
 from pytgi_router.http.json_fields import (
     obj,
@@ -69,28 +70,45 @@ def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> 
     Each field is read as its row of pytgi_proto.parameters says (type, range, aliases)."""
     if data is None:
         return GenerateParameters(do_sample=True)
-    return GenerateParameters(**{p.name: read_parameter(data, p, path) for p in _READ_ORDER})
+    return GenerateParameters(*[read(data, name, path) for name, read in _READ_PLAN])
 
 
-def read_parameter(data: dict[str, Any], param: Parameter, path: str) -> Any:
-    """One field by its JSON kind; a flag (TGI's plain `bool`) is True if any spelling says so."""
+Reader = Callable[[dict[str, Any], str, str], Any]
+
+
+def reader(param: Parameter) -> Reader:
+    """How one row is read from a body: by its JSON kind (an integer within its range); a flag
+    (TGI's plain `bool`) is True if any of its spellings says so."""
+    if param.flag and param.aliases:
+        return partial(_any_flag, spellings=(param.name, *param.aliases))
     if param.flag:
-        return any(opt_bool(data, key, path) for key in (param.name, *param.aliases))
-    if param.kind == "integer":
-        return opt_int(data, param.name, path, lo=param.lo, hi=param.hi)
-    return _READERS[param.kind](data, param.name, path)
+        return _flag
+    if param.kind == "integer" and (param.lo, param.hi) != (0, U32_MAX):
+        return partial(opt_int, lo=param.lo, hi=param.hi)
+    return _READERS[param.kind]
 
 
-# The dataclass's order, which is the order fields were always read in (the first wrong one is
-# the 422); a field without a row fails here, at import.
-_READ_ORDER: tuple[Parameter, ...] = tuple(BY_NAME[f.name] for f in fields(GenerateParameters))
-_READERS: dict[str, Callable[[dict[str, Any], str, str], Any]] = {
+def _flag(data: dict[str, Any], key: str, path: str) -> bool:
+    return bool(opt_bool(data, key, path))
+
+
+def _any_flag(data: dict[str, Any], key: str, path: str, *, spellings: tuple[str, ...]) -> bool:
+    return any(opt_bool(data, spelling, path) for spelling in spellings)
+
+
+_READERS: dict[str, Reader] = {
+    "integer": opt_int,  # TGI's u32, opt_int's own default range
     "number": opt_float,
     "boolean": opt_bool,
     "string": opt_str,
     "object": opt_obj,
     "strings": str_list,
 }
+# In the dataclass's order, which is the order fields were always read in (the first wrong one
+# is the 422); a field without a row fails here, at import. Built once: a request costs one
+# call per field, as the hand-written reads did.
+_READ_PLAN: tuple[tuple[str, Reader], ...] = tuple(
+    (f.name, reader(BY_NAME[f.name])) for f in fields(GenerateParameters))
 
 
 def parse_generate(body: Any) -> GenerateRequest:
