@@ -28,6 +28,7 @@ from torch import nn
 
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT, KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.engine.batch import ForwardInputs
 from pytgi_shard.models.model import Model
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
@@ -54,12 +55,15 @@ def bucket_for(buckets: Sequence[int], batch_size: int) -> int | None:
     return buckets[i] if i < len(buckets) else None
 
 
-def graphs_off_reason(settings: ShardSettings, model: Model) -> str | None:
-    """Why this shard must decode without CUDA graphs, or None when it can capture them."""
+def graphs_off_reason(
+    settings: ShardSettings, model: Model, caps: DeviceCapabilities
+) -> str | None:
+    """Why this shard must decode without CUDA graphs, or None when it can capture them: the
+    device (`caps`, resolved at start-up) must allow graphs, then the settings and the model."""
     if not settings.cuda_graphs:
         return "--cuda-graphs 0"
-    if model.device.type != "cuda":
-        return f"the model runs on {model.device.type}"
+    if not caps.cuda_graphs:
+        return f"the model runs on {caps.kind}"
     if settings.attention not in CAPTURABLE_BACKENDS:
         return (
             f"the {settings.attention} attention backend's shapes follow the context length "

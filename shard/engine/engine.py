@@ -85,10 +85,11 @@ class Engine:
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
         self.encoder_decoder = isinstance(model, EncoderDecoderModel)
         # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
-        # asynchronously (CUDA); on the CPU it would only compute ahead what it waits for anyway.
+        # asynchronously (dist.caps.async_forward: CUDA); on the CPU it would only compute ahead
+        # what it waits for anyway.
         # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
         self.overlap = not self.encoder_decoder and (
-            settings.overlap if settings.overlap is not None else model.device.type == "cuda"
+            settings.overlap if settings.overlap is not None else dist.caps.async_forward
         )
         # Constrained requests' matchers and their grammars' cache; the vocabulary is prepared
         # for them in the compile pool from now on (shard/structured_output/compiler.py).

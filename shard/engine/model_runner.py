@@ -136,7 +136,7 @@ class ModelRunner:
         batch = warmup_batch(lengths, model.vocab_size, self.block_size)
         blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
         peak = self._warmup_peak(batch, blocks_used, sum(lengths), run_batch)
-        buckets = graph_buckets(self.settings, model, limits)
+        buckets = graph_buckets(self.settings, model, self.dist.caps, limits)
         # Before the cache is sized, the longest context is bounded by the model's.
         longest = limits.max_total_tokens or model.max_position_embeddings
         graph_room = (

@@ -30,6 +30,7 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason, resolve_buckets
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
@@ -207,9 +208,11 @@ def prefill_failure(prefill_tokens: int) -> OutOfMemory:
     )
 
 
-def graph_buckets(settings: ShardSettings, model: Model, limits: Limits) -> tuple[int, ...]:
+def graph_buckets(
+    settings: ShardSettings, model: Model, caps: DeviceCapabilities, limits: Limits
+) -> tuple[int, ...]:
     """The decode batch sizes to capture; () (and the reason, logged) when graphs are off."""
-    reason = graphs_off_reason(settings, model)
+    reason = graphs_off_reason(settings, model, caps)
     if reason is not None:
         log.info("CUDA graphs off: %s", reason)
         return ()

@@ -19,6 +19,7 @@ from pytgi_launcher.commands import shard_argv
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.backend import BACKENDS
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT
+from pytgi_shard.device.capabilities import resolve_capabilities
 from pytgi_shard.engine.decode_graphs import (
     DecodeGraphRunner,
     bucket_for,
@@ -224,9 +225,10 @@ def test_warmup_says_why_graphs_are_off(engine: Engine, caplog: pytest.LogCaptur
         if engine.model.device.type == "cpu"
         else "the reference attention backend's shapes follow the context length"
     )
-    assert (graphs_off_reason(engine.settings, engine.model) or "").startswith(reason)
+    caps = engine.runner.dist.caps
+    assert (graphs_off_reason(engine.settings, engine.model, caps) or "").startswith(reason)
     off = ShardSettings(model_path=engine.settings.model_path, cuda_graphs=())
-    assert graphs_off_reason(off, engine.model) == "--cuda-graphs 0"
+    assert graphs_off_reason(off, engine.model, caps) == "--cuda-graphs 0"
     with caplog.at_level(logging.INFO, logger="pytgi_shard.engine.warmup"):
         engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
     assert f"CUDA graphs off: {reason}" in caplog.text
@@ -301,7 +303,8 @@ def test_graphs_off_for_a_weight_that_synchronises() -> None:
     settings = ShardSettings(model_path=Path("."), attention="triton")
     weight = torch.randn(16, 32)
     int8 = OnGpu(BnbInt8Weight.from_float(weight))
-    assert graphs_off_reason(settings, int8) == (  # type: ignore[arg-type]
+    gpu = resolve_capabilities("cuda", triton_installed=True)
+    assert graphs_off_reason(settings, int8, gpu) == (  # type: ignore[arg-type]
         "BnbInt8Weight synchronises with the host in its matmul"
     )
-    assert graphs_off_reason(settings, OnGpu(Int8WeightOnly.from_float(weight))) is None  # type: ignore[arg-type]
+    assert graphs_off_reason(settings, OnGpu(Int8WeightOnly.from_float(weight)), gpu) is None  # type: ignore[arg-type]
