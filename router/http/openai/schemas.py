@@ -8,13 +8,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytgi_proto.parameters import REPETITION_PENALTY_RANGE
+from pytgi_proto.parameters import BY_NAME, REPETITION_PENALTY_RANGE
 from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.request_stream import TokenInfo
 from pytgi_router.http.grammar import response_format_grammar
 from pytgi_router.http.http_errors import CompletionRequestError, ToolError
 from pytgi_router.http.json_fields import (
-    U64_MAX,
     obj,
     opt_bool,
     opt_float,
@@ -22,11 +21,10 @@ from pytgi_router.http.json_fields import (
     opt_obj,
     opt_str,
     required,
-    str_list,
     wrong_type,
 )
 from pytgi_router.http.openai.tools import ChatTools, chat_tools, parse_tool_choice, parse_tools
-from pytgi_router.http.schemas import GenerateParameters, logprob_or_none
+from pytgi_router.http.schemas import GenerateParameters, logprob_or_none, reader
 
 # TGI's finish reasons, as OpenAI names them.
 FINISH_REASONS = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
@@ -79,17 +77,23 @@ def _sampling_fields(data: dict[str, Any]) -> SamplingFields:
     return SamplingFields(
         model=opt_str(data, "model"),
         max_tokens=max_tokens,
-        temperature=opt_float(data, "temperature"),
-        top_p=opt_float(data, "top_p"),
-        seed=opt_int(data, "seed", hi=U64_MAX),
-        stop=str_list(data, "stop"),
-        frequency_penalty=opt_float(data, "frequency_penalty"),
+        temperature=_as_tgi(data, "temperature"),
+        top_p=_as_tgi(data, "top_p"),
+        seed=_as_tgi(data, "seed"),
+        stop=_as_tgi(data, "stop"),
+        frequency_penalty=_as_tgi(data, "frequency_penalty"),
         presence_penalty=_presence_penalty(data),
-        repetition_penalty=opt_float(data, "repetition_penalty"),
+        repetition_penalty=_as_tgi(data, "repetition_penalty"),
         stream=bool(opt_bool(data, "stream")),
         include_usage=bool(opt_bool(options, "include_usage", "stream_options.")),
-        ignore_eos=bool(opt_bool(data, "ignore_eos") or opt_bool(data, "ignore_eos_token")),
+        ignore_eos=_as_tgi(data, "ignore_eos"),
     )
+
+
+def _as_tgi(data: dict[str, Any], name: str) -> Any:
+    """An OpenAI field spelled as TGI's, read by its row of the parameter table (type, range,
+    aliases): the two APIs cannot parse it differently."""
+    return reader(BY_NAME[name])(data, name, "")
 
 
 def _presence_penalty(data: dict[str, Any]) -> float | None:
