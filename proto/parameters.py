@@ -235,7 +235,8 @@ def replace_sampling(
 def wire_values(sampling: generate_pb2.NextTokenChooserParameters) -> dict[str, Any]:
     """Each sampling row's value by its name, proto3's 0 ("never set") read as the row's
     neutral value: what the shard's SamplingParams is built from."""
-    return {p.name: getattr(sampling, p.wire) or p.neutral for p in _WIRE_ROWS}
+    return {name: getattr(sampling, wire) or neutral for name, wire, neutral in _WIRE_ROWS}
 
 
-_WIRE_ROWS = tuple(p for p in SAMPLING if p.wire is not None)
+_WIRE_ROWS: tuple[tuple[str, str, Any], ...] = tuple(
+    (p.name, p.wire, p.neutral) for p in SAMPLING if p.wire is not None)
