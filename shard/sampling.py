@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from pytgi_proto import generate_pb2
+from pytgi_proto.parameters import wire_values
 from pytgi_shard import categorical
 from pytgi_shard.argmax import first_max
 from pytgi_shard.blocked_choice import block_rows, blocked_greedy
@@ -70,17 +71,8 @@ class SamplingParams:
         for name in ("top_p", "typical_p"):
             if getattr(pb, name) > 1:
                 raise InvalidRequest(f"{name} must be <= 1.0, got {getattr(pb, name)}")
-        return cls(
-            temperature=pb.temperature or 1.0,
-            top_k=pb.top_k,
-            top_p=pb.top_p or 1.0,
-            typical_p=pb.typical_p or 1.0,
-            do_sample=pb.do_sample,
-            seed=pb.seed,
-            repetition_penalty=pb.repetition_penalty or 1.0,
-            frequency_penalty=pb.frequency_penalty,
-            watermark=pb.watermark,
-        )
+        # One field per row of pytgi_proto.parameters.SAMPLING, 0 read as the row's neutral value.
+        return cls(**wire_values(pb))
 
     @property
     def samples(self) -> bool:
@@ -137,6 +129,9 @@ class NextTokenChooser:
         self.generators = list(generators)
         self.device = device
         self.watermark = watermark
+        # How sampling rows draw: by inverse transform on the CPU, by exponential noise on an
+        # accelerator (an attribute, so the CPU tests can run the accelerator's way too).
+        self.inverse_transform = device.type == "cpu"
         p = self.params
         self.watermark_rows = [i for i, x in enumerate(p) if x.watermark]
         self.sample_rows = [i for i, x in enumerate(p) if x.samples]
@@ -173,8 +168,8 @@ class NextTokenChooser:
     def skip_draws(self, counts: Sequence[int], vocab_size: int) -> None:
         """Advances each sampling row's generator past `counts[row]` steps' draws, as if it had
         sampled that many tokens (a request resumed after preemption): `_sample` draws, per
-        step, one float64 uniform on the CPU and one [vocab] row of Exponential(1) noise
-        elsewhere, so the same draws, discarded, leave it in the same state (on the same
+        step, categorical.DRAWS float64 uniforms on the CPU and one [vocab] row of
+        Exponential(1) noise elsewhere, so the same draws, discarded, leave it in the same state (on the same
         device, with the same vocabulary width)."""
         for row in self.sample_rows:
             generator = self.generators[row]
@@ -184,8 +179,8 @@ class NextTokenChooser:
 
     def _draw(self, generator: torch.Generator | None, vocab_size: int) -> torch.Tensor:
         """One step's random numbers for one sampling row, as `_sample` draws them."""
-        if self.device.type == "cpu":
-            return torch.rand(1, dtype=torch.float64, generator=generator)
+        if self.inverse_transform:
+            return categorical.row_draws(generator)
         noise = torch.empty(vocab_size, device=self.device)
         return noise.exponential_(generator=generator)
 
@@ -252,15 +247,15 @@ class NextTokenChooser:
             next_ids = torch.empty(batch, dtype=torch.long, device=self.device)
         else:
             next_ids = first_max(scores)
-        if self.sample_rows and self.device.type != "cpu":
+        if self.sample_rows and not self.inverse_transform:
             next_ids.index_copy_(0, self.sample_index, self._sample(scores[self.sample_index]))
         # Written over the scores: no second [batch, vocab] tensor to allocate and fill (after
         # a forward, its first touch costs ~0.1 ms at 256 x 4096 on the CPU).
         logprobs = torch.log_softmax(scores, dim=-1, out=scores)
-        if self.sample_rows and self.device.type == "cpu":
-            # The CPU draws from the logprobs themselves, one uniform per row, with no
+        if self.sample_rows and self.inverse_transform:
+            # The CPU draws from the logprobs themselves, 1 + 64 uniforms per row, with no
             # [rows, vocab] probabilities made (shard/categorical.py).
-            uniforms = torch.cat([self._draw(self.generators[i], 0) for i in self.sample_rows])
+            uniforms = torch.stack([self._draw(self.generators[i], 0) for i in self.sample_rows])
             subset = None if every_row_samples else self.sample_index
             drawn = categorical.draw_from_logprobs(logprobs, subset, uniforms)
             next_ids.index_copy_(0, self.sample_index, drawn)

@@ -165,6 +165,24 @@ def test_sampling_follows_the_distribution() -> None:
     assert freq == pytest.approx(probs.tolist(), abs=0.04)
 
 
+@pytest.mark.parametrize("inverse_transform", [True, False], ids=["cpu-draw", "noise-draw"])
+def test_a_warped_row_beside_a_greedy_one_follows_its_distribution(inverse_transform: bool) -> None:
+    # Top-p 0.85 of (0.6, 0.3, 0.1) keeps the first two: 2/3 and 1/3, on the CPU's draw and
+    # on the accelerator's (exponential noise, run here on the CPU).
+    # One step of 3,000 such rows, each with its own seed, beside greedy rows.
+    rows = 3000
+    params = [SamplingParams(top_p=0.85, seed=i) if i % 3 else SamplingParams() for i in range(rows)]
+    choose = chooser(*params)
+    choose.inverse_transform = inverse_transform
+    logits = torch.tensor([0.6, 0.3, 0.1]).log().repeat(rows, 1)
+    ids, lengths = torch.ones(rows, 1, dtype=torch.long), torch.ones(rows, dtype=torch.long)
+    draws = choose(logits, ids, lengths)[0].tolist()
+    assert set(draws[::3]) == {0}
+    sampled = [d for i, d in enumerate(draws) if i % 3]
+    freq = [sampled.count(i) / len(sampled) for i in range(3)]
+    assert freq == pytest.approx([2 / 3, 1 / 3, 0.0], abs=0.04)
+
+
 def test_any_warper_implies_sampling_and_top_k_1_is_greedy() -> None:
     assert SamplingParams(top_k=3).samples and SamplingParams(temperature=0.5).samples
     assert not SamplingParams(repetition_penalty=1.5).samples

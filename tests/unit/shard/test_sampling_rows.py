@@ -113,12 +113,14 @@ def step(batch: list[Request], chooser: NextTokenChooser) -> None:
         r.tops.append(tops[row])
 
 
-def run(schedule: list[list[int]], pool: list[Request]) -> None:
+def run(schedule: list[list[int]], pool: list[Request], noise: bool = False) -> None:
     """Decodes `pool`'s requests along `schedule` (per step, which of them form the batch, in
-    that order), each with its own generator carried from batch to batch."""
+    that order), each with its own generator carried from batch to batch; `noise`: sampling
+    rows draw as on an accelerator (argmax of p / E), not by the CPU's inverse transform."""
     choosers = [NextTokenChooser.create([r.params], CPU, Watermark()) for r in pool]
     for members in schedule:
         chooser = NextTokenChooser.concatenate([choosers[i] for i in members])
+        chooser.inverse_transform = not noise
         step([pool[i] for i in members], chooser)
 
 
@@ -146,9 +148,11 @@ def random_schedule(count: int, seed: int, members: list[int]) -> list[list[int]
     return schedule
 
 
-def assert_same_as_solo(pool: list[Request], members: list[int]) -> None:
+def assert_same_as_solo(
+    pool: list[Request], members: list[int], solo: list[Request] | None = None
+) -> None:
     for i in members:
-        alone, batched = solo_runs()[i], pool[i]
+        alone, batched = (solo or solo_runs())[i], pool[i]
         assert batched.ids == alone.ids, f"request {i}: {batched.params}"
         for t in range(STEPS):
             assert torch.equal(batched.logprobs[t], alone.logprobs[t]), f"request {i} step {t}"
@@ -197,6 +201,18 @@ def test_a_neutral_row_keeps_every_token_beside_warped_rows() -> None:
     assert bool(pool[4].logprobs[0].isfinite().all())
     assert pool[3].tops[0] == solo_runs()[3].tops[0]
     assert len(pool[3].tops[0][0]) == 2
+
+
+def test_the_accelerators_draw_by_noise_is_the_same_in_a_batch_as_alone() -> None:
+    # The GPU's way (exponential noise from each request's generator), run on the CPU.
+    members = [2, 3, 4, 5, 8, 11, 14]
+    solo, pool = requests(), requests()
+    for i in members:
+        run([[i]] * STEPS, solo, noise=True)
+    run(random_schedule(7, 3, members), pool, noise=True)
+    assert_same_as_solo(pool, members, solo)
+    assert solo[11].ids != solo_runs()[11].ids  # the other way to draw, indeed
+    assert len(set(solo[11].ids)) > 3
 
 
 @pytest.fixture
