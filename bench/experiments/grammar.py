@@ -203,7 +203,7 @@ def _apply_ms(rows: int, vocab: int, repeats: int = 20) -> dict[str, float]:
     fill by a bool it replaced."""
     import torch
 
-    from pytgi_shard.sampling import NEG_INF, ban_tokens
+    from pytgi_shard.sample.chooser import NEG_INF, ban_tokens
     from pytgi_shard.structured_output.masks import HostBias
 
     g = torch.Generator().manual_seed(0)

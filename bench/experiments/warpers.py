@@ -1,6 +1,6 @@
 """Top-k + top-p + typical-p on a batch: the full-vocabulary sort against the top-k candidates.
 
-Times shard/sampling.py's plain warpers (a sort of every row) and shard/candidate_warpers.py
+Times shard/sample/chooser.py's plain warpers (a sort of every row) and shard/sample/candidate_warpers.py
 (the path a batch takes when every row has a top-k), checks that they give the same scores bit
 for bit, and prints a table.
 
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
-from pytgi_shard.sampling import _top_k, _top_p, _typical_p
+from pytgi_shard.sample.candidate_warpers import top_candidates, top_p_over, typical_p_over
+from pytgi_shard.sample.chooser import _top_k, _top_p, _typical_p
 
 
 def _column(rows: int, value: float, device: torch.device) -> torch.Tensor:

@@ -24,7 +24,7 @@ from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.output.detokenizer import TextStream, TextStreams
 from pytgi_shard.output.stopping import BatchStops, StoppingCriteria
 from pytgi_shard.output.wire import request_field
-from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark
+from pytgi_shard.sample.chooser import NextTokenChooser, SamplingParams, Watermark
 from pytgi_shard.structured_output.batch_grammar import BatchGrammar
 from pytgi_shard.structured_output.compiler import GrammarCompiler, GrammarSpec
 

@@ -47,7 +47,7 @@ from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.output.wire import GenerationWriter
-from pytgi_shard.sampling import Watermark
+from pytgi_shard.sample.chooser import Watermark
 from pytgi_shard.settings import ShardSettings
 from pytgi_shard.structured_output.compiler import GrammarCompiler
 from pytgi_shard.structured_output.worker import MaskWorker

@@ -23,7 +23,7 @@ from pytgi_shard.engine.step_inputs import ForwardInputs, predicted_count
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.output.stopping import STOP_SEQUENCE
 from pytgi_shard.output.wire import GenerationWriter
-from pytgi_shard.sampling import top_tokens
+from pytgi_shard.sample.chooser import top_tokens
 
 NAN = float("nan")
 # The `finished` mark of a request that failed (no FinishReason: it did not finish).

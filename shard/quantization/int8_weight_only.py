@@ -2,7 +2,7 @@
 
 W ~= q * scale[:, None] with q = round(W / scale) in [-127, 127] and scale = max |W[row]| / 127,
 so each weight is rounded once to 1/254 of its row's range. Three kernels multiply by it; the
-one taken is chosen per device by measurement (bench/on_load_kernels.py, README "Quantization"):
+one taken is chosen per device by measurement (bench/experiments/on_load_kernels.py, README "Quantization"):
 
 - INT_MM: the activations quantized per token on the fly (symmetric int8, one scale per row of
   x), then PyTorch's int8 GEMM `torch._int_mm` (int32 accumulation, exact) and both scales applied

@@ -149,3 +149,45 @@ def test_relative_imports_resolve_inside_their_package() -> None:
     assert isinstance(node, ast.ImportFrom)
     assert absolute(node, "pytgi_router.core.infer", False) == "pytgi_router.http"
     assert absolute(node, "pytgi_router.core", True) == "pytgi_router.http"
+
+
+# The shard's folders, each allowed to import only those below it: the process (service) builds
+# the engine, the engine runs the model and chooses, emits and constrains tokens, the model is
+# built from layers over attention, weights and the device. A folder importing one above it (or
+# sideways, between the step's helpers) is a cycle in the making.
+SHARD_BELOW = {
+    "service": {"engine", "models", "weights", "device", "attention", "quantization", "output",
+                "sample", "structured_output", "layers"},
+    "engine": {"models", "layers", "attention", "weights", "quantization", "device", "output",
+               "sample", "structured_output"},
+    "sample": {"structured_output", "device"},
+    "structured_output": {"device"},
+    "output": {"device"},
+    "models": {"layers", "attention", "weights", "quantization", "device"},
+    "layers": {"attention", "weights", "quantization", "device"},
+    "quantization": {"attention", "weights", "device"},
+    "weights": {"quantization", "device"},
+    "attention": {"device"},
+    "device": set(),
+}
+
+
+def shard_folder(module: str) -> str | None:
+    """The folder of pytgi_shard a module lives in; None for the package's top-level modules
+    (settings, errors), which every folder may import."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in SHARD_BELOW else None
+
+
+def test_every_shard_folder_is_in_the_layering() -> None:
+    folders = {p.name for p in (ROOT / "shard").iterdir() if (p / "__init__.py").is_file()}
+    assert folders == set(SHARD_BELOW)
+
+
+def test_shard_folders_import_only_the_folders_below_them() -> None:
+    upward = []
+    for imp in IMPORTS:
+        source, target = shard_folder(imp.module), shard_folder(imp.target)
+        if source and target and source != target and target not in SHARD_BELOW[source]:
+            upward.append(str(imp))
+    assert upward == []

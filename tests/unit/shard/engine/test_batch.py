@@ -10,7 +10,7 @@ import torch
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.sampling import Watermark
+from pytgi_shard.sample.chooser import Watermark
 
 BLOCK = 4
 CTX = BatchContext(

@@ -22,7 +22,7 @@ from pytgi_shard.engine.generation import (
 )
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.wire import GenerationWriter
-from pytgi_shard.sampling import Watermark
+from pytgi_shard.sample.chooser import Watermark
 from tests.tiny_models import train_tokenizer, write_tokenizer
 from tests.unit.shard.engine.test_batch import batch_of, request
 

@@ -22,7 +22,7 @@ from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.forward_timer import ForwardTimer
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
-from pytgi_shard.sampling import Watermark
+from pytgi_shard.sample.chooser import Watermark
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
 

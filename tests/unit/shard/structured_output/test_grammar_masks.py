@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.sampling import NEG_INF, ban_tokens
+from pytgi_shard.sample.chooser import NEG_INF, ban_tokens
 from pytgi_shard.structured_output.compiler import GrammarCompiler, GrammarSpec
 from pytgi_shard.structured_output.masks import (
     HostBias,

@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from pytgi_proto import generate_pb2
 from pytgi_proto.parameters import SAMPLING, neutral_sampling
-from pytgi_shard.sampling import SamplingParams
+from pytgi_shard.sample.chooser import SamplingParams
 
 
 def test_one_field_per_sampling_row_with_its_neutral_default() -> None:

@@ -16,7 +16,7 @@ from bisect import bisect_left
 
 import torch
 
-from pytgi_shard.argmax import first_max
+from pytgi_shard.sample.argmax import first_max
 from pytgi_shard.structured_output.masks import SharedBias
 
 # Scores in a batch from which the choice runs in blocks (64 x 128k is 2^23).

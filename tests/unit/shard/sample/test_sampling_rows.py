@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from pytgi_shard.candidate_warpers import entropy
-from pytgi_shard.categorical import row_sums
-from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark, top_tokens
+from pytgi_shard.sample.candidate_warpers import entropy
+from pytgi_shard.sample.categorical import row_sums
+from pytgi_shard.sample.chooser import NextTokenChooser, SamplingParams, Watermark, top_tokens
 
 CPU = torch.device("cpu")
 VOCAB = 4096

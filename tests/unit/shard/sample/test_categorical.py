@@ -1,4 +1,4 @@
-"""The CPU's two-level draw (shard/categorical.py: the chunk by inverse transform, the token by
+"""The CPU's two-level draw (shard/sample/categorical.py: the chunk by inverse transform, the token by
 a race in it) against the one-level float64 inverse transform: exactly the same chunk where the
 sums are exact, the right frequencies, never a token of probability 0 (whatever the uniforms,
 however the chunk sums round), always an index inside the vocabulary, and a draw that a 1e-6
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytgi_shard.categorical import CHUNK, DRAWS, draw_from_logprobs, row_draws
+from pytgi_shard.sample.categorical import CHUNK, DRAWS, draw_from_logprobs, row_draws
 
 
 def draw(probs: torch.Tensor, uniforms: torch.Tensor, seed: int = 0) -> torch.Tensor:

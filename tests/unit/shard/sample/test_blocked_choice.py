@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytgi_shard.argmax import first_max
-from pytgi_shard.blocked_choice import BLOCKED_FROM, block_rows, blocked_greedy
-from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark, ban_tokens
+from pytgi_shard.sample.argmax import first_max
+from pytgi_shard.sample.blocked_choice import BLOCKED_FROM, block_rows, blocked_greedy
+from pytgi_shard.sample.chooser import NextTokenChooser, SamplingParams, Watermark, ban_tokens
 from pytgi_shard.structured_output.masks import HostBias, SharedBias, host_masks
 
 

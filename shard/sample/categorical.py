@@ -16,7 +16,7 @@ between tokens, and the chance that the uniform lands in a moved sliver grows wi
 number: a seeded request left its solo run's tokens at 3.7e-4 of its draws at a 4k vocabulary,
 1.1e-3 at 32k (2e-6 of noise on the logits). Only the chunk boundaries are sensitive now (1/64
 as many), and a race changes its winner only when the two best p / E are within the noise:
-none in 51k such draws (tests/unit/shard/test_categorical.py).
+none in 51k such draws (tests/unit/shard/sample/test_categorical.py).
 
 A token of probability 0 (banned by a grammar, cut by top-k or top-p) is never chosen: the chunk
 is the first whose running sum exceeds the target, which a zero-sum chunk cannot be the first to
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from pytgi_shard.blocked_choice import rows_per_block
+from pytgi_shard.sample.blocked_choice import rows_per_block
 
 # Tokens per chunk: long enough for the chunk sums' vector loop, short enough that a row's
 # chunk sums (2k at 128k) and one chunk are cheap to scan.

@@ -8,10 +8,10 @@ temperature, top-k, top-p, typical-p; the grammar's bans come after the element-
 which they commute) and before top-k.
 
 A row is chosen as if it ran alone: the element-wise processors leave a row with neutral values
-as it is, top-p and typical-p run only on the rows that asked (shard/warped_rows.py), and every
+as it is, top-p and typical-p run only on the rows that asked (shard/sample/warped_rows.py), and every
 per-row computation on the CPU takes an order of its own (see `entropy`), so a request's ids,
 logprobs and top tokens for given logits do not depend on its neighbours
-(tests/unit/shard/test_sampling_rows.py).
+(tests/unit/shard/sample/test_sampling_rows.py).
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_proto.parameters import wire_values
-from pytgi_shard import categorical
-from pytgi_shard.argmax import first_max
-from pytgi_shard.blocked_choice import block_rows, blocked_greedy
-from pytgi_shard.candidate_warpers import (
+from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.sample import categorical
+from pytgi_shard.sample.argmax import first_max
+from pytgi_shard.sample.blocked_choice import block_rows, blocked_greedy
+from pytgi_shard.sample.candidate_warpers import (
     entropy,
     largest_kept_gap,
     removable_mass,
@@ -35,10 +36,9 @@ from pytgi_shard.candidate_warpers import (
     top_p_over,
     typical_p_over,
 )
-from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.processors import divide_by_temperature, penalize, saturate, shifted_rows
+from pytgi_shard.sample.processors import divide_by_temperature, penalize, saturate, shifted_rows
+from pytgi_shard.sample.warped_rows import WarpedRows
 from pytgi_shard.structured_output.masks import SharedBias
-from pytgi_shard.warped_rows import WarpedRows
 
 NEG_INF = float("-inf")
 
@@ -254,7 +254,7 @@ class NextTokenChooser:
         logprobs = torch.log_softmax(scores, dim=-1, out=scores)
         if self.sample_rows and self.inverse_transform:
             # The CPU draws from the logprobs themselves, 1 + 64 uniforms per row, with no
-            # [rows, vocab] probabilities made (shard/categorical.py).
+            # [rows, vocab] probabilities made (shard/sample/categorical.py).
             uniforms = torch.stack([self._draw(self.generators[i], 0) for i in self.sample_rows])
             subset = None if every_row_samples else self.sample_index
             drawn = categorical.draw_from_logprobs(logprobs, subset, uniforms)

@@ -29,7 +29,7 @@ class WarpedRows:
     top_p: torch.Tensor | None
     typical_p: torch.Tensor | None
     # Every one of these rows has a top-k: the warpers may run over its candidates alone
-    # (shard/candidate_warpers.py).
+    # (shard/sample/candidate_warpers.py).
     top_k_everywhere: bool
 
     @classmethod

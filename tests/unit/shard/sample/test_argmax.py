@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytgi_shard.argmax import CHUNK, CHUNKED_FROM, chunked_first_max, first_max
+from pytgi_shard.sample.argmax import CHUNK, CHUNKED_FROM, chunked_first_max, first_max
 
 _SCORES = st.sampled_from([0.0, 1.0, 2.0, -1.5, float("inf"), float("-inf"), float("nan")])
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from pytgi_shard.categorical import row_sums
+from pytgi_shard.sample.categorical import row_sums
 
 NEG_INF = float("-inf")
 INF = float("inf")

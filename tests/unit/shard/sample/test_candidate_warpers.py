@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytgi_shard.candidate_warpers import top_candidates, top_p_over, typical_p_over
-from pytgi_shard.sampling import (
+from pytgi_shard.sample.candidate_warpers import top_candidates, top_p_over, typical_p_over
+from pytgi_shard.sample.chooser import (
     NextTokenChooser,
     SamplingParams,
     Watermark,
@@ -108,8 +108,8 @@ def test_the_chooser_uses_the_candidates_when_every_row_has_a_top_k(
     def no_sort(*args: object) -> None:
         raise AssertionError("the full-sort warper ran")
 
-    monkeypatch.setattr("pytgi_shard.sampling._top_p", no_sort)
-    monkeypatch.setattr("pytgi_shard.sampling._typical_p", no_sort)
+    monkeypatch.setattr("pytgi_shard.sample.chooser._top_p", no_sort)
+    monkeypatch.setattr("pytgi_shard.sample.chooser._typical_p", no_sort)
     got = NextTokenChooser.create(params, cpu, Watermark())(logits.clone(), ids, lengths)
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     mixed = [*params[:3], SamplingParams(top_p=top_p, typical_p=typical_p)]

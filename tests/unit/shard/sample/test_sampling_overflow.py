@@ -10,7 +10,7 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.sampling import NextTokenChooser, SamplingParams, Watermark, top_tokens
+from pytgi_shard.sample.chooser import NextTokenChooser, SamplingParams, Watermark, top_tokens
 
 CPU = torch.device("cpu")
 VOCAB = 512

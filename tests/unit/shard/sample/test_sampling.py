@@ -16,13 +16,13 @@ from transformers.generation.logits_process import (
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.processors import token_counts
-from pytgi_shard.sampling import (
+from pytgi_shard.sample.chooser import (
     NextTokenChooser,
     SamplingParams,
     Watermark,
     top_tokens,
 )
+from pytgi_shard.sample.processors import token_counts
 
 CPU = torch.device("cpu")
 VOCAB = 50
