@@ -42,8 +42,15 @@ class ServerTokenCounter:
 
     async def offsets(self, text: str) -> Offsets:
         response = await self._http.post(self._url, json={"inputs": text})
+        if response.status_code == 422 and "tokens" in response.text:
+            # pytgi (like a prompt) refuses to tokenize past --max-input-tokens.
+            raise PromptTooLong(response.json().get("error", response.text))
         response.raise_for_status()
         return [(int(t["start"]), int(t["stop"])) for t in response.json()]
+
+
+class PromptTooLong(Exception):
+    """The server refused to count a text longer than its input limit."""
 
 
 class LocalTokenCounter:
@@ -95,11 +102,14 @@ async def align_prompt(counter: TokenCounter, target: int, rng: random.Random) -
     the cut; the caller records the actual count rather than trusting the target.
     """
     text = random_words(rng, target)
-    count = len(await counter.offsets(text))
+    count = await _count(counter, text)
     for _ in range(_MAX_ROUNDS):
         if count == target:
             break
-        if count < target:
+        if count < 0:
+            # Over the server's input limit: halve by words and count again.
+            text = text[: max(text.rfind(" ", 0, len(text) // 2), 1)]
+        elif count < target:
             text = f"{text} {random_words(rng, target - count)}"
         else:
             offsets = await counter.offsets(text)
@@ -108,5 +118,15 @@ async def align_prompt(counter: TokenCounter, target: int, rng: random.Random) -
             if stop == 0:
                 break
             text = text[:stop]
-        count = len(await counter.offsets(text))
+        count = await _count(counter, text)
+    if count < 0:
+        raise ValueError(f"no prompt of {target} tokens fits the server's input limit")
     return text, count
+
+
+async def _count(counter: TokenCounter, text: str) -> int:
+    """The number of tokens of `text`; -1 when the server refuses it as over its input limit."""
+    try:
+        return len(await counter.offsets(text))
+    except PromptTooLong:
+        return -1
