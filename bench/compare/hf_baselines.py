@@ -286,7 +286,8 @@ def _batching_config(knobs: dict[str, int]) -> dict[str, Any]:
         from transformers import ContinuousBatchingConfig  # type: ignore[attr-defined]
     except ImportError:
         return {}
-    return {"continuous_batching_config": ContinuousBatchingConfig(**knobs)}
+    fields: dict[str, Any] = dict(knobs)  # typed loosely: its fields differ between releases
+    return {"continuous_batching_config": ContinuousBatchingConfig(**fields)}
 
 
 @contextlib.contextmanager
@@ -301,7 +302,7 @@ def _cpu_memory_probe(available_bytes: int | None) -> Iterator[None]:
 
     handler = cache.PagedAttentionMemoryHandler
     original = handler.__dict__["get_available_memory"]
-    handler.get_available_memory = staticmethod(  # type: ignore[method-assign]
+    handler.get_available_memory = staticmethod(  # type: ignore[method-assign,assignment]
         lambda max_memory_percent=1.0: int(available_bytes * max_memory_percent)
     )
     try:

@@ -13,6 +13,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -146,7 +147,9 @@ def build_random_llama(
     out.mkdir(parents=True, exist_ok=True)
     tokenizer_vocab = _write_tokenizer(out, tokenizer_source)
     bos, eos, pad = _special_ids(out)
-    config = LlamaConfig(
+    # One dict for transformers 4 and 5 alike: 5's LlamaConfig declares neither rope_theta nor
+    # torch_dtype (it reads them from **kwargs), so mypy refuses them as keywords there.
+    fields: dict[str, Any] = dict(
         vocab_size=shape.vocab_size or tokenizer_vocab,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -161,6 +164,7 @@ def build_random_llama(
         pad_token_id=pad,
         torch_dtype=str(dtype).removeprefix("torch."),
     )
+    config = LlamaConfig(**fields)
     torch.manual_seed(seed)
     # Built directly in `dtype` on `device`: an 8B model in float32 would need 32 GB first.
     with torch.device(device):
