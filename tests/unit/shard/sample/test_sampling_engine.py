@@ -21,7 +21,12 @@ from pytgi_shard.engine.engine import Engine
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
 
-DEMO_MODEL = Path(__file__).parents[3] / "launcher" / "demo_model"
+# The repository's launcher/demo_model, however deep this file sits.
+DEMO_MODEL = next(
+    p / "launcher" / "demo_model"
+    for p in Path(__file__).parents
+    if (p / "launcher" / "demo_model" / "config.json").is_file()
+)
 NEW_TOKENS = 64
 BLOCK = 16
 Params = pb.NextTokenChooserParameters
@@ -58,7 +63,7 @@ NEIGHBOURS = [
 Output = tuple[list[int], list[float], list[list[int]], list[list[float]]]
 
 
-def generate(engine: Engine, specs: list[tuple[list[int], Params]]) -> Output:
+def generate(engine: Engine, specs: list[tuple[list[int], pb.NextTokenChooserParameters]]) -> Output:
     """The first request's tokens, logprobs and top-3 tokens (ids, logprobs) per step, all of
     `specs` prefilled and decoded together."""
     requests, block = [], 1
