@@ -1,6 +1,6 @@
 """Top-p and typical-p over a batch's top-k candidates instead of a sort of the whole vocabulary.
 
-The plain warpers (sampling.py) sort every row of [batch, vocab]: on a 128k vocabulary the sort
+The plain warpers (chooser.py) sort every row of [batch, vocab]: on a 128k vocabulary the sort
 dominates a sampling step. When every row of the batch has a top-k, a row's tokens outside its
 top-k are already -inf, and these functions give the plain warpers' result bit for bit while
 sorting only the [batch, K] candidates:
@@ -63,7 +63,7 @@ def top_candidates(scores: torch.Tensor, top_k_ids: torch.Tensor) -> torch.Tenso
 
 
 def top_p_over(scores: torch.Tensor, candidates: torch.Tensor, top_p: torch.Tensor) -> None:
-    """sampling._top_p in place, given `top_candidates(scores, ...)`."""
+    """chooser._top_p in place, given `top_candidates(scores, ...)`."""
     vocab, k = scores.shape[1], candidates.shape[1]
     ordered, order = scores.gather(1, candidates).sort(dim=-1, stable=True)
     ascending = torch.full_like(scores, NEG_INF)
@@ -76,7 +76,7 @@ def top_p_over(scores: torch.Tensor, candidates: torch.Tensor, top_p: torch.Tens
 
 
 def typical_p_over(scores: torch.Tensor, candidates: torch.Tensor, mass: torch.Tensor) -> None:
-    """sampling._typical_p in place, given `top_candidates(scores, ...)`."""
+    """chooser._typical_p in place, given `top_candidates(scores, ...)`."""
     vocab, k = scores.shape[1], candidates.shape[1]
     logp = torch.log_softmax(scores, dim=-1)
     # -inf tokens have an infinite gap: they sort after every finite one.

@@ -5,7 +5,7 @@ neutral value 1.0 for the others, it did not: in float32 a running mass reaches 
 of a row, and the tokens past that point were masked (a top_p = 1.0 row at temperature 0.1 kept
 332 of 4,096 tokens; beside a typical_p request, a top-k request lost its second-best token from
 its top tokens). So the warpers keep every token of a row whose value is neutral
-(sampling._top_p and _typical_p, and their candidate forms), and they run on a copy of just the
+(chooser._top_p and _typical_p, and their candidate forms), and they run on a copy of just the
 rows that asked for either when not every row did: a batch with one top-p request sorts one
 row, not the whole batch.
 """
