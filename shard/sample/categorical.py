@@ -14,7 +14,7 @@ depends on the running sum of every token before it, so a change of 1e-6 in the 
 CPU forward's rounding changes with the batch size: matmul blocking) moves every boundary
 between tokens, and the chance that the uniform lands in a moved sliver grows with their
 number: 2e-6 of noise on the logits moved 2.9e-4 of the draws at a 4k vocabulary, 2.8e-3 at
-32k, 3.9e-3 at 128k, so a seeded request left its solo run's tokens within a few hundred.
+32k, 3.9e-3 at 128k: a seeded request left its solo run after ~3,000 tokens, or ~250.
 Only the chunk boundaries are sensitive now (1/64 as many), and a race changes its winner
 only when the two best p / E are within the noise: none of 20k, 8k and 512 such draws moved
 (tests/unit/shard/sample/test_categorical.py).
