@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from tokenizers import Encoding, Tokenizer
 
@@ -220,7 +220,9 @@ class Validator:
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
             grammar = await self._grammar(p.grammar)
-            sampling.grammar_type, sampling.grammar = grammar.grammar_type, grammar.value
+            # The stubs type the enum field as GrammarType, an int subclass; the value is one.
+            sampling.grammar_type = cast(generate_pb2.GrammarType, grammar.grammar_type)
+            sampling.grammar = grammar.value
         valid = ValidRequest(
             inputs=req.inputs,
             input_ids=input_ids,
