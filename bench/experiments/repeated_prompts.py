@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import cast
 
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue

@@ -19,7 +19,7 @@ from itertools import count
 from opentelemetry import trace
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.capacity import (
     ShardInfo,
     derive_info,

@@ -21,11 +21,12 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.batch_state import RunningBatch, build_batch
+from pytgi_router.core.batch_wire import build_batch
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry
+from pytgi_router.core.running_batch import RunningBatch
 from pytgi_router.core.shard_client import ShardCallError, ShardClient
 from pytgi_router.core.step_plan import (
     Budgets,

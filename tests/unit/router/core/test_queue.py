@@ -4,7 +4,7 @@ step_plan's: tests/unit/router/core/test_step_plan.py.)"""
 from __future__ import annotations
 
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import RequestStream

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue

@@ -8,7 +8,7 @@ import asyncio
 
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.request_stream import End, Event, RequestStream, Token
-from tests.unit.router.core.test_batch_state import cached, drain, generation, make_running
+from tests.unit.router.core.test_running_batch import cached, drain, generation, make_running
 
 REASON = "the grammar's matcher failed: lexer error: too many expressions constructed"
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.batch_state import request_pb
+from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import RequestStream

@@ -11,7 +11,7 @@ import pytest
 
 from pytgi_proto import generate_pb2
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.batch_state import RunningBatch, build_batch, request_pb, route_generation
+from pytgi_router.core.batch_wire import build_batch, request_pb
 from pytgi_router.core.errors import GenerationError, IncompleteGenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import (
@@ -21,6 +21,7 @@ from pytgi_router.core.request import (
     ValidRequest,
 )
 from pytgi_router.core.request_stream import End, Event, Prefill, RequestStream, Token
+from pytgi_router.core.running_batch import RunningBatch, route_generation
 from pytgi_router.core.step_plan import Chunk
 
 

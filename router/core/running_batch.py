@@ -15,62 +15,13 @@ from collections.abc import Callable, Iterable
 from pytgi_proto import generate_pb2
 from pytgi_router.core.errors import GenerationError, InferError
 from pytgi_router.core.prefix_cache import PrefixCache
-from pytgi_router.core.request import Entry, EntryState, ValidRequest
+from pytgi_router.core.request import Entry, EntryState
 from pytgi_router.core.request_stream import End, Prefill, RequestStream, Token, TokenInfo
 from pytgi_router.core.step_plan import Chunk
 
 FINISH_REASONS = ("length", "eos_token", "stop_sequence")
 logger = logging.getLogger(__name__)
 NAN = float("nan")
-
-
-def build_batch(batch_id: int, chunks: list[Chunk], cache: PrefixCache) -> generate_pb2.Batch:
-    """The Prefill message for this step's chunks: each request with its whole block table, the
-    tokens already in its blocks (cache_len) and how many to compute now (chunk_len)."""
-    requests = []
-    max_blocks = 0
-    total_blocks = 0
-    for chunk in chunks:
-        entry = chunk.entry
-        pb = entry.pb
-        blocks = cache.table(entry.id)
-        pb.blocks[:] = blocks
-        pb.cache_len = chunk.cache_len
-        pb.chunk_len = chunk.length
-        requests.append(pb)
-        max_blocks = max(max_blocks, len(blocks))
-        total_blocks += len(blocks)
-    return generate_pb2.Batch(
-        id=batch_id,
-        requests=requests,
-        size=len(requests),
-        max_tokens=total_blocks * cache.block_size,
-        max_blocks=max_blocks,
-    )
-
-
-def request_pb(entry_id: int, request: ValidRequest) -> generate_pb2.Request:
-    """The request's wire form, built once at submission (blocks, cache_len and chunk_len are
-    filled in with each chunk).
-
-    Raises ValueError for a value the wire cannot carry (e.g. a seed beyond 64 bits).
-    """
-    stopping = request.stopping
-    return generate_pb2.Request(
-        id=entry_id,
-        inputs=request.inputs,
-        truncate=request.truncate,
-        parameters=request.sampling,
-        stopping_parameters=generate_pb2.StoppingCriteriaParameters(
-            max_new_tokens=stopping.max_new_tokens,
-            stop_sequences=stopping.stop_sequences,
-            ignore_eos_token=stopping.ignore_eos_token,
-        ),
-        prefill_logprobs=request.prefill_logprobs,
-        top_n_tokens=request.top_n_tokens,
-        input_ids=request.input_ids,
-        add_special_tokens=request.add_special_tokens,
-    )
 
 
 def token_infos(tokens: generate_pb2.Tokens) -> list[TokenInfo]:
