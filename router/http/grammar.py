@@ -212,16 +212,6 @@ class GrammarChecker:
                 self._verdict_bytes -= len(text)
 
 
-def check_grammar(grammar: Grammar) -> None:
-    """Compiles the grammar as the shards will (without a vocabulary): 422 if it fails. Only
-    what llguidance refuses: GrammarChecker also applies the limits and refuses an empty
-    language."""
-    compiled = _source(grammar)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(compiled)
-    if is_error:
-        raise ValidationError(f"grammar is not valid: {_reason(grammar, messages[0])}")
-
-
 def _source(grammar: Grammar) -> str:
     """llguidance's grammar of `grammar` (compiling it checks it)."""
     if grammar.grammar_type == GRAMMAR_REGEX:

@@ -11,7 +11,7 @@ import llguidance
 import pytest
 
 from pytgi_router.core.errors import ValidationError
-from pytgi_router.http.grammar import check_grammar, parse_grammar
+from pytgi_router.http.grammar import GrammarChecker, parse_grammar
 from pytgi_router.http.http_errors import ToolError
 from pytgi_router.http.openai.chat_template import ChatTemplate
 from pytgi_router.http.openai.routes_chat import tool_message
@@ -33,6 +33,9 @@ from pytgi_router.http.openai.tools import (
 )
 from tests.tiny_models import _CORPUS, EOS, train_tokenizer
 
+# The checker validation runs (compiles as the shards will, within the limits).
+CHECKER = GrammarChecker()
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather",
     "parameters": {"type": "object", "properties": {
@@ -50,7 +53,7 @@ def schema_for(choice: Any) -> dict[str, Any]:
     offered = chat_tools(TOOLS, parse_tool_choice(choice), None)
     assert offered is not None
     grammar = offered.grammar()
-    check_grammar(parse_grammar(grammar))  # the constraint library compiles it
+    CHECKER.check(parse_grammar(grammar))  # the constraint library compiles it
     return dict(grammar["value"])
 
 
@@ -255,7 +258,7 @@ def required_grammar(tools: list[Any]) -> dict[str, Any]:
     offered = chat_tools(parse_tools(tools), ToolChoice("required"), None)
     assert offered is not None
     grammar = offered.grammar()
-    check_grammar(parse_grammar(grammar))
+    CHECKER.check(parse_grammar(grammar))
     return grammar
 
 
