@@ -105,6 +105,16 @@ def test_legacy_max_input_length() -> None:
         ([], {"NUM_SHARD": "two"}, "NUM_SHARD='two' is not valid for --num-shard"),
         ([], {"DTYPE": "int8"}, "DTYPE='int8' is not valid"),
         ([], {"JSON_OUTPUT": "perhaps"}, "JSON_OUTPUT='perhaps'"),
+        # TGI's flags pytgi took later (tests/unit/launcher/test_tgi_flags.py).
+        (["--rope-scaling", "yarn"], {}, "invalid choice: 'yarn'"),
+        ([], {"ROPE_SCALING": "ntk"}, "ROPE_SCALING='ntk' is not valid for --rope-scaling"),
+        (["--rope-factor", "0"], {}, "--rope-factor must be a positive number, got 0.0"),
+        (["--rope-factor", "nan"], {}, "--rope-factor must be a positive number"),
+        ([], {"ROPE_FACTOR": "two"}, "ROPE_FACTOR='two' is not valid for --rope-factor"),
+        (["--attention", "triton", "--disable-custom-kernels"], {},
+         "--attention triton contradicts --disable-custom-kernels"),
+        (["--served-model-name", " "], {}, "--served-model-name must not be empty"),
+        ([], {"DISABLE_CUSTOM_KERNELS": "sometimes"}, "DISABLE_CUSTOM_KERNELS='sometimes'"),
     ],
 )
 def test_bad_input_is_a_usage_error(

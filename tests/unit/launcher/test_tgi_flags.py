@@ -100,29 +100,6 @@ def test_prefill_logprobs_switch_is_accepted_in_both_forms() -> None:
         [], environ={})
 
 
-@pytest.mark.parametrize(
-    ("argv", "env", "message"),
-    [
-        (["--rope-scaling", "yarn"], {}, "invalid choice: 'yarn'"),
-        ([], {"ROPE_SCALING": "ntk"}, "ROPE_SCALING='ntk' is not valid for --rope-scaling"),
-        (["--rope-factor", "0"], {}, "--rope-factor must be a positive number, got 0.0"),
-        (["--rope-factor", "nan"], {}, "--rope-factor must be a positive number"),
-        ([], {"ROPE_FACTOR": "two"}, "ROPE_FACTOR='two' is not valid for --rope-factor"),
-        (["--attention", "triton", "--disable-custom-kernels"], {},
-         "--attention triton contradicts --disable-custom-kernels"),
-        (["--served-model-name", " "], {}, "--served-model-name must not be empty"),
-        ([], {"DISABLE_CUSTOM_KERNELS": "sometimes"}, "DISABLE_CUSTOM_KERNELS='sometimes'"),
-    ],
-)
-def test_bad_values_are_usage_errors(
-    argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with pytest.raises(SystemExit) as exc:
-        parse_settings(argv, environ=env)
-    assert exc.value.code == 2
-    assert message in capsys.readouterr().err
-
-
 def test_shard_refuses_bad_rope_environment() -> None:
     """A shard started alone (TGI's variables, no launcher) explains instead of guessing."""
     args = shard_parser().parse_args(["serve", str(MODEL)])
