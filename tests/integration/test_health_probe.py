@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,11 +20,6 @@ from pytgi_router.core.infer import Infer
 from pytgi_router.core.watchdog import Watchdog
 from tests.integration.test_router_infer import Log, request, serving, settings, solo
 from tests.shard_process import ShardProcesses, start_shards
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model: Callable[..., Path]) -> Path:
-    return tiny_model("llama")
 
 
 @pytest.fixture(scope="module")

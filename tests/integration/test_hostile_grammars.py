@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,21 +20,10 @@ import pytest
 
 from tests.integration.http_helpers import sse_events
 from tests.router_process import RouterProcess
-from tests.shard_process import ShardProcesses, start_shards
+from tests.shard_process import ShardProcesses
 from tests.unit.shard.structured_output.test_grammar_prepare import HOSTILE
 
 PROMPT = "Answer in JSON:"
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model: Callable[..., Path]) -> Path:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def shards(model: Path) -> Iterator[ShardProcesses]:
-    with start_shards(model) as s:
-        yield s
 
 
 @pytest.fixture(scope="module")

@@ -26,17 +26,6 @@ GREEDY = {"max_new_tokens": 12}
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model: Callable[..., Path]) -> Path:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def shards(model: Path) -> Iterator[ShardProcesses]:
-    with start_shards(model) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def url(shards: ShardProcesses, model: Path) -> Iterator[str]:
     with RouterProcess(shards.urls[0], model, "--max-input-tokens", "100",
                        "--max-total-tokens", "200") as router:

@@ -35,11 +35,6 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model: Callable[..., Path]) -> Path:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
 def shards(model: Path) -> Iterator[ShardProcesses]:
     with start_shards(model) as processes:
         yield processes

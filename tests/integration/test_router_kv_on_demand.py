@@ -7,7 +7,7 @@ every block comes back when the load ends."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,11 +19,6 @@ from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import End, Event, Prefill, Token
 from tests.integration.test_router_infer import PROMPTS, serving, wait_until
 from tests.shard_process import ShardProcesses, start_shards
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model: Callable[..., Path]) -> Path:
-    return tiny_model("llama")
 
 
 @pytest.fixture(scope="module")

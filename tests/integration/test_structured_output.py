@@ -39,17 +39,6 @@ MAX_NEW = 160
 SEEDS = range(4)
 
 @pytest.fixture(scope="module")
-def model(tiny_model: Callable[..., Path]) -> Path:
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def shards(model: Path) -> Iterator[ShardProcesses]:
-    with start_shards(model) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
 def tool_config(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = json.loads((model / "tokenizer_config.json").read_text())
     path = tmp_path_factory.mktemp("config") / "tokenizer_config.json"
