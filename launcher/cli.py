@@ -55,6 +55,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--validation-workers", int, "tokenizer workers in the router (default 2)"),
     ("--max-grammar-bytes", int, "longest `grammar` / `response_format` schema or regex the "
      "router compiles, in bytes of compact JSON; longer ones get 422 (default 65536)"),
+    ("--responses-store-bytes", int, "memory the router keeps stored /v1/responses in (GET by "
+     "id, previous_response_id), bytes of JSON, per replica, LRU; 0 stores none (default "
+     "67108864)"),
     ("--grammar-cache-bytes", int, "memory each shard gives grammars and the matchers prepared "
      "for queued constrained requests (estimated; default 536870912)"),
     ("--tokenizer-config-path", str, "alternate tokenizer_config.json (e.g. a chat_template)"),

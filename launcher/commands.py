@@ -101,6 +101,7 @@ def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
         "--max-connections", str(s.max_connections),
         "--validation-workers", str(s.validation_workers),
         "--max-grammar-bytes", str(s.max_grammar_bytes),
+        "--responses-store-bytes", str(s.responses_store_bytes),
         "--graceful-termination-timeout", str(s.graceful_termination_timeout),
         *_opt("--max-input-tokens", s.max_input_tokens),
         *_opt("--max-total-tokens", s.max_total_tokens),

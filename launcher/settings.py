@@ -59,6 +59,7 @@ class LauncherSettings:
     # The router's longest grammar, and the shards' grammar cache (None: the shard's default).
     max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
     grammar_cache_bytes: int | None = None
+    responses_store_bytes: int = c.RESPONSES_STORE_BYTES
     tokenizer_config_path: str | None = None
     # HTTP.
     hostname: str = "0.0.0.0"
@@ -132,6 +133,8 @@ class LauncherSettings:
         out += [f"--{k} must be > 0, got {v}" for k, v in positive.items() if v is not None and v <= 0]
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0 or self.max_waiting_tokens < 0:
             out.append("--max-stop-sequences, --max-top-n-tokens, --max-waiting-tokens must be >= 0")
+        if self.responses_store_bytes < 0:
+            out.append(f"--responses-store-bytes must be >= 0, got {self.responses_store_bytes}")
         out += token_limit_problems(
             self.max_input_tokens, self.max_total_tokens, self.max_batch_total_tokens
         )

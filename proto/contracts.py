@@ -36,6 +36,9 @@ PAYLOAD_LIMIT = 2_000_000
 # The longest grammar (compact JSON Schema or regex) the router compiles: router/http/grammar.py
 # says why compiling more costs more than the output is worth.
 MAX_GRAMMAR_BYTES = 65_536
+# The memory (bytes of JSON) the router keeps stored /v1/responses objects and their
+# conversations in, for GET by id and `previous_response_id`; least recently used out first.
+RESPONSES_STORE_BYTES = 64 * 1024 * 1024
 MAX_BATCH_PREFILL_TOKENS = 4096
 WAITING_SERVED_RATIO = 0.3
 MAX_WAITING_TOKENS = 20

@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--otlp-service-name", help="service.name of the traces (default pytgi.router)")
     add("--json-output", action="store_true", help="JSON log lines")
     add("--disable-grammar-support", action="store_true", help="reject `grammar`")
+    add("--responses-store-bytes", type=int,
+        help="memory for stored /v1/responses (GET by id, previous_response_id), in bytes of "
+             "JSON, per replica; least recently used out first; 0 stores none (default "
+             f"{_default('--responses-store-bytes')})")
     add("-g", "--graceful-termination-timeout", type=float,
         help=f"drain seconds (default {_default('--graceful-termination-timeout'):g})")
     add("--shard-step-timeout", type=float,

@@ -57,6 +57,8 @@ class RouterSettings:
     disable_grammar_support: bool = False
     # The longest grammar (compact JSON Schema or regex) accepted: router/http/grammar.py.
     max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
+    # Stored /v1/responses (this replica's memory, LRU): router/http/openai/response_store.py.
+    responses_store_bytes: int = c.RESPONSES_STORE_BYTES
     # HTTP and operations.
     api_key: str | None = field(default=None, repr=False)
     cors_allow_origin: tuple[str, ...] = ()
@@ -103,6 +105,8 @@ class RouterSettings:
         out += token_limit_problems(
             self.max_input_tokens, self.max_total_tokens, self.max_batch_total_tokens
         )
+        if self.responses_store_bytes < 0:
+            out.append(f"--responses-store-bytes must be >= 0, got {self.responses_store_bytes}")
         if self.graceful_termination_timeout < 0:
             out.append("--graceful-termination-timeout must be >= 0")
         if not self.shard_step_timeout > 0:
