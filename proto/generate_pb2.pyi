@@ -326,15 +326,21 @@ class WarmupRequest(_message.Message):
     def __init__(self, max_prefill_tokens: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_batch_total_tokens: _Optional[int] = ...) -> None: ...
 
 class WarmupResponse(_message.Message):
-    __slots__ = ("max_supported_total_tokens", "max_input_tokens", "max_total_tokens", "num_blocks", "block_size")
+    __slots__ = ("max_supported_total_tokens", "max_input_tokens", "max_total_tokens", "num_blocks", "block_size", "max_prefill_tokens", "prefill_sizing", "kv_sizing")
     MAX_SUPPORTED_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOTAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PREFILL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SIZING_FIELD_NUMBER: _ClassVar[int]
+    KV_SIZING_FIELD_NUMBER: _ClassVar[int]
     max_supported_total_tokens: int
     max_input_tokens: int
     max_total_tokens: int
     num_blocks: int
     block_size: int
-    def __init__(self, max_supported_total_tokens: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ...) -> None: ...
+    max_prefill_tokens: int
+    prefill_sizing: str
+    kv_sizing: str
+    def __init__(self, max_supported_total_tokens: _Optional[int] = ..., max_input_tokens: _Optional[int] = ..., max_total_tokens: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_prefill_tokens: _Optional[int] = ..., prefill_sizing: _Optional[str] = ..., kv_sizing: _Optional[str] = ...) -> None: ...
