@@ -12,6 +12,7 @@ from typing import Any
 
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_proto.version import add_version_flag
+from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_router.settings import DEFAULT_MASTER_SHARD_UDS_PATH, RouterSettings
 
 log = logging.getLogger("pytgi.router")
@@ -57,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--otlp-service-name", help="service.name of the traces (default pytgi.router)")
     add("--json-output", action="store_true", help="JSON log lines")
     add("--disable-grammar-support", action="store_true", help="reject `grammar`")
+    add("--reasoning-parser", choices=(*PARSER_NAMES, NO_PARSER),
+        help="split the model's thinking from its answer (`reasoning_content`), vLLM's names; "
+             f"`{NO_PARSER}`: never (default: detected from the chat template where it is "
+             "unambiguous, else none)")
     add("--responses-store-bytes", type=int,
         help="memory for stored /v1/responses (GET by id, previous_response_id), in bytes of "
              "JSON, per replica; least recently used out first; 0 stores none (default "

@@ -37,6 +37,7 @@ from pytgi_router.http.grammar import GrammarLimits
 from pytgi_router.http.http_protocol import bounded_protocol
 from pytgi_router.http.model_files import ModelFiles, pipeline_tag, snapshot_sha
 from pytgi_router.http.openai.chat_template import load_chat_template
+from pytgi_router.http.reasoning import chosen_parser
 from pytgi_router.http.sse import RawSend
 from pytgi_router.http.state import AppState
 from pytgi_router.http.validation import ValidationLimits, Validator
@@ -139,6 +140,8 @@ class RouterServer:
         template = load_chat_template(files, s.tokenizer_config_path)
         if template is None:
             log.warning("no chat template found: /v1/chat/completions will answer 422")
+        reasoning, why = chosen_parser(s.reasoning_parser, template.source if template else None)
+        log.info(why)
         traced = self.tracing.enabled
         client = await ShardClient.connect(s.shard_uri, traced=traced, token=s.shard_token)
         metrics = Metrics(s.max_input_tokens or 1024, s.max_total_tokens or 2048)
@@ -162,7 +165,7 @@ class RouterServer:
         validator = Validator(tokenizer, limits, self._executor)
         self.state = AppState(
             settings=s, infer=infer, info=info, validator=validator, metrics=metrics,
-            chat_template=template, tracing=self.tracing,
+            chat_template=template, reasoning=reasoning, tracing=self.tracing,
             model_sha=snapshot_sha(files.find("tokenizer.json")),
             model_pipeline_tag=pipeline_tag(files.read_json("config.json")),
         )

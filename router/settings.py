@@ -12,6 +12,7 @@ from pytgi_proto.contracts import (
     token_limit_problems,
 )
 from pytgi_router.core.infer_settings import SHARD_STEP_TIMEOUT_S, InferSettings
+from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 
 # Rank 0's socket under TGI's base name.
 DEFAULT_MASTER_SHARD_UDS_PATH = shard_socket(DEFAULT_UDS_PATH, 0)
@@ -57,6 +58,9 @@ class RouterSettings:
     disable_grammar_support: bool = False
     # The longest grammar (compact JSON Schema or regex) accepted: router/http/grammar.py.
     max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
+    # The reasoning parser (router/http/reasoning/): None detects one from the chat template,
+    # "none" turns both off.
+    reasoning_parser: str | None = None
     # Stored /v1/responses (this replica's memory, LRU): router/http/openai/response_store.py.
     responses_store_bytes: int = c.RESPONSES_STORE_BYTES
     # HTTP and operations.
@@ -105,6 +109,9 @@ class RouterSettings:
         out += token_limit_problems(
             self.max_input_tokens, self.max_total_tokens, self.max_batch_total_tokens
         )
+        if self.reasoning_parser not in (None, NO_PARSER, *PARSER_NAMES):
+            out.append(f"--reasoning-parser must be one of {', '.join(PARSER_NAMES)} or "
+                       f"{NO_PARSER}, got {self.reasoning_parser!r}")
         if self.responses_store_bytes < 0:
             out.append(f"--responses-store-bytes must be >= 0, got {self.responses_store_bytes}")
         if self.graceful_termination_timeout < 0:

@@ -10,6 +10,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from pytgi_router.http.openai.chat_template import ChatTemplate
+from pytgi_router.http.reasoning import ReasoningParser
 from pytgi_router.http.validation import Validator
 from pytgi_router.metrics import Metrics
 from pytgi_router.settings import RouterSettings
@@ -34,6 +35,9 @@ class AppState:
     validator: Validator
     metrics: Metrics
     chat_template: ChatTemplate | None
+    # The reasoning parser every chat-shaped route splits its output with (None: no thinking
+    # to split off): --reasoning-parser, or detected from the chat template at start-up.
+    reasoning: ReasoningParser | None = None
     tracing: Tracing = field(default_factory=Tracing)
     # From the model's files (model_files.py): the resolved Hub revision, the pipeline tag.
     model_sha: str | None = None

@@ -12,17 +12,21 @@ Messages API all render.
 
 from pytgi_router.http.reasoning.pieces import Piece, ReasoningParser, Split, Splitter, split_text
 from pytgi_router.http.reasoning.registry import (
+    NO_PARSER,
     PARSER_NAMES,
+    chosen_parser,
     detect_reasoning_parser,
     reasoning_parser,
 )
 
 __all__ = [
+    "NO_PARSER",
     "PARSER_NAMES",
     "Piece",
     "ReasoningParser",
     "Split",
     "Splitter",
+    "chosen_parser",
     "detect_reasoning_parser",
     "reasoning_parser",
     "split_text",

@@ -10,6 +10,8 @@ from pytgi_router.http.reasoning.think import CLOSE, DEEPSEEK_R1, OPEN, QWEN3
 
 PARSERS: dict[str, ReasoningParser] = {p.name: p for p in (DEEPSEEK_R1, QWEN3, GPT_OSS)}
 PARSER_NAMES = tuple(sorted(PARSERS))
+# The flag's value that turns reasoning parsing (and its detection) off.
+NO_PARSER = "none"
 
 
 def reasoning_parser(name: str) -> ReasoningParser:
@@ -51,3 +53,20 @@ def detect_reasoning_parser(template_source: str | None) -> Detection | None:
         if all(m in template_source for m in markers):
             return Detection(parser, f"the chat template holds {', '.join(markers)}")
     return None
+
+
+def chosen_parser(
+    flag: str | None, template_source: str | None
+) -> tuple[ReasoningParser | None, str]:
+    """The parser a router serves with, and the log line that says why: the flag's (an
+    explicit name wins; "none" turns parsing off), else the template's detection, else none."""
+    if flag == NO_PARSER:
+        return None, "reasoning parser: none (--reasoning-parser none)"
+    if flag is not None:
+        return reasoning_parser(flag), f"reasoning parser: {flag} (--reasoning-parser)"
+    found = detect_reasoning_parser(template_source)
+    if found is None:
+        return None, ("reasoning parser: none (the chat template names no reasoning format; "
+                      "--reasoning-parser sets one)")
+    return found.parser, (f"reasoning parser: {found.parser.name}, detected: {found.evidence} "
+                          "(--reasoning-parser overrides)")

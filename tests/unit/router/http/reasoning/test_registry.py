@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytgi_router.http.reasoning import PARSER_NAMES, detect_reasoning_parser, reasoning_parser
+from pytgi_router.cli import parse_settings
+from pytgi_router.http.reasoning import (
+    PARSER_NAMES,
+    chosen_parser,
+    detect_reasoning_parser,
+    reasoning_parser,
+)
+from pytgi_router.settings import RouterSettings
 
 
 def test_names() -> None:
@@ -39,3 +46,25 @@ def test_detection(source: str | None, name: str | None) -> None:
     assert (found.parser.name if found else None) == name
     if found:
         assert "the chat template holds" in found.evidence
+
+
+def test_the_flag_wins_over_detection_and_none_turns_it_off() -> None:
+    parser, why = chosen_parser("deepseek_r1", QWEN3_TEMPLATE)
+    assert parser is not None and parser.name == "deepseek_r1"
+    assert "--reasoning-parser" in why
+    parser, why = chosen_parser(None, QWEN3_TEMPLATE)
+    assert parser is not None and parser.name == "qwen3"
+    assert "detected" in why
+    assert chosen_parser("none", QWEN3_TEMPLATE)[0] is None
+    assert chosen_parser(None, "{{ messages }}")[0] is None
+
+
+def test_router_flag_and_environment() -> None:
+    base = ["--tokenizer-name", "m"]
+    assert parse_settings(base, {}).reasoning_parser is None
+    assert parse_settings([*base, "--reasoning-parser", "qwen3"], {}).reasoning_parser == "qwen3"
+    assert parse_settings(base, {"REASONING_PARSER": "gpt_oss"}).reasoning_parser == "gpt_oss"
+    with pytest.raises(SystemExit):
+        parse_settings([*base, "--reasoning-parser", "r1"], {})
+    with pytest.raises(ValueError, match="--reasoning-parser must be one of"):
+        RouterSettings(tokenizer_name="m", reasoning_parser="r1")
