@@ -80,6 +80,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--weights-cache-override", str, "directory that directly holds the model's files"),
     ("--otlp-endpoint", str, "OTLP gRPC collector for traces, e.g. http://localhost:4317"),
     ("--otlp-service-name", str, "service.name of router and shards' traces"),
+    ("--step-timeline", str, "rank 0's shard appends each engine step's phases (build, forward, "
+     "token choice, device wait, host work; device time) to this JSON-lines file; `python -m "
+     "pytgi_bench.compare.timeline_summary PATH` summarises it (default: none)"),
     ("--shard-startup-timeout", float, "seconds each start-up phase may take (default 600)"),
     ("--max-shard-restarts", int, "restarts of the shard group after a shard dies, with backoff; "
      "the router stays up and reconnects (0: stop everything, as TGI; default 3)"),

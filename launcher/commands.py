@@ -52,6 +52,7 @@ def shard_argv(
         *_switch("--json-output", s.json_output),
         *_opt("--otlp-endpoint", s.otlp_endpoint),
         *_opt("--otlp-service-name", s.otlp_service_name),
+        *_opt("--step-timeline", s.step_timeline),
     ]
 
 

@@ -91,6 +91,8 @@ class LauncherSettings:
     otlp_endpoint: str | None = None
     # None: the router reports as pytgi.router and the shards as pytgi.shard; set, both use it.
     otlp_service_name: str | None = None
+    # Rank 0's JSON-lines file of each engine step's phases (shard/engine/step_timeline.py).
+    step_timeline: str | None = None
     # Supervision.
     shard_startup_timeout: float = 600.0
     # Times the shard group is restarted after a shard dies (0: any death stops all, as TGI).

@@ -121,6 +121,9 @@ class ShardSettings:
     grpc_reflection: bool | None = None
     # Set by the launcher: a health service `pytgi.instance.<id>` tells it this process is its own.
     instance_id: str | None = None
+    # Rank 0 appends each step's phases to this JSON-lines file (shard/engine/step_timeline.py,
+    # shard/service/timeline_file.py); None: no timeline.
+    step_timeline: Path | None = None
 
     def __post_init__(self) -> None:
         problems = list(self._problems())

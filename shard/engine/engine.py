@@ -41,6 +41,7 @@ from pytgi_shard.engine.info import info_response
 from pytgi_shard.engine.model_runner import ModelRunner
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
+from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
@@ -80,6 +81,12 @@ class Engine:
         self.watermark = Watermark(settings.watermark_gamma, settings.watermark_delta)
         self.cache = BatchCache()
         self.tracer = trace.get_tracer("pytgi.shard")
+        # Each step's phases (shard/engine/step_timeline.py): stamped always, recorded when
+        # --step-timeline asks, on rank 0 only (every rank runs the same steps).
+        self.clock = StepClock()
+        self.timeline = (
+            StepTimeline() if settings.step_timeline is not None and dist.rank == 0 else None
+        )
         # The model, its KV cache (block 0 only until Warmup), decode graphs and look-aheads.
         self.runner = ModelRunner(model, dist, settings)
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
@@ -126,6 +133,7 @@ class Engine:
     def prefill(self, request: generate_pb2.PrefillRequest) -> generate_pb2.PrefillResponse:
         """The newcomers' chunks and, with a cached batch, its next decode step, in one step."""
         start = time.perf_counter_ns()
+        self.clock.begin(start, PREFILL if not request.HasField("cached_batch") else MIXED)
         new, encoding = new_batch(request.batch, self.batch_context(), self.model)
         cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
         check_new_batch(
@@ -161,6 +169,7 @@ class Engine:
         sequence sample, in that order. Partial chunks only write KV (and report prefill
         logprobs when asked)."""
         start = time.perf_counter_ns()
+        clock = self.clock
         ahead = None
         decode = None
         if cached is not None:
@@ -169,8 +178,12 @@ class Engine:
             ahead = self.runner.lookaheads.take(cached.request_ids)
             decode = self._decode_inputs(cached) if ahead is None else None
         inputs = prefill_inputs(new, decode, encoding)
+        clock.requests = len(new) + (len(cached) if cached is not None else 0)
+        clock.tokens = inputs.input_ids.shape[0] + (len(cached) if ahead is not None else 0)
+        clock.launch = time.perf_counter_ns()
         with self._span("forward"):
             logits, timer, _ = self.runner.forward(inputs)
+        clock.forwarded = time.perf_counter_ns()
         prefill = prefill_tokens(new, logits, inputs, self.detokenizer)
         last = logits.index_select(0, inputs.last_rows)
         if ahead is not None:
@@ -185,10 +198,14 @@ class Engine:
             concat_ns = time.perf_counter_ns() - concat_start
         if complete:
             resume_texts(new, self.detokenizer)
+        ahead_timer = ahead[1] if ahead is not None else None
         if parts:
-            step = self._sample(batch if len(parts) > 1 else parts[0], last, prefill, timer, start)
+            step = self._sample(
+                batch if len(parts) > 1 else parts[0], last, prefill, timer, start,
+                also=ahead_timer,
+            )
         else:
-            step = _Step(generate_pb2.DecodeResponse(), None, timer.elapsed_ns(), 0)
+            step = self._no_sample(timer, ahead_timer)
         for r in new.requests:
             if not r.complete and r.id in prefill:
                 step.generations.generations.add(request_id=r.id).prefill_tokens.CopyFrom(
@@ -196,8 +213,19 @@ class Engine:
                 )
         return step, concat_ns
 
+    def _no_sample(self, timer: ForwardTimer, ahead: ForwardTimer | None) -> _Step:
+        """A step whose chunks were all partial: no token chosen; reading the forward's time
+        is its synchronisation (on CUDA)."""
+        clock = self.clock
+        clock.no_sample()
+        forward_ns = timer.elapsed_ns()
+        clock.device_ns = forward_ns + (ahead.elapsed_ns() if ahead is not None else 0)
+        clock.synced = clock.emitted = time.perf_counter_ns()
+        return _Step(generate_pb2.DecodeResponse(), None, forward_ns, 0)
+
     def decode(self, request: generate_pb2.DecodeRequest) -> generate_pb2.DecodeResponse:
         start = time.perf_counter_ns()
+        self.clock.begin(start, DECODE)
         ids = [b.id for b in request.batches]
         check_decode_batches(ids)
         grants = checked_grants(
@@ -237,21 +265,30 @@ class Engine:
         out.decode_ns = step.decode_ns
         if concat_ns is not None:
             out.concat_ns = concat_ns
-        out.total_ns = time.perf_counter_ns() - start
+        end = time.perf_counter_ns()
+        out.total_ns = end - start
+        if self.timeline is not None:
+            self.timeline.record(self.clock, end)
         return out
 
     @torch.inference_mode()
     def _decode_step(self, batch: Batch, grants: Grants) -> _Step:
         """One token per request, from the logits computed ahead when there are (overlap)."""
         start = time.perf_counter_ns()
+        clock = self.clock
+        clock.requests = clock.tokens = len(batch)
         if apply_grants(batch, grants):
             self.runner.lookaheads.clear()
         ahead = self.runner.lookaheads.take(batch.request_ids)
         if ahead is not None:
             last, timer = ahead
+            clock.no_forward()
         else:
+            inputs = self._decode_inputs(batch)
+            clock.launch = time.perf_counter_ns()
             with self._span("forward"):
-                last, timer, _ = self.runner.forward(self._decode_inputs(batch))
+                last, timer, _ = self.runner.forward(inputs)
+            clock.forwarded = time.perf_counter_ns()
         return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
 
     def _sample(
@@ -262,13 +299,21 @@ class Engine:
         timer: ForwardTimer,
         start: int,
         computed_ahead: bool = False,
+        also: ForwardTimer | None = None,
     ) -> _Step:
         """Next tokens from `last` (a logits row per request of `batch`); with overlap, the next
-        decode forward is queued before the host reads this step's tokens back."""
+        decode forward is queued before the host reads this step's tokens back. `also`: the
+        look-ahead forward a mixed step took its decode rows' logits from (its device time)."""
+        clock = self.clock
         with self._span("sample"):
             choice = choose_tokens(batch, last, prefill)
+            clock.chosen = time.perf_counter_ns()
             if self.overlap:
                 self._look_ahead(batch)
+            clock.ahead = time.perf_counter_ns()
+            # The step's one wait on the device, timed apart from the host work after it.
+            choice.transfer.settle()
+            clock.synced = time.perf_counter_ns()
             generations, finished = emit_generations(batch, choice, self.detokenizer, self.writer)
             live: Batch | None = batch
             if finished:
@@ -280,7 +325,9 @@ class Engine:
         # The forward's own time (on CUDA: on the device, read without another sync) and the
         # rest; a forward computed ahead overlapped the previous call, so all of this one's
         # time is the rest.
-        step_ns, forward_ns = time.perf_counter_ns() - start, timer.elapsed_ns()
+        clock.emitted = time.perf_counter_ns()
+        step_ns, forward_ns = clock.emitted - start, timer.elapsed_ns()
+        clock.device_ns = forward_ns + (also.elapsed_ns() if also is not None else 0)
         decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
         return _Step(generations, live, forward_ns, decode_ns)
 
@@ -312,8 +359,9 @@ class Engine:
         """Warmup: the runner sizes the KV cache from the peak of the largest prefill (and a
         decode) run through this engine's own Prefill and Decode (_run_warmup_batch), allocates
         it, and captures the decode graphs over it."""
-        # Warmup replaces the cache the look-aheads wrote into.
+        # Warmup replaces the cache the look-aheads wrote into; its steps stay off the timeline.
         self.runner.lookaheads.clear()
+        timeline, self.timeline = self.timeline, None
         try:
             limits = warmup_limits(request, self.model, len(self.cache))
             self.cache.clear()
@@ -325,6 +373,7 @@ class Engine:
             return response
         finally:
             self.runner.lookaheads.clear()
+            self.timeline = timeline
 
     def _run_warmup_batch(self, batch: generate_pb2.Batch) -> None:
         """Warmup's batch through Prefill and, while requests remain, one Decode; the batch

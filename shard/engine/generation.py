@@ -62,6 +62,12 @@ class HostTransfer:
         self._event = torch.cuda.Event()
         self._event.record()
 
+    def settle(self) -> None:
+        """Waits for the transfer without reading it: the step timeline times the wait apart
+        from the host work that follows (wait() is then immediate)."""
+        if self._event is not None:
+            self._event.synchronize()
+
     def wait(self) -> tuple[list[int], list[float]]:
         if self._event is None:
             return self._lists

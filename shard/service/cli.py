@@ -145,6 +145,13 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         help="set by pytgi-launcher: the health service pytgi.instance.ID answers SERVING, so the "
         "launcher knows the server on the socket is its own child",
     )
+    p.add_argument(
+        "--step-timeline",
+        type=Path,
+        help="rank 0 appends each Prefill/Decode step's phases (build, forward, choose, ahead, "
+        "sync, emit, reply, device time) to this JSON-lines file; summarise it with "
+        "`python -m pytgi_bench.compare.timeline_summary PATH`",
+    )
     p.add_argument("--json-output", action="store_true", help="log JSON lines")
     p.add_argument("--log-level", "--logger-level", dest="log_level", default="INFO")
     p.add_argument("--otlp-endpoint", help="OTLP gRPC collector for traces")
@@ -202,6 +209,7 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         grammar_thread=args.grammar_thread,
         grpc_reflection=args.grpc_reflection,
         instance_id=args.instance_id,
+        step_timeline=args.step_timeline,
         json_output=args.json_output,
         log_level=args.log_level,
         otlp_endpoint=args.otlp_endpoint,
@@ -252,6 +260,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pytgi_shard.service.server import serve
     from pytgi_shard.service.socket_guard import SocketInUse, claim_socket
     from pytgi_shard.service.startup import StartupRefused, load_engine, peer_urls
+    from pytgi_shard.service.timeline_file import TimelineFile
     from pytgi_shard.service.tracing import server_interceptors, setup_tracing
 
     if settings.socket_path is not None:
@@ -267,8 +276,11 @@ def run_serve(args: argparse.Namespace) -> int:
         else None
     )
     engine = None
+    timeline_file = None
     try:
         engine = load_engine(settings)
+        if engine.timeline is not None and settings.step_timeline is not None:
+            timeline_file = TimelineFile(engine.timeline, settings.step_timeline).start()
         urls = peer_urls(settings, engine.dist)
         asyncio.run(serve(settings, engine, urls, server_interceptors(provider)))
     except (SocketInUse, QuantizationError, StartupRefused) as e:
@@ -279,6 +291,8 @@ def run_serve(args: argparse.Namespace) -> int:
         log.exception("shard %d failed", settings.rank)
         return 1
     finally:
+        if timeline_file is not None:
+            timeline_file.close()
         if engine is not None:
             engine.dist.close()
         if provider is not None:
