@@ -1,0 +1,289 @@
+"""A `POST /v1/responses` body read as the chat request it means: `instructions` and the
+`input` items (messages, function calls and their outputs) become chat messages after the stored
+conversation `previous_response_id` names; function `tools`, `tool_choice`, `text.format` and
+the sampling fields become their chat spellings; and the whole goes through `parse_chat`, so a
+Responses request is validated, templated, constrained and generated exactly as a chat one.
+
+What the Responses API has and this server cannot do (hosted tools, stored prompts,
+conversations, background runs, files) is refused by name rather than ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.json_fields import (
+    obj,
+    opt_bool,
+    opt_int,
+    opt_obj,
+    opt_str,
+    req_str,
+    wrong_type,
+)
+from pytgi_router.http.openai.schemas import ChatRequest, parse_chat
+
+# Fields whose feature this server does not have: each is refused with its reason.
+UNSUPPORTED = {
+    "conversation": "conversations are not stored here; chain with `previous_response_id`",
+    "prompt": "stored prompt templates are not supported",
+}
+# Accepted and repeated in the response object, changing nothing in the generation.
+ECHOED = ("metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
+# pytgi's extensions, read as chat reads them (determinism in tests, the tool prompt's text).
+EXTENSIONS = ("seed", "tool_prompt")
+
+
+@dataclass(slots=True)
+class ResponsesRequest:
+    """The chat request to run, the conversation to store after it (without the
+    instructions), and the request's fields that the response object repeats."""
+
+    chat: ChatRequest
+    conversation: list[dict[str, Any]]
+    echo: dict[str, Any]
+    stream: bool
+    store: bool
+
+
+def parse_responses(
+    data: dict[str, Any], history: list[dict[str, Any]], model: str
+) -> ResponsesRequest:
+    """`data` continued after `history` (the stored conversation of `previous_response_id`,
+    [] without one); `model` is what the response reports when the body names none."""
+    _refuse_unsupported(data)
+    new = input_messages(data.get("input"), history)
+    if not new:
+        raise ValidationError("`input` must hold at least one message or item")
+    conversation = [*history, *new]
+    instructions = opt_str(data, "instructions")
+    system = [{"role": "system", "content": instructions}] if instructions else []
+    tools = [_chat_tool(t, i) for i, t in enumerate(_list(data, "tools"))]
+    body: dict[str, Any] = {
+        "messages": [*system, *conversation],
+        "max_tokens": opt_int(data, "max_output_tokens"),
+        "temperature": data.get("temperature"),
+        "top_p": data.get("top_p"),
+        "tools": tools or None,
+        "tool_choice": chat_tool_choice(data.get("tool_choice")),
+        "response_format": response_format(opt_obj(data, "text")),
+        **{k: data[k] for k in EXTENSIONS if k in data},
+    }
+    stream = bool(opt_bool(data, "stream"))
+    store = opt_bool(data, "store") is not False
+    echo = _echo(data, model, tools, store)
+    return ResponsesRequest(parse_chat(body), conversation, echo, stream, store)
+
+
+def _refuse_unsupported(data: dict[str, Any]) -> None:
+    for key, why in UNSUPPORTED.items():
+        if data.get(key) is not None:
+            raise ValidationError(f"`{key}` is not supported: {why}")
+    if opt_bool(data, "background"):
+        raise ValidationError(
+            "`background` is not supported: responses run while the request is open (stream "
+            "them to see them progress)")
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise wrong_type(key, "an array", value)
+    return value
+
+
+def _echo(data: dict[str, Any], model: str, tools: list[dict[str, Any]], store: bool
+          ) -> dict[str, Any]:
+    """The request's fields as the response object repeats them (OpenAI's defaults filled)."""
+    text = opt_obj(data, "text") or {}
+    out: dict[str, Any] = {
+        "model": opt_str(data, "model") or model,
+        "instructions": data.get("instructions"),
+        "max_output_tokens": data.get("max_output_tokens"),
+        "parallel_tool_calls": opt_bool(data, "parallel_tool_calls") is not False,
+        "previous_response_id": data.get("previous_response_id"),
+        "reasoning": opt_obj(data, "reasoning") or {"effort": None, "summary": None},
+        "store": store,
+        "temperature": data.get("temperature", 1.0),
+        "top_p": data.get("top_p", 1.0),
+        "text": {**text, "format": text.get("format") or {"type": "text"}},
+        "tool_choice": data.get("tool_choice") or "auto",
+        "tools": [_echoed_tool(t) for t in tools],
+        "truncation": "disabled",
+        "background": False,
+    }
+    out.update({k: data.get(k) for k in ECHOED})
+    out["metadata"] = out["metadata"] or {}
+    return out
+
+
+def _echoed_tool(chat_tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool in the Responses form (the response's `tools`)."""
+    f = chat_tool["function"]
+    return {"type": "function", "name": f["name"], "description": f.get("description"),
+            "parameters": f.get("parameters"), "strict": True}
+
+
+# ---- input ---------------------------------------------------------------------------------------
+
+
+def input_messages(value: Any, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`input` as chat messages: a string is one user message; items in order, a function call
+    joining the assistant message before it, its output a `tool` message (named after the call,
+    which must be in this input or the history before it, as OpenAI requires)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list):
+        raise wrong_type("input", "a string or an array of input items", value)
+    calls = _call_names(history)
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        _add_item(out, obj(item, f"input[{i}]"), f"input[{i}]", calls)
+    return out
+
+
+def _call_names(messages: list[dict[str, Any]]) -> dict[str, str]:
+    """call_id → function name of every tool call in `messages`."""
+    return {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
+
+
+def _add_item(out: list[dict[str, Any]], item: dict[str, Any], path: str,
+              calls: dict[str, str]) -> None:
+    kind = item.get("type", "message")
+    if kind == "message":
+        out.append(_message(item, path))
+    elif kind == "function_call":
+        call = _function_call(item, path)
+        calls[call["id"]] = call["function"]["name"]
+        _join_call(out, call)
+    elif kind == "function_call_output":
+        out.append(_call_output(item, path, calls))
+    elif kind != "reasoning":  # earlier reasoning is not shown to the model again
+        raise ValidationError(
+            f"`{path}.type` {kind!r} is not supported: input items are messages, "
+            "function_call, function_call_output and reasoning")
+
+
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def _message(item: dict[str, Any], path: str) -> dict[str, Any]:
+    """A message item; `developer` is a system message (chat templates know no developer)."""
+    role = req_str(item, "role", f"{path}.")
+    if role not in ROLES:
+        raise ValidationError(
+            f"`{path}.role` must be \"user\", \"assistant\", \"system\" or \"developer\"")
+    content = item.get("content")
+    if not isinstance(content, str):
+        content = _text_parts(content, f"{path}.content")
+    return {"role": ROLES[role], "content": content}
+
+
+# Content parts whose `text` is the text, as OpenAI names them in input and output.
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def _text_parts(value: Any, path: str) -> list[dict[str, Any]]:
+    """Content parts as chat's: text parts and images by URL (as chat flattens them)."""
+    if not isinstance(value, list):
+        raise wrong_type(path, "a string or an array of content parts", value)
+    out: list[dict[str, Any]] = []
+    for i, part in enumerate(value):
+        part = obj(part, f"{path}[{i}]")
+        kind, where = part.get("type"), f"{path}[{i}]."
+        if kind in TEXT_PARTS:
+            out.append({"type": "text", "text": req_str(part, "text", where)})
+        elif kind == "refusal":
+            out.append({"type": "text", "text": req_str(part, "refusal", where)})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            raise ValidationError(
+                f"`{path}[{i}].type` {kind!r} is not supported: content parts are input_text, "
+                "output_text, refusal and input_image with an `image_url`")
+    return out
+
+
+def _function_call(item: dict[str, Any], path: str) -> dict[str, Any]:
+    where = f"{path}."
+    return {"id": req_str(item, "call_id", where), "type": "function",
+            "function": {"name": req_str(item, "name", where),
+                         "arguments": req_str(item, "arguments", where)}}
+
+
+def _join_call(out: list[dict[str, Any]], call: dict[str, Any]) -> None:
+    """A call joins the assistant message just before it (its text, or calls made with it);
+    otherwise it is an assistant message of its own."""
+    last = out[-1] if out else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+        return
+    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _call_output(item: dict[str, Any], path: str, calls: dict[str, str]) -> dict[str, Any]:
+    call_id = req_str(item, "call_id", f"{path}.")
+    if call_id not in calls:
+        raise ValidationError(
+            f"`{path}.call_id` {call_id!r}: no function_call with this call_id before it (in "
+            "`input` or the response `previous_response_id` names)")
+    output = item.get("output")
+    if not isinstance(output, str):
+        parts = _text_parts(output, f"{path}.output")
+        output = "".join(p.get("text", "") for p in parts)
+    return {"role": "tool", "tool_call_id": call_id, "name": calls[call_id], "content": output}
+
+
+# ---- tools and format ----------------------------------------------------------------------------
+
+
+def _chat_tool(value: Any, i: int) -> dict[str, Any]:
+    """A Responses function tool (`name` at the top) as chat's `{type, function: {...}}`."""
+    tool = obj(value, f"tools[{i}]")
+    if tool.get("type") != "function":
+        raise ValidationError(
+            f"`tools[{i}].type` {tool.get('type')!r} is not supported: this server runs "
+            "function tools only (type \"function\")")
+    function: dict[str, Any] = {"name": req_str(tool, "name", f"tools[{i}].")}
+    description = opt_str(tool, "description", f"tools[{i}].")
+    if description is not None:
+        function["description"] = description
+    parameters = opt_obj(tool, "parameters", f"tools[{i}].")
+    if parameters is not None:
+        function["parameters"] = parameters
+    return {"type": "function", "function": function}
+
+
+def chat_tool_choice(value: Any) -> Any:
+    """"auto" | "none" | "required" | `{type: "function", name}` in chat's spelling."""
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function":
+        return {"type": "function", "function": {"name": req_str(value, "name", "tool_choice.")}}
+    raise ValidationError(
+        '`tool_choice` must be "auto", "none", "required" or {"type": "function", "name": ...} '
+        "(hosted tools and allowed_tools are not supported)")
+
+
+def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` as chat's `response_format`: text, json_object, or json_schema (its
+    `schema` at the top, where chat nests it under `json_schema`)."""
+    fmt = opt_obj(text, "format", "text.") if text is not None else None
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        schema = opt_obj(fmt, "schema", "text.format.")
+        if schema is None:
+            raise ValidationError("missing field `text.format.schema`")
+        spec = {"name": fmt.get("name"), "schema": schema, "strict": fmt.get("strict")}
+        return {"type": "json_schema", "json_schema": spec}
+    raise ValidationError(
+        '`text.format.type` must be "text", "json_object" or "json_schema"')

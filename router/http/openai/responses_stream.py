@@ -1,0 +1,97 @@
+"""A streamed `POST /v1/responses`: the Responses API's event sequence over SSE, each event with
+its `sequence_number` (from 0) and an `event:` line naming its type, as OpenAI sends them.
+
+`response.created` and `response.in_progress` first; then each output item's events as the
+tokens write it (`response.output_item.added`, `response.content_part.added`,
+`response.output_text.delta`… or `response.function_call_arguments.delta`…, then their `.done`
+events); last `response.completed`, `response.incomplete` (the token budget cut it) or
+`response.failed`. No `[DONE]`: the terminal event ends the stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.request_stream import End, Token
+from pytgi_router.http.openai.response_object import ResponseHead, outcome, response_usage
+from pytgi_router.http.openai.response_output import Event, OutputBuilder, ending, output_reader
+from pytgi_router.http.openai.tool_stream import Delta
+
+Finished = Callable[[dict[str, Any]], None]
+
+
+def sse_event(event: Event) -> bytes:
+    """One event in SSE framing: `event: <type>` and its JSON."""
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+
+
+class ResponsesEncoder:
+    """The events of one response (an `Encoder` of streaming.py, plus `start`). `finished` gets
+    the final response object (completed, incomplete or failed), to be stored."""
+
+    __slots__ = ("head", "offered", "input_length", "finished", "reader", "builder", "_seq")
+
+    def __init__(
+        self, head: ResponseHead, offered: frozenset[str] | None, input_length: int,
+        finished: Finished,
+    ) -> None:
+        self.head = head
+        self.offered = offered
+        self.input_length = input_length
+        self.finished = finished
+        self.reader = output_reader(offered)
+        self.builder = OutputBuilder()
+        self._seq = 0
+
+    def start(self) -> bytes:
+        response = self.head.snapshot("in_progress", [])
+        return self._render([{"type": "response.created", "response": response},
+                             {"type": "response.in_progress", "response": response}])
+
+    def token(self, index: int, ev: Token) -> bytes:
+        if ev.token.special:
+            return b""
+        return self._deltas(self.reader.push(ev.token.text))
+
+    def end(self, index: int, ev: End) -> bytes:
+        last = "" if ev.token.special else ev.token.text
+        out = self._deltas(self.reader.finish(last, ev.generated_text))
+        try:
+            reason = ending(ev.generated_text, ev.finish_reason, self.offered)
+        except InferError as err:
+            return out + self.error(err)
+        end = outcome(reason)
+        events = self.builder.finish(end.item_status)
+        usage = response_usage(self.input_length, ev.generated_tokens)
+        response = self.head.final(end, self.builder.items, usage)
+        self.finished(response)
+        kind = "response.completed" if end.status == "completed" else "response.incomplete"
+        events.append({"type": kind, "response": response})
+        return out + self._render(events)
+
+    def error(self, err: InferError) -> bytes:
+        """A failure after the stream started: the open item ends incomplete, and
+        `response.failed` carries the error."""
+        events = self.builder.close("incomplete")
+        response = self.head.failed(err, self.builder.items)
+        self.finished(response)
+        events.append({"type": "response.failed", "response": response})
+        return self._render(events)
+
+    def _deltas(self, deltas: list[Delta]) -> bytes:
+        events: list[Event] = []
+        for delta in deltas:
+            events += self.builder.feed(delta)
+        return self._render(events)
+
+    def _render(self, events: list[Event]) -> bytes:
+        out = []
+        for event in events:
+            event["sequence_number"] = self._seq
+            self._seq += 1
+            out.append(sse_event(event))
+        return b"".join(out)
