@@ -26,7 +26,9 @@ from pytgi_router.http.http_errors import (
 )
 from pytgi_router.http.http_io import error_response, read_json
 from pytgi_router.http.openai.routes_chat import ChatRoutes
+from pytgi_router.http.openai.response_store import ResponseStore
 from pytgi_router.http.openai.routes_completions import CompletionRoutes
+from pytgi_router.http.openai.routes_responses import ResponsesRoutes
 from pytgi_router.http.openapi import DocsRoutes
 from pytgi_router.http.routes_generate import GenerateRoutes
 from pytgi_router.http.routes_info import InfoRoutes
@@ -189,6 +191,7 @@ def create_app(state: AppState) -> Starlette:
         *gen.routes(),
         *chat.routes(),
         *comp.routes(),
+        *ResponsesRoutes(state, flow, chat, ResponseStore(settings.responses_store_bytes)).routes(),
         Route("/invocations", Invocations(gen, chat, comp).handle, methods=["POST"]),
         *DocsRoutes(state).routes(),
     ]
@@ -197,7 +200,7 @@ def create_app(state: AppState) -> Starlette:
         Middleware(
             CORSMiddleware,
             allow_origins=origins,
-            allow_methods=["GET", "POST"],
+            allow_methods=["GET", "POST", "DELETE"],
             allow_headers=["content-type", "authorization"],
         ),
         Middleware(HttpGuard, payload_limit=settings.payload_limit, api_key=settings.api_key),
