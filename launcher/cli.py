@@ -42,7 +42,8 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--max-total-tokens", int, "max prompt + new tokens per request (default: from warmup)"),
     ("--waiting-served-ratio", float, "min new-batch size relative to running, only for shards "
      "that do not chunk prompts (default 0.3)"),
-    ("--max-batch-prefill-tokens", int, "token budget of one prefill (default: router's)"),
+    ("--max-batch-prefill-tokens", int, "token budget of one prefill (default: measured "
+     "by the shards at warmup)"),
     ("--max-batch-total-tokens", int, "KV token budget (default: from warmup)"),
     ("--max-waiting-tokens", int, "decode steps before waiting requests join, only for shards "
      "that do not chunk prompts (default 20)"),
