@@ -13,10 +13,9 @@ differently and zero_point false stores no zeros: both are refused at start-up.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from pytgi_shard.quantization.checkpoint_tensors import CheckpointTensors
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.group_quantized import GroupQuantized
 from pytgi_shard.quantization.group_quantized_loader import GroupQuantizedLoader, check_bits
@@ -24,9 +23,6 @@ from pytgi_shard.quantization.group_sharding import input_range, output_range
 from pytgi_shard.quantization.int_kernel_choice import IntKernel
 from pytgi_shard.quantization.int_packing import awq_columns_to_natural, pack_int32, unpack_int32
 from pytgi_shard.quantization.linear_weight import LinearLoader, OutputPart
-
-if TYPE_CHECKING:
-    from pytgi_shard.weights.reader import Weights
 
 AWQ_BITS = 4
 WORD = 32 // AWQ_BITS
@@ -55,14 +51,14 @@ class AWQLoader(GroupQuantizedLoader):
         super().__init__(kernel, dense)
 
     def read_column_part(
-        self, weights: Weights, prefix: str, part: OutputPart
+        self, weights: CheckpointTensors, prefix: str, part: OutputPart
     ) -> GroupQuantized:
         return self._read(weights, prefix, column=part)
 
-    def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
+    def read_row(self, weights: CheckpointTensors, prefix: str) -> GroupQuantized:
         return self._read(weights, prefix, column=None)
 
-    def _groups(self, weights: Weights, prefix: str) -> torch.Tensor:
+    def _groups(self, weights: CheckpointTensors, prefix: str) -> torch.Tensor:
         in_features = weights.shape(f"{prefix}.qweight")[0]
         groups = weights.shape(f"{prefix}.scales")[0]
         if in_features % self.group_size or in_features // self.group_size != groups:
@@ -73,7 +69,7 @@ class AWQLoader(GroupQuantizedLoader):
         rows = torch.arange(in_features, device=weights.dist.device, dtype=torch.int32)
         return rows // self.group_size
 
-    def _read(self, weights: Weights, prefix: str, column: OutputPart | None) -> GroupQuantized:
+    def _read(self, weights: CheckpointTensors, prefix: str, column: OutputPart | None) -> GroupQuantized:
         """Column part `column` of every input, or (None) this rank's inputs of every output:
         one dimension is cut either way, so each tensor is read with one ranged read."""
         g_idx = self._groups(weights, prefix)

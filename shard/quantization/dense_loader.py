@@ -10,14 +10,11 @@ on the device at a time.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from pytgi_shard.quantization.checkpoint_tensors import CheckpointTensors
 from pytgi_shard.quantization.linear_weight import LinearWeight, OutputPart
-
-if TYPE_CHECKING:
-    from pytgi_shard.weights.reader import Weights
 
 
 def keep_float(weight: torch.Tensor) -> LinearWeight:
@@ -32,16 +29,16 @@ class DenseLoader:
         self.finish = finish
 
     def column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+        self, weights: CheckpointTensors, prefixes: Sequence[str], parts: Sequence[OutputPart]
     ) -> LinearWeight:
         return self.finish(read_column(weights, prefixes, parts, "weight"))
 
-    def row(self, weights: Weights, prefix: str) -> LinearWeight:
+    def row(self, weights: CheckpointTensors, prefix: str) -> LinearWeight:
         return self.finish(weights.get_sharded(f"{prefix}.weight", dim=1))
 
 
 def read_column(
-    weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart], suffix: str
+    weights: CheckpointTensors, prefixes: Sequence[str], parts: Sequence[OutputPart], suffix: str
 ) -> torch.Tensor:
     """Of each `prefixes[i].suffix`, output part `parts[i]`, concatenated along dim 0 (also how
     the column-parallel layers read their biases)."""

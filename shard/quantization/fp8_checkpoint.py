@@ -5,7 +5,7 @@ Layout of a quantized linear `prefix`, the same in all three:
   weight_scale  float32 (or bf16/fp16) [] or [1] per tensor, [out] or [out, 1] per output row
   input_scale   float32 [] or [1], only with static activation scales
 and W = weight * weight_scale (each row by its scale). The payload is read as stored, never cast
-(Weights keeps 8-bit floats; a cast would drop the scale's meaning), the scales are read in their
+(CheckpointTensors keeps 8-bit floats; a cast would drop the scale's meaning), the scales are read in their
 stored precision and widened to float32 (exact), so the loaded layer's dequantize() equals the
 checkpoint's W bit for bit in float32. A projection stored in float (compressed-tensors' `ignore`,
 fp8's ignored_layers, lm_head) is read dense: the stored dtype decides, no name matching.
@@ -21,16 +21,13 @@ input_scales become the largest of them (as TGI and vLLM do): no activation clip
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
+from pytgi_shard.quantization.checkpoint_tensors import CheckpointTensors
 from pytgi_shard.quantization.dense_loader import DenseLoader
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.linear_weight import LinearWeight, OutputPart, QuantizedWeight
-
-if TYPE_CHECKING:
-    from pytgi_shard.weights.reader import Weights
 
 FP8_DTYPE = "F8_E4M3"
 # (weight float8_e4m3fn [out, in], scale float32 [] or [out], input_scale float32 [] or None)
@@ -46,7 +43,7 @@ class Fp8CheckpointLoader:
         self.dense = DenseLoader()
 
     def column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+        self, weights: CheckpointTensors, prefixes: Sequence[str], parts: Sequence[OutputPart]
     ) -> LinearWeight:
         if not _stored_fp8(weights, prefixes):
             return self.dense.column(weights, prefixes, parts)
@@ -59,7 +56,7 @@ class Fp8CheckpointLoader:
         rows = [piece.shape[0] for piece in pieces]
         return self.make(weight, _shared(scales, rows), _input_scale(weights, prefixes))
 
-    def row(self, weights: Weights, prefix: str) -> LinearWeight:
+    def row(self, weights: CheckpointTensors, prefix: str) -> LinearWeight:
         if not _stored_fp8(weights, [prefix]):
             return self.dense.row(weights, prefix)
         weight = weights.get_sharded(f"{prefix}.weight", dim=1, cast=False)
@@ -67,7 +64,7 @@ class Fp8CheckpointLoader:
         return self.make(weight, scale, _input_scale(weights, [prefix]))
 
 
-def _stored_fp8(weights: Weights, prefixes: Sequence[str]) -> bool:
+def _stored_fp8(weights: CheckpointTensors, prefixes: Sequence[str]) -> bool:
     """True when every projection's weight is stored in FP8, False when none is."""
     stored = [weights.dtype_name(f"{p}.weight") == FP8_DTYPE for p in prefixes]
     if all(stored):
@@ -79,7 +76,7 @@ def _stored_fp8(weights: Weights, prefixes: Sequence[str]) -> bool:
     )
 
 
-def _row_scales(weights: Weights, prefix: str, part: OutputPart, rows: int) -> torch.Tensor:
+def _row_scales(weights: CheckpointTensors, prefix: str, part: OutputPart, rows: int) -> torch.Tensor:
     """float32 [] for a per-tensor scale, else this part's [rows] per-row scales."""
     name = f"{prefix}.weight_scale"
     if name not in weights:
@@ -113,7 +110,7 @@ def _shared(scales: list[torch.Tensor], rows: list[int]) -> torch.Tensor:
     )
 
 
-def _input_scale(weights: Weights, prefixes: Sequence[str]) -> torch.Tensor | None:
+def _input_scale(weights: CheckpointTensors, prefixes: Sequence[str]) -> torch.Tensor | None:
     """The static activation scale (largest of the fused parts'), None when none is stored."""
     names = [f"{p}.input_scale" for p in prefixes]
     present = [n for n in names if n in weights]

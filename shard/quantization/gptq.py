@@ -15,10 +15,9 @@ refused. Projections the quantizer skipped (a `.weight` and no `.qweight`) load 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from pytgi_shard.quantization.checkpoint_tensors import CheckpointTensors
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.group_quantized import GroupQuantized
 from pytgi_shard.quantization.group_quantized_loader import GroupQuantizedLoader, check_bits
@@ -26,9 +25,6 @@ from pytgi_shard.quantization.group_sharding import input_range, is_sorted, outp
 from pytgi_shard.quantization.int_kernel_choice import IntKernel
 from pytgi_shard.quantization.int_packing import PACKED_BITS, unpack_int32
 from pytgi_shard.quantization.linear_weight import LinearLoader, OutputPart
-
-if TYPE_CHECKING:
-    from pytgi_shard.weights.reader import Weights
 
 CHECKPOINT_FORMATS = {"gptq": 1, "gptq_v2": 0}  # format -> what to add to a stored zero
 
@@ -55,7 +51,7 @@ class GPTQLoader(GroupQuantizedLoader):
         self.zero_offset = CHECKPOINT_FORMATS[checkpoint_format]
         super().__init__(kernel, dense)
 
-    def g_idx(self, weights: Weights, prefix: str) -> torch.Tensor:
+    def g_idx(self, weights: CheckpointTensors, prefix: str) -> torch.Tensor:
         """The checkpoint's g_idx, or arange // group_size when it stores none."""
         in_features = weights.shape(f"{prefix}.qweight")[0] * self.pack
         if f"{prefix}.g_idx" in weights:
@@ -70,12 +66,12 @@ class GPTQLoader(GroupQuantizedLoader):
         group = self.group_size if self.group_size > 0 else in_features
         return torch.arange(in_features, device=weights.dist.device, dtype=torch.int32) // group
 
-    def _zeros(self, weights: Weights, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
+    def _zeros(self, weights: CheckpointTensors, name: str, dim: int, start: int, stop: int) -> torch.Tensor:
         packed = weights.get_range(name, dim, start, stop)
         return unpack_int32(packed, self.bits, dim=1) + self.zero_offset
 
     def read_column_part(
-        self, weights: Weights, prefix: str, part: OutputPart
+        self, weights: CheckpointTensors, prefix: str, part: OutputPart
     ) -> GroupQuantized:
         out_features = weights.shape(f"{prefix}.qweight")[1]
         start, stop = output_range(prefix, out_features, part, self.pack)
@@ -89,7 +85,7 @@ class GPTQLoader(GroupQuantizedLoader):
             dtype=weights.dtype,
         )
 
-    def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
+    def read_row(self, weights: CheckpointTensors, prefix: str) -> GroupQuantized:
         dist = weights.dist
         g_idx = self.g_idx(weights, prefix)
         start, stop = input_range(prefix, g_idx, dist.rank, dist.world_size, self.pack)

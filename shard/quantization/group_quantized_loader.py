@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from pytgi_shard.quantization.checkpoint_tensors import CheckpointTensors
 from pytgi_shard.quantization.dense_loader import DenseLoader
 from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.group_quantized import GroupQuantized, concat_outputs
 from pytgi_shard.quantization.int_kernel_choice import IntKernel, build_int_weight
 from pytgi_shard.quantization.linear_weight import LinearLoader, LinearWeight, OutputPart
-
-if TYPE_CHECKING:
-    from pytgi_shard.weights.reader import Weights
 
 
 def check_bits(method: str, bits: int, supported: Sequence[int]) -> None:
@@ -31,7 +28,7 @@ def check_bits(method: str, bits: int, supported: Sequence[int]) -> None:
         )
 
 
-def quantized_prefixes(weights: Weights, prefixes: Sequence[str]) -> bool:
+def quantized_prefixes(weights: CheckpointTensors, prefixes: Sequence[str]) -> bool:
     """True when every projection is stored quantized, False when none is (the quantizer
     skipped it); a fused group mixing both is refused."""
     stored = [f"{p}.qweight" in weights for p in prefixes]
@@ -53,27 +50,27 @@ class GroupQuantizedLoader(ABC):
         self.dense = dense if dense is not None else DenseLoader()
 
     @abstractmethod
-    def read_column_part(self, weights: Weights, prefix: str, part: OutputPart) -> GroupQuantized:
+    def read_column_part(self, weights: CheckpointTensors, prefix: str, part: OutputPart) -> GroupQuantized:
         """Output part `part` of projection `prefix`, every input."""
 
     @abstractmethod
-    def read_row(self, weights: Weights, prefix: str) -> GroupQuantized:
+    def read_row(self, weights: CheckpointTensors, prefix: str) -> GroupQuantized:
         """What row() hands its kernel: this rank's input features of every output."""
 
     def column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+        self, weights: CheckpointTensors, prefixes: Sequence[str], parts: Sequence[OutputPart]
     ) -> LinearWeight:
         if not quantized_prefixes(weights, prefixes):
             return self.dense.column(weights, prefixes, parts)
         return self._build(weights, self.read_column(weights, prefixes, parts))
 
-    def row(self, weights: Weights, prefix: str) -> LinearWeight:
+    def row(self, weights: CheckpointTensors, prefix: str) -> LinearWeight:
         if not quantized_prefixes(weights, [prefix]):
             return self.dense.row(weights, prefix)
         return self._build(weights, self.read_row(weights, prefix))
 
     def read_column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+        self, weights: CheckpointTensors, prefixes: Sequence[str], parts: Sequence[OutputPart]
     ) -> GroupQuantized:
         """What column() hands its kernel: each projection's output part, fused."""
         pieces = [
@@ -82,6 +79,6 @@ class GroupQuantizedLoader(ABC):
         ]
         return concat_outputs(pieces, prefixes)
 
-    def _build(self, weights: Weights, weight: GroupQuantized) -> LinearWeight:
+    def _build(self, weights: CheckpointTensors, weight: GroupQuantized) -> LinearWeight:
         dist = weights.dist
         return build_int_weight(weight, dist.device, weights.dtype, self.kernel, dist.caps)

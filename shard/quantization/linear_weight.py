@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import Protocol, TypeAlias
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from pytgi_shard.weights.reader import Weights
+from pytgi_shard.quantization.checkpoint_tensors import CheckpointTensors
 
 
 class QuantizedWeight(nn.Module, ABC):
@@ -57,12 +56,12 @@ class LinearLoader(Protocol):
     the layers themselves."""
 
     def column(
-        self, weights: Weights, prefixes: Sequence[str], parts: Sequence[OutputPart]
+        self, weights: CheckpointTensors, prefixes: Sequence[str], parts: Sequence[OutputPart]
     ) -> LinearWeight:
         """Column-parallel: of each projection `prefixes[i]`, the output slice `parts[i]`,
         concatenated along the output features in order (fused q|k|v, gate|up)."""
         ...
 
-    def row(self, weights: Weights, prefix: str) -> LinearWeight:
+    def row(self, weights: CheckpointTensors, prefix: str) -> LinearWeight:
         """Row-parallel: this rank's 1/world_size slice of `prefix`'s input features."""
         ...

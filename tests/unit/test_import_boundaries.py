@@ -165,7 +165,7 @@ SHARD_BELOW = {
     "output": {"device"},
     "models": {"layers", "attention", "weights", "quantization", "device"},
     "layers": {"attention", "weights", "quantization", "device"},
-    "quantization": {"attention", "weights", "device"},
+    "quantization": {"attention", "device"},
     "weights": {"quantization", "device"},
     "attention": {"device"},
     "device": set(),
