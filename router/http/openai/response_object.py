@@ -18,11 +18,6 @@ class Outcome:
     status: str
     incomplete_reason: str | None = None
 
-    @property
-    def item_status(self) -> str:
-        """The last item's status: a cut output's item is incomplete too."""
-        return "incomplete" if self.status == "incomplete" else "completed"
-
 
 COMPLETED = Outcome("completed")
 # The only limit a generation of this server is cut by is its token budget.

@@ -1,5 +1,6 @@
-"""A response's `output` items, built from the generation's deltas (content, a function call and
-its arguments, reasoning), with the stream events that tell each step.
+"""A response's `output` items, built from the generation's deltas (reasoning, content, a
+function call and its arguments: the shared chat output path, chat_output.py), with the stream
+events that tell each step.
 
 One builder serves both ways of answering: the stream sends its events as they come; the
 non-streaming answer feeds the whole output through the same builder and keeps only the items.
@@ -9,10 +10,11 @@ So an output is never read two ways.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Protocol
+from typing import Any
 
-from pytgi_router.http.openai.tool_output import tool_answer
-from pytgi_router.http.openai.tool_stream import Delta, ToolCallStream
+from pytgi_router.core.request_stream import TokenInfo
+from pytgi_router.http.openai.chat_output import ChatEnd, ChatOutputStream
+from pytgi_router.http.openai.tool_stream import Delta
 
 Event = dict[str, Any]
 
@@ -157,59 +159,28 @@ def conversation_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [message]
 
 
-# ---- reading the generation ----------------------------------------------------------------------
+# ---- a whole generation ------------------------------------------------------------------------
 
 
-class OutputReader(Protocol):
-    """The generated text read as deltas: a token's text at a time, then the last token and the
-    whole text (which completes what the tokens left out)."""
-
-    def push(self, piece: str) -> list[Delta]: ...
-
-    def finish(self, last_piece: str, generated_text: str) -> list[Delta]: ...
-
-
-class TextReader:
-    """An unconstrained (or format-constrained) output: every piece is the answer's text."""
-
-    __slots__ = ("_streamed",)
-
-    def __init__(self) -> None:
-        self._streamed: list[str] = []
-
-    def push(self, piece: str) -> list[Delta]:
-        self._streamed.append(piece)
-        return [Delta("content", piece)] if piece else []
-
-    def finish(self, last_piece: str, generated_text: str) -> list[Delta]:
-        out = self.push(last_piece)
-        streamed = "".join(self._streamed)
-        if len(generated_text) > len(streamed) and generated_text.startswith(streamed):
-            out += self.push(generated_text[len(streamed):])
-        return out
-
-
-def output_reader(offered: frozenset[str] | None) -> OutputReader:
-    """A tool-constrained output is read as chat reads one (a call, or no_tool's content)."""
-    return TextReader() if offered is None else ToolCallStream()
-
-
-def ending(generated_text: str, finish_reason: str, offered: frozenset[str] | None) -> str:
-    """The finish reason the response reports; for tools, chat's verdict on the output (a call
-    cut other than by the token limit is a ToolError, never a call)."""
-    if offered is None:
-        return finish_reason
-    return tool_answer(generated_text, finish_reason, offered).finish_reason
+def item_status(finish_reason: str) -> str:
+    """The last item's status: an output the token budget cut is incomplete."""
+    return "incomplete" if finish_reason == "length" else "completed"
 
 
 def whole_output(
-    generated_text: str, finish_reason: str, offered: frozenset[str] | None
-) -> tuple[list[dict[str, Any]], str]:
-    """The output items of a finished generation, through the builder the stream uses, and its
-    finish reason."""
-    reason = ending(generated_text, finish_reason, offered)
+    stream: ChatOutputStream, tokens: list[TokenInfo], generated_text: str, finish_reason: str
+) -> tuple[list[dict[str, Any]], ChatEnd]:
+    """The output items of a finished generation (its tokens, the End's last among them), read
+    by the chat output stream and built by the builder a streamed response uses; and the
+    turn's end (ToolError for a tool call that ended before it was whole)."""
+    deltas: list[Delta] = []
+    for token in tokens[:-1]:
+        deltas += stream.token(token)
+    last = tokens[-1] if tokens else TokenInfo(0, "", 0.0, True)
+    deltas += stream.finish(last, generated_text)
+    end = stream.end(finish_reason)
     builder = OutputBuilder()
-    for delta in output_reader(offered).finish("", generated_text):
+    for delta in deltas:
         builder.feed(delta)
-    builder.finish("incomplete" if reason == "length" else "completed")
-    return builder.items, reason
+    builder.finish(item_status(end.finish_reason))
+    return builder.items, end

@@ -16,8 +16,9 @@ from typing import Any
 
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Token
+from pytgi_router.http.openai.chat_output import ChatOutputStream
 from pytgi_router.http.openai.response_object import ResponseHead, outcome, response_usage
-from pytgi_router.http.openai.response_output import Event, OutputBuilder, ending, output_reader
+from pytgi_router.http.openai.response_output import Event, OutputBuilder, item_status
 from pytgi_router.http.openai.tool_stream import Delta
 
 Finished = Callable[[dict[str, Any]], None]
@@ -33,17 +34,15 @@ class ResponsesEncoder:
     """The events of one response (an `Encoder` of streaming.py, plus `start`). `finished` gets
     the final response object (completed, incomplete or failed), to be stored."""
 
-    __slots__ = ("head", "offered", "input_length", "finished", "reader", "builder", "_seq")
+    __slots__ = ("head", "output", "input_length", "finished", "builder", "_seq")
 
     def __init__(
-        self, head: ResponseHead, offered: frozenset[str] | None, input_length: int,
-        finished: Finished,
+        self, head: ResponseHead, output: ChatOutputStream, input_length: int, finished: Finished
     ) -> None:
         self.head = head
-        self.offered = offered
+        self.output = output
         self.input_length = input_length
         self.finished = finished
-        self.reader = output_reader(offered)
         self.builder = OutputBuilder()
         self._seq = 0
 
@@ -53,20 +52,17 @@ class ResponsesEncoder:
                              {"type": "response.in_progress", "response": response}])
 
     def token(self, index: int, ev: Token) -> bytes:
-        if ev.token.special:
-            return b""
-        return self._deltas(self.reader.push(ev.token.text))
+        return self._deltas(self.output.token(ev.token))
 
     def end(self, index: int, ev: End) -> bytes:
-        last = "" if ev.token.special else ev.token.text
-        out = self._deltas(self.reader.finish(last, ev.generated_text))
+        out = self._deltas(self.output.finish(ev.token, ev.generated_text))
         try:
-            reason = ending(ev.generated_text, ev.finish_reason, self.offered)
-        except InferError as err:
+            turn = self.output.end(ev.finish_reason)
+        except InferError as err:  # a tool call that ended before it was whole
             return out + self.error(err)
-        end = outcome(reason)
-        events = self.builder.finish(end.item_status)
-        usage = response_usage(self.input_length, ev.generated_tokens)
+        end = outcome(turn.finish_reason)
+        events = self.builder.finish(item_status(turn.finish_reason))
+        usage = response_usage(self.input_length, ev.generated_tokens, turn.reasoning_tokens)
         response = self.head.final(end, self.builder.items, usage)
         self.finished(response)
         kind = "response.completed" if end.status == "completed" else "response.incomplete"

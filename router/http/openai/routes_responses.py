@@ -21,6 +21,7 @@ from pytgi_router.core.errors import InferError
 from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.json_fields import obj, opt_str
+from pytgi_router.http.openai.chat_output import ChatOutputStream
 from pytgi_router.http.openai.errors import BadRequest, ResponseNotFound, openai_error_response
 from pytgi_router.http.openai.response_object import ResponseHead, outcome, response_usage
 from pytgi_router.http.openai.response_output import conversation_messages, whole_output
@@ -74,11 +75,12 @@ class ResponsesRoutes:
         data = obj(await read_json(request), "body")
         parsed = parse_responses(data, self._history(data), self.state.model_id)
         chat = parsed.chat
-        req = GenerateRequest(await self.chat.prompt(chat), chat.parameters(),
-                              add_special_tokens=False)
+        prompt = await self.chat.prompt(chat)
+        req = GenerateRequest(prompt, chat.parameters(), add_special_tokens=False)
         head = ResponseHead(parsed.echo)
+        output = ChatOutputStream(self.state.reasoning, prompt, _offered(parsed))
         if parsed.stream:
-            return await self._stream(request, parsed, req, head)
+            return await self._stream(request, parsed, req, head, output)
         group = StreamGroup()
         with self.state.serving():
             async with watching_disconnect(request.receive, group.cancel):
@@ -88,9 +90,9 @@ class ResponsesRoutes:
                 except ClientDisconnected:
                     return Response(status_code=CLIENT_CLOSED)
         seq = result.best
-        items, reason = whole_output(seq.generated_text, seq.end.finish_reason, _offered(parsed))
-        usage = response_usage(seq.input_length, seq.end.generated_tokens)
-        response = head.final(outcome(reason), items, usage)
+        items, turn = whole_output(output, seq.tokens, seq.generated_text, seq.end.finish_reason)
+        usage = response_usage(seq.input_length, seq.end.generated_tokens, turn.reasoning_tokens)
+        response = head.final(outcome(turn.finish_reason), items, usage)
         self._finish(parsed, response)
         headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
         return json_response(response, headers=headers)
@@ -141,13 +143,13 @@ class ResponsesRoutes:
 
     async def _stream(
         self, request: Request, parsed: ResponsesRequest, req: GenerateRequest,
-        head: ResponseHead,
+        head: ResponseHead, output: ChatOutputStream,
     ) -> Response:
         group = StreamGroup()
         submissions = await self.flow.admit(
             req, stream=True, route=ROUTE, headers=request.headers, group=group)
         submission = submissions[0]
-        enc = ResponsesEncoder(head, _offered(parsed), submission.valid.request.input_length,
+        enc = ResponsesEncoder(head, output, submission.valid.request.input_length,
                                lambda response: self._finish(parsed, response))
         events = _after(enc.start(), encode_generation(self.state, submission, group, enc))
         headers = {"x-compute-type": self.state.settings.compute_type,
