@@ -16,9 +16,10 @@ from pytgi_router.core.errors import InferError
 from pytgi_router.http.http_errors import NotFoundError
 from pytgi_router.http.http_io import json_response
 
-# OpenAI's `type` by status; anything else under 500 is the client's request.
+# OpenAI's `type` by status (424: the generation failed, not the request); anything else
+# under 500 is the client's request.
 TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
-         429: "rate_limit_error"}
+         424: "server_error", 429: "rate_limit_error"}
 # The field a validation message names first (`input[0].role`), OpenAI's `param`.
 FIELD = re.compile(r"`([A-Za-z_][\w.\[\]]*)`")
 # The generate and chat fields a shared validation message names, as the Responses API calls
