@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from pytgi_proto.parameters import openapi_properties
 from pytgi_router.http.http_io import json_response
+from pytgi_router.http.openai import responses_openapi
 from pytgi_router.http.state import AppState
 
 
@@ -164,6 +165,7 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/metrics": {"get": {"summary": "Prometheus metrics",
                              "responses": {"200": {"description": "Prometheus text"}}}},
         "/v1/models": _get("OpenAI model list", {"type": "object"}),
+        **responses_openapi.PATHS,
     }
     return {
         "openapi": "3.0.3",
@@ -171,7 +173,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                  "description": "Text Generation Inference's HTTP API, served by pytgi",
                  "license": {"name": "Apache 2.0"}},
         "paths": paths,
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": {**SCHEMAS, **responses_openapi.SCHEMAS}},
     }
 
 
