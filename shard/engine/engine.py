@@ -39,6 +39,7 @@ from pytgi_shard.engine.generation import (
 )
 from pytgi_shard.engine.info import info_response
 from pytgi_shard.engine.model_runner import ModelRunner
+from pytgi_shard.engine.prefill_ladder import resolve_prefill
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline
@@ -178,8 +179,9 @@ class Engine:
             ahead = self.runner.lookaheads.take(cached.request_ids)
             decode = self._decode_inputs(cached) if ahead is None else None
         inputs = prefill_inputs(new, decode, encoding)
-        clock.requests = len(new) + (len(cached) if cached is not None else 0)
-        clock.tokens = inputs.input_ids.shape[0] + (len(cached) if ahead is not None else 0)
+        decoding = len(cached) if cached is not None else 0
+        clock.requests = len(new) + decoding
+        clock.tokens = inputs.input_ids.shape[0] + (decoding if ahead is not None else 0)
         clock.launch = time.perf_counter_ns()
         with self._span("forward"):
             logits, timer, _ = self.runner.forward(inputs)
@@ -356,18 +358,26 @@ class Engine:
             self.cache.delete(batch_id)
 
     def warmup(self, request: generate_pb2.WarmupRequest) -> generate_pb2.WarmupResponse:
-        """Warmup: the runner sizes the KV cache from the peak of the largest prefill (and a
-        decode) run through this engine's own Prefill and Decode (_run_warmup_batch), allocates
-        it, and captures the decode graphs over it."""
+        """Warmup: the prefill budget measured when the router left it to the shard
+        (shard/engine/prefill_ladder.py); the runner sizes the KV cache from the peak of the
+        largest prefill (and a decode) run through this engine's own Prefill and Decode
+        (_run_warmup_batch), allocates it, and captures the decode graphs over it."""
         # Warmup replaces the cache the look-aheads wrote into; its steps stay off the timeline.
         self.runner.lookaheads.clear()
         timeline, self.timeline = self.timeline, None
         try:
             limits = warmup_limits(request, self.model, len(self.cache))
             self.cache.clear()
+            chunking = not self.encoder_decoder
+            limits, prefill_sizing = resolve_prefill(
+                self.runner, limits, self._run_warmup_batch, chunking
+            )
             size = self.runner.size_kv_cache(limits, self._run_warmup_batch)
             self.runner.allocate_sized(size)
-            response = warmup_response(limits, self.model, size.num_blocks, self.block_size)
+            response = warmup_response(
+                limits, self.model, size.num_blocks, self.block_size, chunking
+            )
+            response.prefill_sizing = prefill_sizing
             if size.graph_buckets:
                 self.runner.capture_graphs(size, response.max_total_tokens)
             return response

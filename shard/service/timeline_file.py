@@ -39,12 +39,9 @@ _CHUNK = 64
 
 def format_rows(rows: list[tuple[int, ...]]) -> str:
     """The rows as JSON lines, the kind by name."""
-    out = []
-    for row in rows:
-        values = list(row)
-        values[_KIND] = KINDS[row[_KIND]]
-        out.append(_LINE % tuple(values))
-    return "".join(out)
+    return "".join(
+        _LINE % (*row[:_KIND], KINDS[row[_KIND]], *row[_KIND + 1 :]) for row in rows
+    )
 
 
 class TimelineFile:

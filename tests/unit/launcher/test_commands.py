@@ -17,7 +17,8 @@ def test_shard_command_is_understood_by_the_shard() -> None:
     s = parse_settings(["--shard-uds-path", "/run/s", "--master-addr", "10.0.0.1",
                         "--master-port", "29600", "--cuda-memory-fraction", "0.5",
                         "--json-output", "--otlp-endpoint", "http://c:4317",
-                        "--watermark-gamma", "0.4"], environ={})
+                        "--watermark-gamma", "0.4", "--step-timeline", "/tmp/t.jsonl"],
+                       environ={})
     argv = shard_argv(s, MODEL, rank=1, world_size=2, dtype="float32")
     assert argv[1:3] == ["-m", "pytgi_shard.service.cli"]
     env = shard_env(s, {"LOG_LEVEL": "debug", "KEEP": "1"}, rank=1, world_size=2)
@@ -28,6 +29,7 @@ def test_shard_command_is_understood_by_the_shard() -> None:
     assert shard.dtype == "float32" and shard.cuda_memory_fraction == 0.5
     assert shard.json_output and shard.otlp_endpoint == "http://c:4317"
     assert shard.watermark_gamma == 0.4
+    assert shard.step_timeline == Path("/tmp/t.jsonl")
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["KEEP"] == "1"
     assert "LOG_LEVEL" not in env
 
