@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from pytgi_shard.attention.kv_quant import KVScales
 from pytgi_shard.attention.metadata import AttentionMetadata
 
 BACKENDS = ("reference", "triton")
@@ -30,6 +31,7 @@ class AttentionBackend(ABC):
         *,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
         """Writes k/v to the caches at meta.slot_mapping, then attends; returns [T, Hq, D].
 
@@ -41,6 +43,9 @@ class AttentionBackend(ABC):
         softcap * tanh(s / softcap) before the softmax.
         `alibi_slopes` (BLOOM, MPT) [Hq] float32 adds slope_h * (key position - query position)
         to head h's scaled scores; None leaves the scores as they are, at no cost.
+        An FP8 cache (its dtype float8_e4m3fn or float8_e5m2) is written as k / kv_scales.key
+        (v / kv_scales.value), saturated, and read back times the scale in float32; its layer's
+        `kv_scales` are required then (KVCache.scales_of), and unused otherwise.
         """
 
 

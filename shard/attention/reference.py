@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.kv_quant import KVScales, dequantize, quantize, required_scales
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.attention.plans import MaskKind
 
@@ -107,12 +108,29 @@ def _mask(meta: AttentionMetadata, layout: ReferenceLayout, sliding_window: int 
     return mask
 
 
-def _gather(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """[B, Hkv, context, D]: each request's blocks, in order, as one padded context."""
+def _gather(
+    cache: torch.Tensor, blocks: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """[B, Hkv, context, D]: each request's blocks, in order, as one padded context in `dtype`
+    (an FP8 cache's blocks dequantized: gathered first, so only the context is converted)."""
     batch, num_blocks = blocks.shape
     # index_select copies whole blocks; advanced indexing is markedly slower on CPU.
     gathered = cache.index_select(0, blocks.reshape(-1))
+    if scale is not None:
+        gathered = dequantize(gathered, scale, dtype)
     return gathered.view(batch, num_blocks * cache.shape[1], *cache.shape[2:]).transpose(1, 2)
+
+
+def _write(
+    cache: torch.Tensor, slots: torch.Tensor, x: torch.Tensor, scale: torch.Tensor | None
+) -> None:
+    """x [T, Hkv, D] into the cache's slots; quantized (as bytes: CPU index_copy_ has no FP8
+    kernel) when the cache is FP8."""
+    rows = cache.view(-1, *x.shape[1:])
+    if scale is None:
+        rows.index_copy_(0, slots, x)
+    else:
+        rows.view(torch.uint8).index_copy_(0, slots, quantize(x, scale, cache.dtype))
 
 
 def _softcapped_attention(
@@ -207,22 +225,25 @@ class ReferenceAttention(AttentionBackend):
         *,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
         if softcap is not None and alibi_slopes is not None:
             raise ValueError("soft-capping and ALiBi together are not supported")
-        num_kv_heads, head_dim = k.shape[1], k.shape[2]
-        key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, k)
-        value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, v)
+        scales = required_scales(key_cache, kv_scales)
+        k_scale, v_scale = (None, None) if scales is None else (scales.key, scales.value)
+        _write(key_cache, meta.slot_mapping, k, k_scale)
+        _write(value_cache, meta.slot_mapping, v, v_scale)
         groups = self._groups(meta)
         if not groups:
             return self._attend(
-                q, key_cache, value_cache, meta, scale, sliding_window, softcap, alibi_slopes
+                q, key_cache, value_cache, meta, scale, sliding_window, softcap, alibi_slopes,
+                scales,
             )
         out = torch.empty_like(q)
         for g in groups:
             part = self._attend(
                 q.index_select(0, g.tokens), key_cache, value_cache, g.meta, scale,
-                sliding_window, softcap, alibi_slopes,
+                sliding_window, softcap, alibi_slopes, scales,
             )
             out.index_copy_(0, g.tokens, part)
         return out
@@ -237,16 +258,19 @@ class ReferenceAttention(AttentionBackend):
         sliding_window: int | None,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        """Attention of `q` (the new tokens of `meta`'s requests, their K/V already written)."""
+        """Attention of `q` (the new tokens of `meta`'s requests, their K/V already written;
+        `kv_scales` given when the cache is FP8)."""
         num_tokens, num_heads, head_dim = q.shape
         num_kv_heads = key_cache.shape[2]
         group = num_heads // num_kv_heads
 
         layout = self._plan(meta, num_tokens)
         batch, max_q = layout.query_pos.shape
-        keys = _gather(key_cache, layout.blocks)
-        values = _gather(value_cache, layout.blocks)
+        k_scale, v_scale = (None, None) if kv_scales is None else (kv_scales.key, kv_scales.value)
+        keys = _gather(key_cache, layout.blocks, k_scale, q.dtype)
+        values = _gather(value_cache, layout.blocks, v_scale, q.dtype)
         mask = self._plan_mask(meta, layout, sliding_window, group)
         if alibi_slopes is not None:
             mask = self._plan_alibi(meta, layout, sliding_window, mask, alibi_slopes, q.dtype)

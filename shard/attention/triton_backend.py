@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.kv_quant import KVScales
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.attention.plans import DecodeShape
 from pytgi_shard.attention.triton_cache import write_kv_cache
@@ -74,10 +75,12 @@ class TritonAttention(AttentionBackend):
         *,
         softcap: float | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
         """See AttentionBackend.forward; `softcap` caps scores as softcap * tanh(s / softcap),
-        `alibi_slopes` [Hq] adds slope * (key position - query position)."""
-        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
+        `alibi_slopes` [Hq] adds slope * (key position - query position), `kv_scales` are an
+        FP8 cache's."""
+        write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping, kv_scales)
         if meta.max_seqlen_q == 1:
             if q.shape[0] != meta.batch_size:
                 raise ValueError(
@@ -87,9 +90,10 @@ class TritonAttention(AttentionBackend):
             plan = self._decode_plan(meta, q, k.shape[1])
             return paged_decode(
                 q, key_cache, value_cache, meta.block_tables, meta.seqlens_k, plan, scale,
-                sliding_window, softcap, alibi_slopes=alibi_slopes,
+                sliding_window, softcap, alibi_slopes=alibi_slopes, kv_scales=kv_scales,
             )
         return paged_prefill(
             q, key_cache, value_cache, meta.block_tables, meta.seqlens_k, meta.cu_seqlens_q,
             meta.max_seqlen_q, scale, sliding_window, softcap, alibi_slopes=alibi_slopes,
+            kv_scales=kv_scales,
         )

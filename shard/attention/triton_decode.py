@@ -7,6 +7,7 @@ walks its share of the request's context through the block table. The context is
 grid nor any shape depends on a step's lengths: the launch is capturable in a CUDA graph. With
 several splits each program writes a normalised partial output and its base-2 log-sum-exp, and a
 second kernel merges the splits; with one split the first kernel writes the output directly.
+An FP8 cache's tiles are decoded and scaled in float32 as they are loaded (triton_fp8.load_kv).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pytgi_shard.attention.kv_quant import KVScales
+from pytgi_shard.attention.triton_fp8 import fp8_code, kernel_view, load_kv, scale_args
 from pytgi_shard.attention.triton_online_softmax import (
     dot_precision,
     online_softmax_step,
@@ -58,7 +61,7 @@ def decode_splits(batch: int, kv_heads: int, num_sms: int, max_splits: int = MAX
 @triton.jit
 def _decode_split_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seqlens_ptr,
-    out_ptr, part_out_ptr, part_lse_ptr,
+    out_ptr, part_out_ptr, part_lse_ptr, k_scale_ptr, v_scale_ptr,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_co, stride_ch, stride_cd,
     stride_tb, stride_tn,
@@ -67,7 +70,7 @@ def _decode_split_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, FP8: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -102,18 +105,23 @@ def _decode_split_kernel(
     if HAS_ALIBI:
         slopes = tl.load(alibi_ptr + heads, mask=g_mask, other=0.0).to(tl.float32)
         slopes = slopes * 1.4426950408889634
+    k_scale = 1.0
+    v_scale = 1.0
+    if FP8 != 0:
+        k_scale = tl.load(k_scale_ptr)
+        v_scale = tl.load(v_scale_ptr)
     for tile in range(tile_lo, tile_hi):
         pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = (pos < seqlen) & (pos >= start)
         block = tl.load(table + (pos // BLOCK_SIZE) * stride_tn, mask=valid, other=0).to(tl.int64)
         rows = block * stride_cb + (pos % BLOCK_SIZE) * stride_co + head_offset
-        k_t = tl.load(
+        k_t = load_kv(
             key_cache_ptr + rows[None, :] + d[:, None] * stride_cd,
-            mask=valid[None, :] & d_mask[:, None], other=0.0,
+            valid[None, :] & d_mask[:, None], k_scale, FP8,
         )
-        v = tl.load(
+        v = load_kv(
             value_cache_ptr + rows[:, None] + d[None, :] * stride_cd,
-            mask=valid[:, None] & d_mask[None, :], other=0.0,
+            valid[:, None] & d_mask[None, :], v_scale, FP8,
         )
         qk = tl.dot(q, k_t.to(q.dtype), input_precision=PRECISION)
         scores = scaled_scores(qk, scale, softcap, HAS_SOFTCAP)
@@ -200,12 +208,13 @@ def paged_decode(
     softcap: float | None = None,
     config: DecodeConfig | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """Attention of one query per request (q [batch, Hq, D]) over its paged context; [batch, Hq, D].
 
     seqlens_k[i] counts request i's context including the new token, whose K/V must already be in
     the cache. No host synchronisation and no value-dependent shapes: capturable.
-    alibi_slopes: [Hq] float32, or None.
+    alibi_slopes: [Hq] float32, or None. kv_scales: an FP8 cache's (required then).
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[2]
@@ -216,11 +225,12 @@ def paged_decode(
         return out
     block_d = max(16, triton.next_power_of_2(head_dim))
     splits = plan.num_splits
+    k_scale, v_scale = scale_args(key_cache, kv_scales, out)
     _decode_split_kernel[(batch, num_kv_heads, splits)](
-        q, key_cache, value_cache, block_tables, seqlens_k,
+        q, kernel_view(key_cache), kernel_view(value_cache), block_tables, seqlens_k,
         # With one split the partial buffers are never touched; `out` stands in for them.
         out, out if plan.part_out is None else plan.part_out,
-        out if plan.part_lse is None else plan.part_lse,
+        out if plan.part_lse is None else plan.part_lse, k_scale, v_scale,
         *q.stride(), *key_cache.stride(), *block_tables.stride(), *out.stride(),
         scale, softcap or 0.0, sliding_window or 0, head_dim,
         out if alibi_slopes is None else alibi_slopes,
@@ -228,7 +238,7 @@ def paged_decode(
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n, BLOCK_D=block_d,
         HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None,
         HAS_ALIBI=alibi_slopes is not None,
-        PRECISION=dot_precision(q.dtype == torch.float32),
+        PRECISION=dot_precision(q.dtype == torch.float32), FP8=fp8_code(key_cache),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if plan.part_out is not None and plan.part_lse is not None:
