@@ -37,6 +37,10 @@ def parse_cuda_graphs(text: str, source: str = "--cuda-graphs") -> tuple[int, ..
 # (shard/structured_output/cache.py): --grammar-cache-bytes.
 DEFAULT_GRAMMAR_CACHE_BYTES = 512 * 1024 * 1024
 
+# TGI's --kv-cache-dtype values: the FP8 formats the KV cache may be stored in (unset: the
+# model's dtype). shard/attention/kv_quant.py maps them to torch dtypes.
+KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")
+
 # TGI's --rope-scaling values: the two kinds that take nothing but a factor.
 ROPE_SCALINGS = ("linear", "dynamic")
 
@@ -87,6 +91,8 @@ class ShardSettings:
     # TGI's --quantize value (quantization/method.py); None: the checkpoint's own, if any. After
     # start-up resolves it, the method that runs ("" for float weights), which Info reports.
     quantize: str | None = None
+    # TGI's --kv-cache-dtype: an FP8 format of KV_CACHE_DTYPES; None: the model's dtype.
+    kv_cache_dtype: str | None = None
     trust_remote_code: bool = False
     # None: the device's default (DeviceCapabilities.default_attention), resolved at start-up.
     attention: str | None = None
@@ -149,6 +155,9 @@ class ShardSettings:
         if self.quantize and self.quantize not in QUANTIZE_VALUES:
             out.append(f"--quantize must be one of {', '.join(QUANTIZE_VALUES)}, got "
                        f"{self.quantize}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            out.append(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                       f"{self.kv_cache_dtype}")
         if self.block_size < 1:
             out.append(f"--block-size must be >= 1, got {self.block_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:

@@ -21,7 +21,12 @@ from pytgi_shard.quantization.errors import QuantizationError
 from pytgi_shard.quantization.method import parse_quantize
 from pytgi_shard.service.ctl import add_ctl_command
 from pytgi_shard.service.logs import configure_logging
-from pytgi_shard.settings import ROPE_SCALINGS, ShardSettings, parse_cuda_graphs
+from pytgi_shard.settings import (
+    KV_CACHE_DTYPES,
+    ROPE_SCALINGS,
+    ShardSettings,
+    parse_cuda_graphs,
+)
 from pytgi_shard.weights.download import add_download_command
 
 log = logging.getLogger("pytgi_shard")
@@ -39,6 +44,7 @@ ENV_FALLBACKS = {
     "rope_scaling": ("ROPE_SCALING", str),
     "rope_factor": ("ROPE_FACTOR", float),
     "grammar_cache_bytes": ("GRAMMAR_CACHE_BYTES", int),
+    "kv_cache_dtype": ("KV_CACHE_DTYPE", str),
 }
 
 
@@ -64,6 +70,12 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         "--dtype",
         choices=DTYPES,
         help="default: the checkpoint's half precision on GPU, float32 on CPU",
+    )
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="store the KV cache in FP8, with the checkpoint's per-layer k/v scales (1.0 "
+        "without them); env KV_CACHE_DTYPE; default: the model's dtype",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument(
