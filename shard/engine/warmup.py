@@ -61,8 +61,8 @@ class Limits:
 
     @classmethod
     def from_pb(cls, pb: generate_pb2.WarmupRequest) -> Limits:
-        if pb.max_prefill_tokens == 0:
-            raise InvalidRequest("Warmup needs max_prefill_tokens > 0")
+        """The request's limits; max_prefill_tokens 0 is for the shard to measure
+        (shard/engine/prefill_ladder.py), before any batch is built from it."""
         if pb.max_total_tokens and pb.max_input_tokens >= pb.max_total_tokens:
             raise InvalidRequest(
                 f"max_input_tokens ({pb.max_input_tokens}) must be < max_total_tokens "
@@ -90,11 +90,16 @@ def check_positions(limits: Limits, model: Model) -> None:
         )
 
 
-def prompt_lengths(limits: Limits, max_position_embeddings: int) -> list[int]:
-    """The warmup prompts: max_prefill_tokens split into requests of at most max_input_tokens."""
-    per_request = limits.max_input_tokens or max(
+def longest_prompt(limits: Limits, max_position_embeddings: int) -> int:
+    """The longest prompt the router may send: max_input_tokens, else what the context allows."""
+    return limits.max_input_tokens or max(
         (limits.max_total_tokens or max_position_embeddings) - 1, 1
     )
+
+
+def prompt_lengths(limits: Limits, max_position_embeddings: int) -> list[int]:
+    """The warmup prompts: max_prefill_tokens split into requests of at most max_input_tokens."""
+    per_request = longest_prompt(limits, max_position_embeddings)
     lengths: list[int] = []
     left = limits.max_prefill_tokens
     while left > 0 and (not limits.max_batch_size or len(lengths) < limits.max_batch_size):
@@ -169,15 +174,21 @@ def allocation_failure(num_blocks: int) -> OutOfMemory:
 
 
 def warmup_response(
-    limits: Limits, model: Model, num_blocks: int, block_size: int
+    limits: Limits, model: Model, num_blocks: int, block_size: int, chunking: bool = False
 ) -> generate_pb2.WarmupResponse:
-    """The token limits a cache of `num_blocks` supports, as the router reads them."""
+    """The token limits a cache of `num_blocks` supports, as the router reads them. A shard that
+    computes prompts in chunks takes any prompt its context and the cache allow (TGI v3's
+    max_total_tokens - 1); one that cannot must fit a prompt in one prefill."""
     capacity = (num_blocks - 1) * block_size
     max_total = limits.max_total_tokens or min(model.max_position_embeddings, capacity)
-    max_input = limits.max_input_tokens or min(max_total - 1, limits.max_prefill_tokens)
+    max_input = limits.max_input_tokens or (
+        max_total - 1 if chunking else min(max_total - 1, limits.max_prefill_tokens)
+    )
+    kv_sizing = kv_reason(limits, model)
     log.info(
-        "KV cache: %d blocks of %d tokens (%d tokens); max_input_tokens %d, max_total_tokens %d",
-        num_blocks, block_size, capacity, max_input, max_total,
+        "KV cache: %d blocks of %d tokens (%d tokens: %s); max_input_tokens %d, "
+        "max_total_tokens %d",
+        num_blocks, block_size, capacity, kv_sizing, max_input, max_total,
     )  # fmt: skip
     return generate_pb2.WarmupResponse(
         max_supported_total_tokens=capacity,
@@ -185,6 +196,23 @@ def warmup_response(
         max_total_tokens=max_total,
         num_blocks=num_blocks,
         block_size=block_size,
+        max_prefill_tokens=limits.max_prefill_tokens,
+        kv_sizing=kv_sizing,
+    )
+
+
+def kv_reason(limits: Limits, model: Model) -> str:
+    """Where the KV cache's size came from (cache_blocks' three ways), for the start-up log."""
+    if limits.max_batch_total_tokens:
+        return f"the KV budget the router asked for ({limits.max_batch_total_tokens} tokens)"
+    if model.device.type == "cuda":
+        return (
+            "the device memory left under --cuda-memory-fraction after the weights, the largest "
+            f"prefill's measured peak and the CUDA graphs, less {1 - GPU_HEADROOM:.0%} headroom"
+        )
+    return (
+        f"on the CPU, {CPU_RAM_SHARE:.0%} of the available RAM, at most {CPU_MAX_SEQUENCES} "
+        "full contexts (or the shard's --max-total-tokens)"
     )
 
 
@@ -280,11 +308,13 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 def cache_blocks(
-    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int
+    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int,
+    kv_dtype: torch.dtype,
 ) -> int:
-    """KV blocks for this rank, block 0 included, keeping `peak` bytes free for the forward."""
+    """KV blocks for this rank, block 0 included, keeping `peak` bytes free for the forward.
+    Sized in bytes of `kv_dtype` (the cache's: an FP8 one holds twice a bfloat16 one's blocks)."""
     m = model
-    per_token = KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype)
+    per_token = KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_dtype)
     block = per_token * block_size
     budget_blocks = (
         math.ceil(limits.max_batch_total_tokens / block_size) + 1

@@ -304,8 +304,6 @@ def test_warmup_sizes_the_cpu_cache_from_the_requested_budget(
     assert response.max_total_tokens == 256  # the model's context, below the capacity
     auto = engine.warmup(pb.WarmupRequest(max_prefill_tokens=100, max_batch_total_tokens=64))
     assert auto.max_total_tokens == 64 and auto.max_input_tokens == 63
-    with pytest.raises(InvalidRequest):
-        engine.warmup(pb.WarmupRequest(max_prefill_tokens=0))
     # Terabytes of KV: a clear error naming the flags, and the engine still works.
     with pytest.raises(OutOfMemory, match="--max-batch-prefill-tokens"):
         engine.warmup(pb.WarmupRequest(max_prefill_tokens=100, max_batch_total_tokens=2**32 - 1))
