@@ -87,7 +87,7 @@ _LIMITS: list[tuple[str, type, str | None]] = [
     ("--max-top-n-tokens", int, None),
     ("--max-input-tokens", int, "from the shard's warmup"),
     ("--max-total-tokens", int, "from the shard's warmup"),
-    ("--max-batch-prefill-tokens", int, None),
+    ("--max-batch-prefill-tokens", int, "measured by the shards at warmup"),
     ("--max-batch-total-tokens", int, "from the shard's warmup"),
     ("--max-batch-size", int, None),
     ("--max-queue-size", int, "none: waiting requests hold permits"),

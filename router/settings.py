@@ -47,7 +47,8 @@ class RouterSettings:
     max_connections: int = 1024
     # Scheduler budgets, forwarded to the inference core.
     waiting_served_ratio: float = c.WAITING_SERVED_RATIO
-    max_batch_prefill_tokens: int = c.MAX_BATCH_PREFILL_TOKENS
+    # None: measured by the shards at Warmup (shard/engine/prefill_budget.py).
+    max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_batch_size: int | None = None
@@ -92,11 +93,12 @@ class RouterSettings:
             "max_client_batch_size": self.max_client_batch_size,
             "payload_limit": self.payload_limit,
             "max_connections": self.max_connections,
-            "max_batch_prefill_tokens": self.max_batch_prefill_tokens,
             "validation_workers": self.validation_workers,
             "max_grammar_bytes": self.max_grammar_bytes,
         }
         out += [f"--{k.replace('_', '-')} must be > 0" for k, v in positive.items() if v <= 0]
+        if self.max_batch_prefill_tokens is not None and self.max_batch_prefill_tokens <= 0:
+            out.append("--max-batch-prefill-tokens must be > 0")
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0:
             out.append("--max-stop-sequences and --max-top-n-tokens must be >= 0")
         queue, permits = self.max_queue_size, self.max_concurrent_requests

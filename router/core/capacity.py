@@ -7,7 +7,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from pytgi_proto import generate_pb2
+from pytgi_proto import contracts, generate_pb2
 from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.prefix_cache import PrefixCache
 
@@ -46,7 +46,8 @@ class InferStartError(RuntimeError):
 
 def warmup_request(settings: InferSettings) -> generate_pb2.WarmupRequest:
     return generate_pb2.WarmupRequest(
-        max_prefill_tokens=settings.max_batch_prefill_tokens,
+        # 0: the shards measure it (shard/engine/prefill_budget.py).
+        max_prefill_tokens=settings.max_batch_prefill_tokens or 0,
         max_input_tokens=settings.max_input_tokens or 0,
         max_total_tokens=settings.max_total_tokens or 0,
         max_batch_size=settings.max_batch_size or 0,
@@ -92,12 +93,13 @@ def derive_info(
                         settings.max_batch_total_tokens, block_size, max_batch_total)
     max_total = settings.max_total_tokens or warmup.max_total_tokens
     max_input = settings.max_input_tokens or warmup.max_input_tokens
-    prefill = settings.max_batch_prefill_tokens
+    prefill = served_prefill(settings, warmup)
     chunking = info.support_chunking
     if prefill > max_batch_total:
         # Harmless but meaningless: no prefill can hold more than the KV cache.
-        logger.warning("--max-batch-prefill-tokens=%d exceeds the KV budget: using %d",
-                       prefill, max_batch_total)
+        if settings.max_batch_prefill_tokens is not None:
+            logger.warning("--max-batch-prefill-tokens=%d exceeds the KV budget: using %d",
+                           prefill, max_batch_total)
         prefill = max_batch_total
     # Defaults must not make a full-length request unschedulable; explicit values are checked.
     if settings.max_total_tokens is None:
@@ -124,6 +126,16 @@ def derive_info(
         support_chunking=chunking,
         use_prefix_caching=info.use_prefix_caching,
         quantize=info.quantize,
+    )
+
+
+def served_prefill(settings: InferSettings, warmup: generate_pb2.WarmupResponse) -> int:
+    """The flag, else what the shards measured at Warmup, else (a shard that answers no
+    budget) TGI's default."""
+    return (
+        settings.max_batch_prefill_tokens
+        or warmup.max_prefill_tokens
+        or contracts.MAX_BATCH_PREFILL_TOKENS
     )
 
 

@@ -42,6 +42,7 @@ from pytgi_router.core.request_stream import RequestStream
 from pytgi_router.core.scheduler import Scheduler
 from pytgi_router.core.shard_client import GrammarRefused, ShardCallError, ShardClient
 from pytgi_router.core.shard_probe import ShardProbe
+from pytgi_router.core.sizing_report import sizing_lines
 from pytgi_router.core.step_plan import Budgets
 from pytgi_router.metrics import Metrics
 
@@ -118,7 +119,11 @@ class Infer:
         shard_info = await self.client.info(timeout)
         await self.client.clear_cache(None, timeout)
         warmup = await self.client.warmup(warmup_request(settings), timeout)
-        return derive_info(settings, shard_info, warmup, self.client.world_size)
+        served = derive_info(settings, shard_info, warmup, self.client.world_size)
+        # What was chosen and why, one line per limit (zero-config sizing).
+        for line in sizing_lines(settings, shard_info, warmup, served):
+            logger.info("%s", line)
+        return served
 
     def _install(self, info: ShardInfo) -> None:
         """New KV blocks (an empty prefix cache), budgets and batching task for the shards'

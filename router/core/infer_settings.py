@@ -18,7 +18,8 @@ SHARD_STEP_TIMEOUT_S = 300.0
 @dataclass
 class InferSettings:
     max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS
-    max_batch_prefill_tokens: int = c.MAX_BATCH_PREFILL_TOKENS
+    # None → measured by the shards at Warmup (prefill throughput at a ladder of sizes).
+    max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None  # None → from the shard's Warmup
     max_batch_size: int | None = None
     waiting_served_ratio: float = c.WAITING_SERVED_RATIO
