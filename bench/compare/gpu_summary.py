@@ -8,19 +8,23 @@ the summary comes even when installing pytgi failed.
 Reads the stage list gpu.sh wrote (name, status, exit code, seconds, cap), and what the stages
 left: the requirements check and model builds (work directory), the engine_steps JSON of each
 shape and attention (merged into OUT/steps.json), pytest's JUnit XML and compare.py's JSON (OUT).
-Prints the table last, so it is what the end of a run's output shows. A stage that left nothing
-readable says so rather than failing the summary.
+The step timelines those left (each pytgi row's, each engine_steps row's: where the time went per
+step kind, bench/compare/timeline_summary.py) go into summary.json's `timelines` and are printed
+before the table. Prints the table last, so it is what the end of a run's output shows. A stage
+that left nothing readable says so rather than failing the summary.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 
@@ -101,6 +105,48 @@ def steps_result(runs: dict[str, Any]) -> str:
     return "; ".join(parts) if parts else "no engine_steps results"
 
 
+def timeline_module() -> ModuleType:
+    """bench/compare/timeline_summary.py, loaded by its path: this file runs as a script (-P),
+    where bench/compare is no package and pytgi may not have installed; that module is
+    standard library only too."""
+    name = "_gpu_summary_timeline"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("timeline_summary.py")
+        )
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def collect_timelines(stages: list[StageRow], steps: dict[str, Any],
+                      out: Path) -> dict[str, dict[str, Any]]:
+    """Every step timeline summary the stages left, by `<stage> <row>`."""
+    found: dict[str, dict[str, Any]] = {}
+    for row in stages:
+        if not row.name.startswith("compare-"):
+            continue
+        for system, result in _rows(_json(out / f"{row.name}.json") or {}).items():
+            timeline = result.get("extra", {}).get("timeline")
+            if isinstance(timeline, dict) and "steps" in timeline:
+                found[f"{row.name} {system}"] = timeline
+    for name, data in steps.items():
+        for r in data.get("rows", []):
+            if isinstance(r.get("timeline"), dict):
+                overlap = "overlap" if r.get("overlap") else "no overlap"
+                found[f"steps {name} b{r['batch_size']} {overlap}"] = r["timeline"]
+    return found
+
+
+def _idle(report: dict[str, Any] | None) -> str:
+    """The device's idle share during pytgi-http's timed window, from its step timeline."""
+    timeline = _rows(report or {}).get("pytgi-http", {}).get("extra", {}).get("timeline")
+    if not isinstance(timeline, dict) or timeline.get("device_idle_share") is None:
+        return ""
+    return f"device idle {timeline['device_idle_share']:.0%} over {timeline['steps']} steps"
+
+
 def _rows(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {r["system"]: r for r in report.get("results", [])}
 
@@ -136,6 +182,9 @@ def compare_result(report: dict[str, Any] | None) -> str:
 
         parts.append(f"TPOT {ms(a, 'tpot_ms', '.2f')} vs {ms(b, 'tpot_ms', '.2f')} ms, "
                      f"TTFT {ms(a, 'ttft_ms', '.1f')} vs {ms(b, 'ttft_ms', '.1f')} ms")
+    idle = _idle(report)
+    if idle:
+        parts.append(idle)
     broken = [f"{name} {r['status']}" for name, r in rows.items() if r.get("status") != "ok"]
     if broken:
         parts.append("not ok: " + ", ".join(broken))
@@ -208,10 +257,24 @@ def summarize(stages: list[StageRow], work: Path, out: Path) -> dict[str, Any]:
         elif row.name == "quantization":
             row.result = quantization_result(_json(out / "quantization.json"))
     return {"stages": [asdict(r) for r in stages], "models": _models(work),
-            "environment": _environment()}
+            "environment": _environment(), "timelines": collect_timelines(stages, steps, out)}
+
+
+def print_timelines(timelines: dict[str, dict[str, Any]], stream: Any) -> None:
+    """Where the time went: each pytgi row's table per step kind, one line per steps row."""
+    if not timelines:
+        return
+    module = timeline_module()
+    print("===== step timelines (shard/engine/step_timeline.py) =====", file=stream)
+    for name, timeline in timelines.items():
+        if name.startswith("steps "):
+            print(f"{name}: {module.headline(timeline)}", file=stream)
+        else:
+            module.print_summary(timeline, name, stream)
 
 
 def print_summary(summary: dict[str, Any], seconds: int | None, stream: Any) -> None:
+    print_timelines(summary.get("timelines", {}), stream)
     env = summary["environment"]
     head = ", ".join(f"{k} {v}" for k, v in env.items())
     print(f"===== bench/gpu.sh summary ({head}) =====", file=stream)

@@ -8,17 +8,25 @@ starts it again. Each workload first sends a few warm-up requests of its own pro
 not among the timed ones (a timed prompt the server has seen would hit its prefix cache), then
 sends the timed prompts as concurrent streaming `/generate_stream` clients — all at once, or one
 at a time for the single-stream row — timed from the first request sent to the last token.
+
+The server writes its step timeline (`--step-timeline`, shard/engine/step_timeline.py) to the
+work directory; each row remembers the window it was timed in, and once the server has stopped
+(its last rows written) `attach_timelines` puts the summary of that window's steps in the row
+(`extra["timeline"]`, bench/compare/timeline_summary.py): where the row's time went.
 """
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from pytgi_bench.benchmark import run_benchmark
 from pytgi_bench.compare.server_process import PytgiServer, ServerStartError
 from pytgi_bench.compare.system_result import SystemResult
+from pytgi_bench.compare.timeline_summary import read_timeline, summarize, within
 from pytgi_bench.settings import LoadSettings
 from pytgi_bench.summary import Summary
 from pytgi_router.server import run_event_loop
@@ -64,8 +72,12 @@ class HttpSystem:
         extra_args: list[str],
     ) -> None:
         self._work_dir = work_dir
+        # Appended by every server start of this run; a previous run's steps are not this one's.
+        self.timeline_path = work_dir / "pytgi-timeline.jsonl"
+        self.timeline_path.unlink(missing_ok=True)
         self._server = PytgiServer(
-            model_dir, work_dir / "pytgi-server.log", threads=threads, extra_args=extra_args
+            model_dir, work_dir / "pytgi-server.log", threads=threads,
+            extra_args=[*extra_args, "--step-timeline", str(self.timeline_path)],
         )
         self._started = False
 
@@ -101,13 +113,17 @@ class HttpSystem:
             if warm.failed:
                 result.status, result.error = "error", f"warm-up failed: {warm.errors}"
                 return result
+        # The same clock as the timeline's steps (perf_counter_ns: CLOCK_MONOTONIC).
+        window = [time.perf_counter_ns()]
         summary = self._load(workload, "timed", workload.prompts, workload.concurrency)
+        window.append(time.perf_counter_ns())
         if summary.failed:
             result.status = "error"
             result.error = f"{summary.failed} requests failed: {summary.errors}"
         result.wall_s.append(summary.duration_s)
         result.output_tokens.append(summary.total_output_tokens)
-        result.extra = {"latency": _latencies(summary), "server_log": str(self._server.log_path)}
+        result.extra = {"latency": _latencies(summary), "server_log": str(self._server.log_path),
+                        "timeline_windows_ns": [window]}
         if workload.concurrency == 1:
             result.extra["single_stream"] = [
                 {"ttft_ms": summary.ttft.p50_ms, "tpot_ms": summary.tpot.p50_ms}
@@ -118,6 +134,23 @@ class HttpSystem:
         """Stops the server (the next run starts it again)."""
         self._server.stop()
         self._started = False
+
+    def attach_timelines(self, results: Iterable[SystemResult | None]) -> None:
+        """Each HTTP row's `extra["timeline"]`: the summary of the steps inside its timed
+        windows (every round's). Call once the server has stopped, when its last rows are
+        written; a row whose steps are missing says so rather than failing the run."""
+        rows = [r for r in results if r is not None and r.extra.get("timeline_windows_ns")]
+        if not rows:
+            return
+        try:
+            records = read_timeline(self.timeline_path)
+        except OSError as e:
+            for r in rows:
+                r.extra["timeline"] = {"error": f"no step timeline: {e}"}
+            return
+        for r in rows:
+            steps = [s for a, b in r.extra["timeline_windows_ns"] for s in within(records, a, b)]
+            r.extra["timeline"] = summarize(steps)
 
     def close(self) -> None:
         self.stop()

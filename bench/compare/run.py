@@ -47,6 +47,7 @@ from pytgi_bench.compare.model_builder import eos_free_copy, is_checkpoint
 from pytgi_bench.compare.report import compare_document
 from pytgi_bench.compare.system_result import SystemResult
 from pytgi_bench.compare.table import SINGLE_STREAM, print_table
+from pytgi_bench.compare.timeline_summary import print_summary
 from pytgi_bench.report import machine, save_json
 from pytgi_bench.settings import LengthRange
 
@@ -212,6 +213,7 @@ def run_rounds(
                 else:
                     if args.gpu:
                         http.stop()  # the GPU's memory is the next process's
+                        http.attach_timelines(merged.values())
                     result = run_in_process(
                         system, {**spec, "repeats": 1}, args.work_dir, args.system_timeout_s
                     )
@@ -221,6 +223,7 @@ def run_rounds(
                 progress([r for r in merged.values() if r is not None])
     finally:
         http.close()
+        http.attach_timelines(merged.values())
     return [r for r in merged.values() if r is not None]
 
 
@@ -331,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     results = run_rounds(spec, model_dir, workloads, args, lambda rs: save(rs, False))
     save(results, True)
     print_table(results, args.requests * args.new_tokens, sys.stdout)
+    for r in results:
+        if isinstance(r.extra.get("timeline"), dict) and "steps" in r.extra["timeline"]:
+            print_summary(r.extra["timeline"], r.system, sys.stdout)
     print(f"results: {out}", file=sys.stderr)
     return 1 if any(r.status == "error" for r in results) else 0
 

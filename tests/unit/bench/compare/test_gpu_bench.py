@@ -121,15 +121,36 @@ def test_gpu_sh_is_valid_bash_and_runs_stages_in_their_order() -> None:
     assert subprocess.run(["bash", "-n", str(GPU_SH)]).returncode == 0
     every = _plan()
     assert every.returncode == 0
-    assert every.stdout.splitlines()[0].startswith(
-        "stages: install tests steps compare-1b compare-8b quantization"
+    lines = every.stdout.splitlines()
+    # In order of value: the CUDA tests, then the 8B headline, then the 1B and kernel stages.
+    assert lines[0] == (
+        "stages: install tests compare-8b steps compare-1b quantization (budget 540 s)"
     )
+    # A quarter-hour window: the caps fit the 9-minute budget, install included.
+    caps = [int(line.split("cap ")[1].removesuffix(" s")) for line in lines[1:]]
+    assert len(caps) == 6 and sum(caps) <= 540
+    # Re-measuring one stage: the install comes along (it skips itself when done before).
     chosen = _plan("--stages", "compare-8b,tests", "--cap", "tests=42")
-    assert chosen.stdout.splitlines()[:3] == [
-        "stages: tests compare-8b (budget 570 s)", "  tests: cap 42 s", "  compare-8b: cap 330 s"
+    assert chosen.stdout.splitlines() == [
+        "stages: install tests compare-8b (budget 540 s)", "  install: cap 45 s",
+        "  tests: cap 42 s", "  compare-8b: cap 210 s",
     ]
+    bare = _plan("--stages", "compare-8b", "--no-install", "--budget-s", "240")
+    assert bare.stdout.splitlines()[0] == "stages: compare-8b (budget 240 s)"
     wrong = _plan("--stages", "tests,benchmark")
     assert wrong.returncode == 2 and "unknown stage 'benchmark'" in wrong.stderr
+
+
+def test_the_tests_stage_selects_the_cuda_tests_that_exist() -> None:
+    """The kernel tests moved into folders once and the stage's glob silently matched nothing:
+    its selection is listed by the script itself and every entry must exist."""
+    listed = subprocess.run(
+        ["bash", "-c", f"source <(sed -n '/^tests_files()/,/^}}/p' {GPU_SH}); cd {ROOT}; "
+         "tests_files"], capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert listed[0] == "tests/gpu/" and len(listed) >= 6
+    assert all((ROOT / path).exists() for path in listed)
+    assert any(p.endswith("test_triton_attention.py") for p in listed)
 
 
 def test_compare_fills_the_defaults_of_each_mode() -> None:
@@ -246,3 +267,38 @@ def test_summary_reads_compare_results() -> None:
     text = gpu_summary.compare_result({"results": rows})
     assert text == ("pytgi 2,000 tok/s vs hf-cb 500 (4.00x); TPOT 5.00 vs - ms, TTFT 20.0 vs - ms; "
                     "not ok: hf-compiled-b1 error")
+
+
+def test_summary_carries_and_prints_the_step_timelines(tmp_path: Path) -> None:
+    from pytgi_bench.compare.timeline_summary import summarize
+
+    work, out = tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    _write_run(work, out)
+    ms = 1_000_000
+    steps = [{"t_ns": i * 10 * ms, "end_ns": i * 10 * ms + 8 * ms, "kind": "decode",
+              "requests": 256, "tokens": 256, "build_ns": ms, "forward_ns": 0, "choose_ns": ms,
+              "ahead_ns": ms, "sync_ns": 4 * ms, "emit_ns": ms, "reply_ns": 0,
+              "device_ns": 6 * ms} for i in range(5)]
+    timeline = summarize(steps)
+    ours = SystemResult("pytgi-http", "p", wall_s=[2.0], output_tokens=[4000],
+                        extra={"timeline": timeline})
+    (out / "compare-8b.json").write_text(json.dumps({"results": [ours.to_json()]}))
+    stages = (work / "stages.tsv").read_text().replace("compare-8b\tskipped\t-\t0\t10",
+                                                       "compare-8b\tok\t0\t150\t210")
+    (work / "stages.tsv").write_text(stages)
+    steps_run = json.loads((work / "steps" / "1b-triton.json").read_text())
+    steps_run["rows"][0].update(overlap=True, timeline=timeline)
+    (work / "steps" / "1b-triton.json").write_text(json.dumps(steps_run))
+    printed = io.StringIO()
+    summary = gpu_summary.summarize(gpu_summary.read_stages(work / "stages.tsv"), work, out)
+    gpu_summary.print_summary(summary, 400, printed)
+    assert set(summary["timelines"]) == {"compare-8b pytgi-http", "steps 1b-triton b1 overlap"}
+    # 5 steps over 48 ms with the device busy 30 ms.
+    results = {s["name"]: s["result"] for s in summary["stages"]}
+    assert results["compare-8b"] == "pytgi 2,000 tok/s; device idle 38% over 5 steps"
+    text = printed.getvalue()
+    assert "step timeline compare-8b pytgi-http: 5 steps" in text
+    assert "steps 1b-triton b1 overlap: 5 steps, device idle 38%" in text
+    # The stage table still ends the output.
+    assert text.rstrip().splitlines()[-1].startswith("NOT OK: tests, compare-1b")
