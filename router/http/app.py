@@ -17,6 +17,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError, ValidationError
+from pytgi_router.http.anthropic.errors import error_bytes as anthropic_error_bytes
+from pytgi_router.http.anthropic.errors import error_response as anthropic_error_response
+from pytgi_router.http.anthropic.errors import owns as anthropic_owns
+from pytgi_router.http.anthropic.routes import MessagesRoutes
 from pytgi_router.http.generate_flow import GenerateFlow
 from pytgi_router.http.http_errors import (
     MethodNotAllowedError,
@@ -25,8 +29,8 @@ from pytgi_router.http.http_errors import (
     UnauthorizedError,
 )
 from pytgi_router.http.http_io import error_response, read_json
-from pytgi_router.http.openai.routes_chat import ChatRoutes
 from pytgi_router.http.openai.response_store import ResponseStore
+from pytgi_router.http.openai.routes_chat import ChatRoutes
 from pytgi_router.http.openai.routes_completions import CompletionRoutes
 from pytgi_router.http.openai.routes_responses import ResponsesRoutes
 from pytgi_router.http.openapi import DocsRoutes
@@ -46,11 +50,14 @@ PUBLIC = frozenset({
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
-async def _send_error(send: Any, err: InferError) -> None:
-    body = json.dumps(err.to_json()).encode()
+async def _send_error(send: Any, err: InferError, path: str = "") -> None:
+    """`err` in TGI's shape, or in Anthropic's on its routes (their clients parse no other)."""
+    status, body = err.status_code, json.dumps(err.to_json()).encode()
+    if anthropic_owns(path):
+        status, body = anthropic_error_bytes(err)
     await send({
         "type": "http.response.start",
-        "status": err.status_code,
+        "status": status,
         "headers": [(b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode())],
     })
@@ -73,12 +80,12 @@ class HttpGuard:
         method = scope["method"]
         guarded = self.expected is not None and (method, scope["path"]) not in PUBLIC
         if guarded and not self._authorized(scope):
-            await _send_error(send, UnauthorizedError())
+            await _send_error(send, UnauthorizedError(), scope["path"])
             return
         if method not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        body = await self._read_body(scope, receive, send)
+        body = await self._read_body(scope, receive, send, scope["path"])
         if body is None:
             return
         await self.app(scope, _replay(body, receive), send)
@@ -90,12 +97,17 @@ class HttpGuard:
             if name == b"authorization":
                 scheme, _, key = value.partition(b" ")
                 # The scheme is case-insensitive (RFC 7235); the key is compared in constant time.
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
+                if scheme.lower() == b"bearer" and hmac.compare_digest(
                     b"Bearer " + key.strip(), expected
-                )
+                ):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(
+                b"Bearer " + value.strip(), expected
+            ):
+                return True  # Anthropic's header: its SDK sends the key there
         return False
 
-    async def _read_body(self, scope: Any, receive: Any, send: Any) -> bytes | None:
+    async def _read_body(self, scope: Any, receive: Any, send: Any, path: str) -> bytes | None:
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -103,7 +115,7 @@ class HttpGuard:
                 except ValueError:
                     declared = 0
                 if declared > self.limit:
-                    await _send_error(send, PayloadTooLargeError(self.limit))
+                    await _send_error(send, PayloadTooLargeError(self.limit), path)
                     return None
         chunks: list[bytes] = []
         size = 0
@@ -114,7 +126,7 @@ class HttpGuard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
-                await _send_error(send, PayloadTooLargeError(self.limit))
+                await _send_error(send, PayloadTooLargeError(self.limit), path)
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -134,22 +146,29 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replay
 
 
+def _error(request: Request, err: InferError, headers: Any = None) -> Response:
+    """`err` in TGI's shape, or in Anthropic's on its routes."""
+    if anthropic_owns(request.url.path):
+        return anthropic_error_response(err, headers)
+    return error_response(err, headers)
+
+
 async def _infer_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, InferError)
-    return error_response(exc)
+    return _error(request, exc)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     where = f"{request.method} {request.url.path}"
     if exc.status_code == 404:
-        return error_response(NotFoundError(f"Route not found: {where}"))
+        return _error(request, NotFoundError(f"Route not found: {where}"))
     if exc.status_code == 405:
-        return error_response(MethodNotAllowedError(f"Method not allowed: {where}"), exc.headers)
+        return _error(request, MethodNotAllowedError(f"Method not allowed: {where}"), exc.headers)
     err = InferError(str(exc.detail))
     err.status_code = exc.status_code
     err.error_type = "http"
-    return error_response(err, headers=exc.headers)
+    return _error(request, err, exc.headers)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -192,6 +211,7 @@ def create_app(state: AppState) -> Starlette:
         *chat.routes(),
         *comp.routes(),
         *ResponsesRoutes(state, flow, chat, ResponseStore(settings.responses_store_bytes)).routes(),
+        *MessagesRoutes(state, flow, chat).routes(),
         Route("/invocations", Invocations(gen, chat, comp).handle, methods=["POST"]),
         *DocsRoutes(state).routes(),
     ]
@@ -201,7 +221,7 @@ def create_app(state: AppState) -> Starlette:
             CORSMiddleware,
             allow_origins=origins,
             allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["content-type", "authorization"],
+            allow_headers=["content-type", "authorization", "x-api-key", "anthropic-version"],
         ),
         Middleware(HttpGuard, payload_limit=settings.payload_limit, api_key=settings.api_key),
     ]
