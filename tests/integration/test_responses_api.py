@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -178,7 +179,7 @@ def test_one_agent_turn_with_a_function_tool(url: str) -> None:
     ({"input": "x " * 400}, 422, "input", "validation"),
     ({"input": "x", "previous_response_id": "resp_gone"}, 404, "previous_response_id",
      "not_found"),
-    ({"input": "x", "background": True}, 422, "background", "validation"),
+    ({"input": "x", "background": True, "stream": True}, 422, "background", "validation"),
 ])
 def test_errors_in_openai_shape(url: str, body: dict[str, Any], status: int, param: str | None,
                                 code: str) -> None:
@@ -188,6 +189,30 @@ def test_errors_in_openai_shape(url: str, body: dict[str, Any], status: int, par
     assert error["param"] == param and error["code"] == code, error
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     assert isinstance(error["message"], str) and error["message"]
+
+
+def wait(client: openai.OpenAI, response_id: str) -> Any:
+    for _ in range(600):
+        r = client.responses.retrieve(response_id)
+        if r.status not in ("queued", "in_progress"):
+            return r
+        time.sleep(0.05)
+    raise AssertionError(f"{response_id} still {r.status}")
+
+
+def test_background_runs_and_cancel(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = dict(model="tiny", input="Hello", max_output_tokens=N,
+                                  temperature=0)
+    started = client.responses.create(**kwargs, background=True)
+    assert started.status == "in_progress" and started.background
+    done = wait(client, started.id)
+    assert done.output_text == client.responses.create(**kwargs).output_text
+    assert client.responses.cancel(started.id).status == done.status  # already ended: as is
+    long = client.responses.create(model="tiny", input="Tell", max_output_tokens=200,
+                                   temperature=0, background=True)
+    cancelled = client.responses.cancel(long.id)
+    assert cancelled.status == "cancelled" and cancelled.id == long.id
+    assert client.responses.retrieve(long.id).status == "cancelled"
 
 
 def test_get_cancel_and_malformed(url: str, client: openai.OpenAI) -> None:

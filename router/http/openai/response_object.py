@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytgi_router.core.errors import InferError
-from pytgi_router.http.openai.response_output import new_id
+from pytgi_router.http.openai.chat_output import ChatOutputStream
+from pytgi_router.http.openai.response_output import new_id, whole_output
+from pytgi_router.http.schemas import Sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +81,11 @@ class ResponseHead:
 
     def failed(self, err: InferError, output: list[dict[str, Any]]) -> dict[str, Any]:
         return self.snapshot("failed", output, error=error_object(err))
+
+
+def final_response(head: ResponseHead, output: ChatOutputStream, seq: Sequence) -> dict[str, Any]:
+    """The response of a finished, non-streamed generation (ToolError for a tool call that
+    ended before it was whole)."""
+    items, turn = whole_output(output, seq.tokens, seq.generated_text, seq.end.finish_reason)
+    usage = response_usage(seq.input_length, seq.end.generated_tokens, turn.reasoning_tokens)
+    return head.final(outcome(turn.finish_reason), items, usage)

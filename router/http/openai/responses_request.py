@@ -5,7 +5,7 @@ the sampling fields become their chat spellings; and the whole goes through `par
 Responses request is validated, templated, constrained and generated exactly as a chat one.
 
 What the Responses API has and this server cannot do (hosted tools, stored prompts,
-conversations, background runs, files) is refused by name rather than ignored.
+conversations, files, a background run that streams) is refused by name rather than ignored.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class ResponsesRequest:
     echo: dict[str, Any]
     stream: bool
     store: bool
+    background: bool = False
 
 
 def parse_responses(
@@ -73,18 +74,28 @@ def parse_responses(
     }
     stream = bool(opt_bool(data, "stream"))
     store = opt_bool(data, "store") is not False
+    background = _background(data, stream, store)
     echo = _echo(data, model, tools, store)
-    return ResponsesRequest(parse_chat(body), conversation, echo, stream, store)
+    echo["background"] = background
+    return ResponsesRequest(parse_chat(body), conversation, echo, stream, store, background)
 
 
 def _refuse_unsupported(data: dict[str, Any]) -> None:
     for key, why in UNSUPPORTED.items():
         if data.get(key) is not None:
             raise ValidationError(f"`{key}` is not supported: {why}")
-    if opt_bool(data, "background"):
-        raise ValidationError(
-            "`background` is not supported: responses run while the request is open (stream "
-            "them to see them progress)")
+
+
+def _background(data: dict[str, Any], stream: bool, store: bool) -> bool:
+    """A background response is polled by id, so it must be stored; one that is also streamed
+    is not supported (stream it, or poll it)."""
+    background = bool(opt_bool(data, "background"))
+    if background and not store:
+        raise ValidationError("`background` needs `store`: a background response is read by id")
+    if background and stream:
+        raise ValidationError("`background` with `stream` is not supported: stream the "
+                              "response, or run it in the background and poll it by id")
+    return background
 
 
 def _list(data: dict[str, Any], key: str) -> list[Any]:
@@ -114,7 +125,6 @@ def _echo(data: dict[str, Any], model: str, tools: list[dict[str, Any]], store: 
         "tool_choice": data.get("tool_choice") or "auto",
         "tools": [_echoed_tool(t) for t in tools],
         "truncation": "disabled",
-        "background": False,
     }
     out.update({k: data.get(k) for k in ECHOED})
     out["metadata"] = out["metadata"] or {}

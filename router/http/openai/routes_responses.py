@@ -17,14 +17,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.core.errors import InferError
+from pytgi_router.core.errors import InferError, ValidationError
 from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.json_fields import obj, opt_str
 from pytgi_router.http.openai.chat_output import ChatOutputStream
 from pytgi_router.http.openai.errors import BadRequest, ResponseNotFound, openai_error_response
-from pytgi_router.http.openai.response_object import ResponseHead, outcome, response_usage
-from pytgi_router.http.openai.response_output import conversation_messages, whole_output
+from pytgi_router.http.openai.response_background import BackgroundRuns
+from pytgi_router.http.openai.response_object import ResponseHead, final_response
+from pytgi_router.http.openai.response_output import conversation_messages
 from pytgi_router.http.openai.response_store import ResponseStore
 from pytgi_router.http.openai.responses_request import ResponsesRequest, parse_responses
 from pytgi_router.http.openai.responses_stream import ResponsesEncoder
@@ -61,6 +62,7 @@ class ResponsesRoutes:
         self.flow = flow
         self.chat = chat
         self.store = store
+        self.background = BackgroundRuns(state, flow)
 
     def routes(self) -> list[Route]:
         one = "/v1/responses/{response_id}"
@@ -81,6 +83,8 @@ class ResponsesRoutes:
         output = ChatOutputStream(self.state.reasoning, prompt, _offered(parsed))
         if parsed.stream:
             return await self._stream(request, parsed, req, head, output)
+        if parsed.background:
+            return await self._background(request, parsed, req, head, output)
         group = StreamGroup()
         with self.state.serving():
             async with watching_disconnect(request.receive, group.cancel):
@@ -89,10 +93,7 @@ class ResponsesRoutes:
                         req, route=ROUTE, headers=request.headers, group=group)
                 except ClientDisconnected:
                     return Response(status_code=CLIENT_CLOSED)
-        seq = result.best
-        items, turn = whole_output(output, seq.tokens, seq.generated_text, seq.end.finish_reason)
-        usage = response_usage(seq.input_length, seq.end.generated_tokens, turn.reasoning_tokens)
-        response = head.final(outcome(turn.finish_reason), items, usage)
+        response = final_response(head, output, result.best)
         self._finish(parsed, response)
         headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
         return json_response(response, headers=headers)
@@ -111,15 +112,21 @@ class ResponsesRoutes:
         return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
     async def cancel(self, request: Request) -> Response:
-        """Only a background response can be cancelled (OpenAI's rule), and this server runs
-        none: a stored response is answered with that 400, an unknown one with a 404. (A
-        response being streamed is cancelled by closing its stream.)"""
+        """Stops a background response and answers it `cancelled`; one that already ended is
+        answered as it is. Only background responses can be cancelled (OpenAI's rule: a
+        streamed one is cancelled by closing its stream)."""
         response_id = request.path_params["response_id"]
-        if self.store.get(response_id) is None:
+        entry = self.store.get(response_id)
+        if entry is None:
             raise ResponseNotFound(response_id)
-        raise BadRequest(
-            f"Response {response_id!r} cannot be cancelled: only responses created with "
-            "`background: true` can be, and this server runs none in the background")
+        if not entry.response.get("background"):
+            raise BadRequest(f"Response {response_id!r} cannot be cancelled: only responses "
+                             "created with `background: true` can be")
+        await self.background.cancel(response_id)
+        entry = self.store.get(response_id)
+        if entry is None:  # evicted meanwhile
+            raise ResponseNotFound(response_id)
+        return json_response(entry.response)
 
     def _history(self, data: dict[str, Any]) -> list[dict[str, Any]]:
         """The stored conversation `previous_response_id` continues ([] without one)."""
@@ -129,6 +136,9 @@ class ResponsesRoutes:
         entry = self.store.get(previous)
         if entry is None:
             raise ResponseNotFound(previous, "previous_response_id")
+        if self.background.running(previous):
+            raise ValidationError(f"`previous_response_id` {previous!r} is still in progress: "
+                                  "continue it once it has ended")
         return entry.conversation
 
     def _finish(self, parsed: ResponsesRequest, response: dict[str, Any]) -> None:
@@ -140,6 +150,18 @@ class ResponsesRoutes:
         if not self.store.put(response, conversation):
             log.warning("response %s not stored: %s alone is over --responses-store-bytes (%d)",
                         response["id"], "its conversation", self.store.max_bytes)
+
+    async def _background(
+        self, request: Request, parsed: ResponsesRequest, req: GenerateRequest,
+        head: ResponseHead, output: ChatOutputStream,
+    ) -> Response:
+        """Admitted now (its errors answered now), generated by a task; answered in progress."""
+        group = StreamGroup()
+        submissions = await self.flow.admit(
+            req, stream=False, route=ROUTE, headers=request.headers, group=group)
+        response = self.background.start(submissions[0], group, head, output,
+                                         lambda r: self._finish(parsed, r))
+        return json_response(response)
 
     async def _stream(
         self, request: Request, parsed: ResponsesRequest, req: GenerateRequest,

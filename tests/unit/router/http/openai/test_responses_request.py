@@ -99,7 +99,8 @@ def test_text_formats_are_chat_grammars() -> None:
     ({"input": "x", "tool_choice": {"type": "file_search"}}, "`tool_choice` must be"),
     ({"input": "x", "text": {"format": {"type": "json_schema"}}}, "`text.format.schema`"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "`text.format.type` must be"),
-    ({"input": "x", "background": True}, "`background` is not supported"),
+    ({"input": "x", "background": True, "stream": True}, "`background` with `stream`"),
+    ({"input": "x", "background": True, "store": False}, "`background` needs `store`"),
     ({"input": "x", "conversation": "conv_1"}, "`conversation` is not supported"),
     ({"input": "x", "max_output_tokens": -1}, "`max_output_tokens` must be"),
 ])
