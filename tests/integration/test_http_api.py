@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -397,6 +398,49 @@ def test_metrics_count_requests(url: str) -> None:
 def spare_shards(model: Path) -> Iterator[ShardProcesses]:
     with start_shards(model) as s:
         yield s
+
+
+LIMITS = ("max_batch_prefill_tokens", "max_batch_total_tokens", "max_total_tokens",
+          "max_input_tokens")
+
+
+def served_limits(shards: ShardProcesses, model: Path, *flags: str) -> tuple[dict[str, int], str]:
+    """/info's four token limits and the router's output, for a router started with `flags`."""
+    with RouterProcess(shards.urls[0], model, *flags) as router:
+        info = httpx.get(f"{router.url}/info", timeout=30).json()
+        return {k: info[k] for k in LIMITS}, router.output
+
+
+def test_unset_limits_are_measured_at_warmup_and_flags_win(
+    spare_shards: ShardProcesses, model: Path
+) -> None:
+    """Zero-config sizing: /info serves what the shard measured and sized, the log says why."""
+    limits, output = served_limits(spare_shards, model)
+    m = re.search(r"max-batch-prefill-tokens (\d+): measured by the shards at Warmup: prefill "
+                  r"throughput measured at ([\d/]+) tokens: ([\d/]+) tok/s", output)
+    assert m is not None, output
+    rungs, rates = [int(t) for t in m[2].split("/")], [float(t) for t in m[3].split("/")]
+    assert limits["max_batch_prefill_tokens"] == int(m[1])
+    # The smallest rung near the peak of those fast enough for one step (0.5 s).
+    fast = [(t, r) for t, r in zip(rungs, rates, strict=True) if t / r <= 0.5] or [
+        (rungs[0], rates[0])]
+    peak = max(r for _, r in fast)
+    assert int(m[1]) == min(t for t, r in fast if r >= 0.9 * peak - 1)
+    kv = re.search(r"max-batch-total-tokens (\d+): the shards' KV cache \((\d+) blocks of (\d+)",
+                   output)
+    assert kv is not None, output
+    assert limits["max_batch_total_tokens"] == int(kv[1]) == int(kv[2]) * int(kv[3])
+    # The tiny Llama's context (256) is below the KV capacity; a shard that chunks takes a
+    # prompt of the whole context whatever the prefill budget.
+    assert (limits["max_total_tokens"], limits["max_input_tokens"]) == (256, 255)
+    assert "max-total-tokens 256: the model's context" in output
+    flags = {"max_batch_prefill_tokens": 48, "max_batch_total_tokens": 1024,
+             "max_total_tokens": 200, "max_input_tokens": 100}
+    argv = [a for k, v in flags.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    limits, output = served_limits(spare_shards, model, *argv)
+    assert limits == flags
+    assert "max-batch-prefill-tokens 48: --max-batch-prefill-tokens" in output
+    assert "measured by the shards" not in output
 
 
 def test_api_key(spare_shards: ShardProcesses, model: Path) -> None:
