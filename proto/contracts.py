@@ -36,6 +36,11 @@ PAYLOAD_LIMIT = 2_000_000
 # The longest grammar (compact JSON Schema or regex) the router compiles: router/http/grammar.py
 # says why compiling more costs more than the output is worth.
 MAX_GRAMMAR_BYTES = 65_536
+# Whitespace between JSON tokens in constrained output: at most one space, as TGI's
+# outlines-built grammars allow (a model cannot loop on blank lines inside an object). The
+# shards compile JSON Schemas with it; the router sets it on the schemas it embeds in a Lark
+# grammar (a reasoning model's answer), so both constrain JSON alike.
+JSON_WHITESPACE = r"[ ]?"
 # The memory (bytes of JSON) the router keeps stored /v1/responses objects and their
 # conversations in, for GET by id and `previous_response_id`; least recently used out first.
 RESPONSES_STORE_BYTES = 64 * 1024 * 1024

@@ -12,6 +12,7 @@ class GrammarType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GRAMMAR_TYPE_NONE: _ClassVar[GrammarType]
     GRAMMAR_TYPE_JSON: _ClassVar[GrammarType]
     GRAMMAR_TYPE_REGEX: _ClassVar[GrammarType]
+    GRAMMAR_TYPE_LARK: _ClassVar[GrammarType]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,6 +22,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 GRAMMAR_TYPE_NONE: GrammarType
 GRAMMAR_TYPE_JSON: GrammarType
 GRAMMAR_TYPE_REGEX: GrammarType
+GRAMMAR_TYPE_LARK: GrammarType
 FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_EOS_TOKEN: FinishReason
 FINISH_REASON_STOP_SEQUENCE: FinishReason

@@ -43,6 +43,7 @@ from pytgi_router.core.errors import ValidationError
 GRAMMAR_NONE = generate_pb2.GRAMMAR_TYPE_NONE
 GRAMMAR_JSON = generate_pb2.GRAMMAR_TYPE_JSON
 GRAMMAR_REGEX = generate_pb2.GRAMMAR_TYPE_REGEX
+GRAMMAR_LARK = generate_pb2.GRAMMAR_TYPE_LARK
 
 # OpenAI's `{"type": "json_object"}` (and TGI's json types given no schema): any JSON object.
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
@@ -67,7 +68,9 @@ class Grammar:
 
 def parse_grammar(grammar: dict[str, Any], max_bytes: int | None = None) -> Grammar:
     """TGI's shapes: `{"type": "json" | "json_object", "value": <schema or JSON text>}`,
-    `{"type": "json_schema", "value": {"name"?, "schema"}}`, `{"type": "regex", "value": str}`.
+    `{"type": "json_schema", "value": {"name"?, "schema"}}`, `{"type": "regex", "value": str}`;
+    and pytgi's `{"type": "lark", "value": str}` (an llguidance Lark grammar: what the router
+    builds for a reasoning model, reasoning/constraint.py, and accepts from clients too).
     Only the shape is checked here, and a schema surely over `max_bytes` refused before it is
     written out (`GrammarChecker.check` compiles it)."""
     kind = grammar.get("type")
@@ -76,10 +79,14 @@ def parse_grammar(grammar: dict[str, Any], max_bytes: int | None = None) -> Gram
         if not isinstance(value, str):
             raise ValidationError("grammar is not valid: a regex grammar needs a string value")
         return Grammar(GRAMMAR_REGEX, value)
+    if kind == "lark":
+        if not isinstance(value, str):
+            raise ValidationError("grammar is not valid: a lark grammar needs a string value")
+        return Grammar(GRAMMAR_LARK, value)
     if kind not in JSON_KINDS:
         raise ValidationError(
             f"grammar is not valid: unknown type {kind!r} (expected json, json_object, "
-            "json_schema or regex)"
+            "json_schema, regex or lark)"
         )
     schema = _schema_of(kind, value)
     if max_bytes is not None and json_size_exceeds(schema, max_bytes):
@@ -216,6 +223,8 @@ def _source(grammar: Grammar) -> str:
     """llguidance's grammar of `grammar` (compiling it checks it)."""
     if grammar.grammar_type == GRAMMAR_REGEX:
         return LLMatcher.grammar_from_regex(grammar.value)
+    if grammar.grammar_type == GRAMMAR_LARK:
+        return LLMatcher.grammar_from_lark(grammar.value)
     return LLMatcher.grammar_from_json_schema(grammar.value)
 
 
@@ -239,6 +248,8 @@ def _reason(grammar: Grammar, message: str) -> str:
     error = next((line[len("error: "):] for line in lines if line.startswith("error: ")), None)
     if grammar.grammar_type == GRAMMAR_REGEX:
         return f"invalid regex {grammar.value!r}: {error or lines[0]}"
+    if grammar.grammar_type == GRAMMAR_LARK:
+        return f"invalid lark grammar: {lines[0] if lines else message}"
     if error is not None:  # a `pattern` inside the schema
         return f"invalid regex in the JSON schema: {error}"
     if message.startswith(_UNSUPPORTED):

@@ -1,7 +1,8 @@
 """Grammars of constrained requests: the wire's grammar to each request's own llguidance matcher.
 
 A request's NextTokenChooserParameters may carry a grammar (GRAMMAR_TYPE_JSON: a JSON Schema as
-a JSON string; GRAMMAR_TYPE_REGEX: a regex the whole output must match). llguidance (chosen over
+a JSON string; GRAMMAR_TYPE_REGEX: a regex the whole output must match; GRAMMAR_TYPE_LARK: an
+llguidance Lark grammar, which the router builds for a reasoning model's answer). llguidance (chosen over
 xgrammar by measurement: bench/experiments/grammar_libraries.py) compiles it against the model's vocabulary
 into an LLMatcher, advanced by every token the request samples.
 
@@ -44,6 +45,7 @@ import llguidance
 import numpy as np
 
 from pytgi_proto import generate_pb2
+from pytgi_proto.contracts import JSON_WHITESPACE
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.settings import DEFAULT_GRAMMAR_CACHE_BYTES
 from pytgi_shard.structured_output.cache import GrammarCache, Prepared, matcher_bytes
@@ -51,9 +53,7 @@ from pytgi_shard.structured_output.worker import MaskWorker
 
 JSON = generate_pb2.GRAMMAR_TYPE_JSON
 REGEX = generate_pb2.GRAMMAR_TYPE_REGEX
-# Whitespace between JSON tokens: at most one space, as TGI's outlines-built grammars allow
-# (`{"a": 1, "b": [2, 3]}` or compact); a model cannot loop on blank lines inside an object.
-JSON_WHITESPACE = r"[ ]?"
+LARK = generate_pb2.GRAMMAR_TYPE_LARK
 # llguidance's errors when no byte can ever be produced: the grammar's language is empty.
 _NO_OUTPUT = ("NoExtension", "NoExtensionBias")
 # Where llguidance's parser state dump starts in its error messages.
@@ -84,7 +84,7 @@ class GrammarSpec:
             if pb.grammar:
                 raise InvalidRequest("grammar is set but grammar_type is GRAMMAR_TYPE_NONE")
             return None
-        if kind not in (JSON, REGEX):
+        if kind not in (JSON, REGEX, LARK):
             raise InvalidRequest(f"unknown grammar_type {kind}")
         if not pb.grammar:
             raise InvalidRequest(f"grammar_type {generate_pb2.GrammarType.Name(kind)} needs a grammar")
@@ -95,6 +95,8 @@ def grammar_source(spec: GrammarSpec) -> str:
     """The llguidance grammar of `spec` (not yet checked: compiling it checks it)."""
     if spec.grammar_type == REGEX:
         return llguidance.LLMatcher.grammar_from_regex(spec.text)
+    if spec.grammar_type == LARK:
+        return llguidance.LLMatcher.grammar_from_lark(spec.text)
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             spec.text, defaults={"whitespace_pattern": JSON_WHITESPACE}

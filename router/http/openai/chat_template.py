@@ -89,19 +89,26 @@ class ChatTemplate:
             self._compile_error = str(err)
             log.warning("the chat template does not compile: %s", err)
 
-    def apply(self, messages: list[dict[str, Any]], tools: list[Any] | None = None) -> str:
-        """Renders the conversation; a final assistant message is continued, not closed."""
+    def apply(
+        self, messages: list[dict[str, Any]], tools: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """Renders the conversation; a final assistant message is continued, not closed.
+        `kwargs` (the request's `chat_template_kwargs`, e.g. Qwen3's `enable_thinking`) are
+        more template variables; they cannot replace the ones rendered here."""
         if self._template is None:
             raise TemplateError(self._compile_error or "template not found")
         continue_final = bool(messages) and messages[-1].get("role") == "assistant"
         try:
-            rendered = self._template.render(
-                messages=messages,
-                bos_token=self.bos_token,
-                eos_token=self.eos_token,
-                add_generation_prompt=not continue_final,
-                tools=tools,
-            )
+            variables = {
+                **(kwargs or {}),
+                "messages": messages,
+                "bos_token": self.bos_token,
+                "eos_token": self.eos_token,
+                "add_generation_prompt": not continue_final,
+                "tools": tools,
+            }
+            rendered = self._template.render(variables)
         except jinja2.TemplateError as err:
             raise TemplateError(str(err)) from None
         except Exception as err:  # a template bug (e.g. a type error) is the user's 422, not a 500

@@ -1,4 +1,10 @@
-"""POST /v1/chat/completions (OpenAI) and POST /chat_tokenize."""
+"""POST /v1/chat/completions (OpenAI) and POST /chat_tokenize.
+
+A turn's output goes through the shared chat output path (chat_output.py: the thinking split off
+by the reasoning parser, the answer as content or a tool call) and is rendered by chat_render.py;
+the Responses and Anthropic Messages routes build their requests with `ChatRoutes.prompt` and
+`ChatRoutes.generate_request` and render the same deltas in their own shapes.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +12,26 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.core.errors import InferError, TemplateError
-from pytgi_router.core.request_stream import End, Token
+from pytgi_router.core.errors import TemplateError
 from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
-from pytgi_router.http.http_errors import ToolError
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
+from pytgi_router.http.openai.chat_output import ChatOutputStream, chat_answer
+from pytgi_router.http.openai.chat_render import ChatEncoder, OutputChatEncoder, assistant_message
 from pytgi_router.http.openai.schemas import (
     ChatRequest,
     Envelope,
     chat_completion,
     chat_logprobs,
     parse_chat,
+    usage,
 )
-from pytgi_router.http.openai.stream import ChatChunks, error_chunk
-from pytgi_router.http.openai.tool_output import new_call_id, tool_answer, tool_call_json
-from pytgi_router.http.openai.tool_stream import Delta, ToolCallStream
+from pytgi_router.http.openai.stream import ChatChunks
 from pytgi_router.http.openai.tools import with_tool_prompt
+from pytgi_router.http.reasoning.constraint import answer_grammar
 from pytgi_router.http.routes_generate import CLIENT_CLOSED
 from pytgi_router.http.routes_info import tokenize_answer
-from pytgi_router.http.schemas import GenerateRequest
-from pytgi_router.http.sse import DONE, EventStreamResponse
+from pytgi_router.http.schemas import GenerateParameters, GenerateRequest
+from pytgi_router.http.sse import EventStreamResponse
 from pytgi_router.http.state import AppState
 from pytgi_router.http.streaming import Encoder, encode_generation
 
@@ -43,7 +49,8 @@ class ChatRoutes:
 
     async def prompt(self, chat: ChatRequest) -> str:
         """Renders in the worker pool: a conversation near the payload limit takes a while.
-        Offered tools go to the template's `tools` and TGI's tool prompt to the last message."""
+        Offered tools go to the template's `tools` and TGI's tool prompt to the last message;
+        `chat_template_kwargs` are the template's too."""
         template = self.state.chat_template
         try:
             if template is None:
@@ -52,12 +59,23 @@ class ChatRoutes:
             if chat.tools is not None:
                 suffix = chat.tools.prompt_suffix(template.uses_tools)
                 messages, tools = with_tool_prompt(messages, suffix), chat.tools.template_tools()
-            return await self.state.validator.offload(template.apply, messages, tools)
+            return await self.state.validator.offload(
+                template.apply, messages, tools, chat.template_kwargs
+            )
         except TemplateError:
             m = self.state.metrics
             m.request_count.inc()
             m.request_failure.labels(err="template").inc()
             raise
+
+    def generate_request(self, prompt: str, params: GenerateParameters) -> GenerateRequest:
+        """The request a chat-shaped route submits: with a reasoning parser, a JSON grammar
+        (tools, response_format) constrains the answer after the thinking, not the thinking
+        (reasoning/constraint.py)."""
+        params.grammar = answer_grammar(
+            self.state.reasoning, prompt, params.grammar, self.state.settings.max_grammar_bytes
+        )
+        return GenerateRequest(prompt, params, add_special_tokens=False)
 
     async def chat_tokenize(self, request: Request) -> Response:
         chat = parse_chat(await read_json(request))
@@ -69,7 +87,8 @@ class ChatRoutes:
 
     async def chat_body(self, request: Request, body: object) -> Response:
         chat = parse_chat(body)
-        req = GenerateRequest(await self.prompt(chat), chat.parameters(), add_special_tokens=False)
+        prompt = await self.prompt(chat)
+        req = self.generate_request(prompt, chat.parameters())
         env = Envelope(
             model=chat.fields.model or self.state.model_id,
             system_fingerprint=self.state.system_fingerprint,
@@ -86,12 +105,15 @@ class ChatRoutes:
                 except ClientDisconnected:
                     return Response(status_code=CLIENT_CLOSED)
         seq = result.best
+        parser = self.state.reasoning
+        offered = chat.tools.names() if chat.tools is not None else None
+        answer = chat_answer(parser, prompt, offered, seq.tokens, seq.generated_text,
+                             seq.end.finish_reason)
         logprobs = chat_logprobs(seq.tokens, seq.top_tokens) if chat.logprobs else None
-        text, reason, tool_calls = seq.generated_text, seq.end.finish_reason, None
-        if chat.tools is not None:
-            text, reason, tool_calls = tool_message(text, reason, chat.tools.names())
+        reasoning_tokens = answer.end.reasoning_tokens if parser is not None else None
         out = chat_completion(
-            env, text, reason, logprobs, seq.input_length, seq.end.generated_tokens, tool_calls,
+            env, assistant_message(answer, parser is not None), answer.end.finish_reason,
+            logprobs, usage(seq.input_length, seq.end.generated_tokens, reasoning_tokens),
         )
         headers = result.timings.headers(self.state.settings.compute_type, len(req.inputs))
         return json_response(out, headers=headers)
@@ -105,12 +127,7 @@ class ChatRoutes:
         )
         generation = generations[0]
         input_length = generation.valid.request.input_length
-        enc: Encoder = ChatEncoder(
-            ChatChunks(env, chat.logprobs), chat.fields.include_usage, input_length
-        )
-        if chat.tools is not None:
-            enc = ToolChatEncoder(ChatChunks(env, False), chat.fields.include_usage, input_length,
-                                  chat.tools.names())
+        enc = self._encoder(chat, req.inputs, env, input_length)
         headers = {
             "x-compute-type": self.state.settings.compute_type,
             "x-compute-characters": str(len(req.inputs)),
@@ -118,98 +135,15 @@ class ChatRoutes:
         events = encode_generation(self.state, generation, group, enc)
         return EventStreamResponse(events, headers, on_disconnect=group.cancel)
 
-
-class ChatEncoder:
-    __slots__ = ("chunks", "include_usage", "input_length")
-
-    def __init__(self, chunks: ChatChunks, include_usage: bool, input_length: int) -> None:
-        self.chunks = chunks
-        self.include_usage = include_usage
-        self.input_length = input_length
-
-    def token(self, index: int, ev: Token) -> bytes:
-        return self.chunks.token(ev.token, ev.top_tokens)
-
-    def end(self, index: int, ev: End) -> bytes:
-        out = self.chunks.token(ev.token, ev.top_tokens, ev.finish_reason)
-        if self.include_usage:
-            out += self.chunks.usage(self.input_length, ev.generated_tokens)
-        return out + DONE
-
-    def error(self, err: InferError) -> bytes:
-        return error_chunk(err) + DONE
-
-
-def tool_message(
-    text: str, finish_reason: str, offered: frozenset[str]
-) -> tuple[str, str, list[dict[str, object]] | None]:
-    """(content, finish reason, tool_calls) of a tool-constrained output: a whole call is a
-    tool call ("tool_calls"); no_tool's answer its content; one cut by `max_tokens` "length"
-    with what it wrote (its partial call, no_tool's content so far, or nothing); any other cut
-    a ToolError (422)."""
-    answer = tool_answer(text, finish_reason, offered)
-    output = answer.output
-    if output is None or not output.is_call:
-        return (output.content or "") if output else "", answer.finish_reason, None
-    return "", answer.finish_reason, [tool_call_json(new_call_id(), output)]
-
-
-class ToolChatEncoder:
-    """A tool-constrained chat stream as OpenAI sends one: the role once, in the first delta;
-    tool calls with their id, type and name once, then argument fragments (accumulators such
-    as the OpenAI SDK's stream helper join every string field they see again); or no_tool's
-    content. The last chunk says "tool_calls" only when the whole output is a call to an
-    `offered` function, "length" when `max_tokens` cut it; any other cut ends the stream with
-    an error event instead."""
-
-    __slots__ = ("chunks", "include_usage", "input_length", "offered", "parser", "call_id",
-                 "_started")
-
-    def __init__(
-        self, chunks: ChatChunks, include_usage: bool, input_length: int, offered: frozenset[str]
-    ) -> None:
-        self.chunks = chunks
-        self.include_usage = include_usage
-        self.input_length = input_length
-        self.offered = offered
-        self.parser = ToolCallStream()
-        self.call_id = new_call_id()
-        self._started = False
-
-    def token(self, index: int, ev: Token) -> bytes:
-        if ev.token.special:
-            return b""
-        return self._render(self.parser.push(ev.token.text))
-
-    def end(self, index: int, ev: End) -> bytes:
-        last = "" if ev.token.special else ev.token.text
-        out = self._render(self.parser.finish(last, ev.generated_text))
-        try:
-            answer = tool_answer(ev.generated_text, ev.finish_reason, self.offered)
-        except ToolError as err:
-            return out + self.error(err)
-        out += self.chunks.delta(self._role({}), answer.finish_reason)
-        if self.include_usage:
-            out += self.chunks.usage(self.input_length, ev.generated_tokens)
-        return out + DONE
-
-    def error(self, err: InferError) -> bytes:
-        return error_chunk(err) + DONE
-
-    def _render(self, deltas: list[Delta]) -> bytes:
-        return b"".join(self.chunks.delta(self._role(self._delta(d))) for d in deltas)
-
-    def _role(self, delta: dict[str, object]) -> dict[str, object]:
-        if self._started:
-            return delta
-        self._started = True
-        return {"role": "assistant", **delta}
-
-    def _delta(self, d: Delta) -> dict[str, object]:
-        if d.kind == "content":
-            return {"content": d.text}
-        if d.kind == "call":
-            call = {"index": 0, "id": self.call_id, "type": "function",
-                    "function": {"name": d.text, "arguments": ""}}
-            return {"content": None, "tool_calls": [call]}
-        return {"tool_calls": [{"index": 0, "function": {"arguments": d.text}}]}
+    def _encoder(self, chat: ChatRequest, prompt: str, env: Envelope, input_length: int
+                 ) -> Encoder:
+        """The per-token fast path for a plain chat; the shared output path (no per-token
+        logprobs) when there is thinking to split off or a tool call to read."""
+        parser = self.state.reasoning
+        include_usage = chat.fields.include_usage
+        if parser is None and chat.tools is None:
+            return ChatEncoder(ChatChunks(env, chat.logprobs), include_usage, input_length)
+        offered = chat.tools.names() if chat.tools is not None else None
+        output = ChatOutputStream(parser, prompt, offered)
+        return OutputChatEncoder(ChatChunks(env, False), include_usage, input_length, output,
+                                 parser is not None)

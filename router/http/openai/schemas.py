@@ -126,6 +126,8 @@ class ChatRequest:
     grammar: dict[str, Any] | None = None
     # The functions offered and the tool prompt (None: no tools, or `tool_choice: "none"`).
     tools: ChatTools | None = None
+    # More variables for the chat template (vLLM's `chat_template_kwargs`: `enable_thinking`).
+    template_kwargs: dict[str, Any] | None = None
 
     def parameters(self) -> GenerateParameters:
         p = self.fields.parameters(top_n_tokens=self.top_logprobs)
@@ -190,6 +192,7 @@ def parse_chat(body: Any) -> ChatRequest:
         top_logprobs=top if logprobs else None,
         grammar=grammar,
         tools=offered,
+        template_kwargs=opt_obj(data, "chat_template_kwargs"),
     )
 
 
@@ -213,12 +216,19 @@ def chat_logprobs(tokens: list[TokenInfo], top: list[list[TokenInfo]]) -> dict[s
     }
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's usage; `completion_tokens_details.reasoning_tokens` when a reasoning parser
+    counted them (None: none serves)."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return out
 
 
 @dataclass(slots=True)
@@ -241,24 +251,18 @@ class Envelope:
 
 
 def chat_completion(
-    env: Envelope, text: str, finish_reason: str, logprobs: dict[str, Any] | None,
-    prompt_tokens: int, completion_tokens: int, tool_calls: list[dict[str, Any]] | None = None,
+    env: Envelope, message: dict[str, Any], finish_reason: str,
+    logprobs: dict[str, Any] | None, usage_json: dict[str, Any],
 ) -> dict[str, Any]:
-    """`tool_calls` replaces the content (null, as OpenAI writes it); a complete call's
-    finish reason is "tool_calls"."""
+    """A `chat.completion` of one choice: its message and OpenAI's finish reason."""
     out = env.head("chat.completion")
-    message: dict[str, Any] = {"role": "assistant", "content": text}
-    reason = FINISH_REASONS.get(finish_reason, finish_reason)
-    if tool_calls is not None:
-        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
-        reason = "tool_calls" if finish_reason == "eos_token" else reason
     out["choices"] = [{
         "index": 0,
         "message": message,
         "logprobs": logprobs,
-        "finish_reason": reason,
+        "finish_reason": finish_reason,
     }]
-    out["usage"] = usage(prompt_tokens, completion_tokens)
+    out["usage"] = usage_json
     return out
 
 

@@ -49,8 +49,11 @@ class ChatChunks:
             '"usage":null}\n\n'
         ).encode()
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        body = json.dumps(usage(prompt_tokens, completion_tokens), separators=(",", ":"))
+    def usage(
+        self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None
+    ) -> bytes:
+        body = json.dumps(usage(prompt_tokens, completion_tokens, reasoning_tokens),
+                          separators=(",", ":"))
         return f'data: {self._head},"choices":[],"usage":{body}}}\n\n'.encode()
 
     def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:

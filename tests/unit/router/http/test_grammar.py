@@ -16,6 +16,7 @@ from pytgi_router.core.errors import ValidationError
 from pytgi_router.http.grammar import (
     ANY_JSON_OBJECT,
     GRAMMAR_JSON,
+    GRAMMAR_LARK,
     GRAMMAR_REGEX,
     Grammar,
     GrammarChecker,
@@ -33,6 +34,8 @@ def llguidance_compiles(grammar: Grammar) -> bool:
     """Whether llguidance alone accepts the grammar, before any vocabulary or first mask."""
     if grammar.grammar_type == GRAMMAR_REGEX:
         source = LLMatcher.grammar_from_regex(grammar.value)
+    elif grammar.grammar_type == GRAMMAR_LARK:
+        source = LLMatcher.grammar_from_lark(grammar.value)
     else:
         source = LLMatcher.grammar_from_json_schema(grammar.value)
     is_error, _ = LLMatcher.validate_grammar_with_warnings(source)
@@ -42,7 +45,7 @@ def llguidance_compiles(grammar: Grammar) -> bool:
 def wire(grammar: dict[str, Any], checker: GrammarChecker = CHECKER) -> tuple[int, Any]:
     g = parse_grammar(grammar)
     checker.check(g)
-    return g.grammar_type, g.value if g.grammar_type == GRAMMAR_REGEX else json.loads(g.value)
+    return g.grammar_type, g.value if g.grammar_type != GRAMMAR_JSON else json.loads(g.value)
 
 
 @pytest.mark.parametrize("grammar", [
@@ -60,6 +63,8 @@ def test_json_without_a_schema_is_any_object_and_regex_goes_as_is() -> None:
     assert wire({"type": "json_object"}) == (GRAMMAR_JSON, ANY_JSON_OBJECT)
     assert wire({"type": "json_schema", "value": {"name": "x"}}) == (GRAMMAR_JSON, ANY_JSON_OBJECT)
     assert wire({"type": "regex", "value": r"\d{3}-[a-z]+"}) == (GRAMMAR_REGEX, r"\d{3}-[a-z]+")
+    lark = 'start: "<think>" /[a-z]+/'
+    assert wire({"type": "lark", "value": lark}) == (GRAMMAR_LARK, lark)
 
 
 def test_the_wire_text_is_compact_and_keeps_unicode() -> None:
@@ -90,7 +95,9 @@ def test_the_wire_text_is_compact_and_keeps_unicode() -> None:
     ({"type": "json", "value": {"type": "string", "pattern": "["}},
      "grammar is not valid: invalid regex in the JSON schema: unclosed character class"),
     ({"type": "json_schema", "value": "x"}, "a json_schema value must be an object"),
-    ({"type": "lark", "value": "start: 'a'"}, "grammar is not valid: unknown type 'lark'"),
+    ({"type": "gbnf", "value": "root ::= 'a'"}, "grammar is not valid: unknown type 'gbnf'"),
+    ({"type": "lark", "value": "start: 'a'"}, "grammar is not valid: invalid lark grammar: "),
+    ({"type": "lark", "value": {"start": "a"}}, "a lark grammar needs a string value"),
     ({"value": "a"}, "grammar is not valid: unknown type None"),
 ])
 def test_bad_grammars_name_the_problem(grammar: dict[str, Any], message: str) -> None:

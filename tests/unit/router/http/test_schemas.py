@@ -26,6 +26,7 @@ from pytgi_router.http.openai.schemas import (
     completion,
     parse_chat,
     parse_completion,
+    usage,
 )
 from pytgi_router.http.openai.stream import ChatChunks, CompletionChunks, error_chunk
 from pytgi_router.http.schemas import (
@@ -203,10 +204,19 @@ def test_completions_parsing_and_errors() -> None:
 
 def test_openai_objects_parse_with_the_sdk_types() -> None:
     env = Envelope(model="m", system_fingerprint="0.1.0-native")
-    body = chat_completion(env, "hi", "eos_token", chat_logprobs([TOK], [[TOK]]), 3, 1)
+    message = {"role": "assistant", "content": "hi"}
+    body = chat_completion(env, message, "stop", chat_logprobs([TOK], [[TOK]]), usage(3, 1))
     parsed = ChatCompletion.model_validate(body)
     assert parsed.choices[0].finish_reason == "stop"
     assert parsed.usage is not None and parsed.usage.total_tokens == 4
+    assert parsed.usage.completion_tokens_details is None
+    thought = {**message, "reasoning_content": "hm", "reasoning": "hm"}
+    thinking = ChatCompletion.model_validate(
+        chat_completion(env, thought, "stop", None, usage(3, 4, reasoning_tokens=3)))
+    assert thinking.choices[0].message.model_extra == {"reasoning_content": "hm",
+                                                        "reasoning": "hm"}
+    details = thinking.usage.completion_tokens_details  # type: ignore[union-attr]
+    assert details is not None and details.reasoning_tokens == 3
     assert parsed.choices[0].logprobs is not None
     assert parsed.choices[0].logprobs.content[0].token == TOK.text  # type: ignore[index]
 
@@ -218,8 +228,9 @@ def test_openai_objects_parse_with_the_sdk_types() -> None:
     assert last.choices[0].delta.content == "" and last.choices[0].finish_reason == "length"
     # The role once, as OpenAI sends it: the SDK's stream helper joins repeated strings.
     assert last.choices[0].delta.role is None
-    usage = ChatCompletionChunk.model_validate(sse_json(chunks.usage(3, 2)))
-    assert usage.choices == [] and usage.usage is not None and usage.usage.total_tokens == 5
+    usage_chunk = ChatCompletionChunk.model_validate(sse_json(chunks.usage(3, 2)))
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.total_tokens == 5
 
     comp = Completion.model_validate(completion(env, [("a", "stop_sequence"), ("b", "length")], 4, 2))
     assert [c.finish_reason for c in comp.choices] == ["stop", "length"]

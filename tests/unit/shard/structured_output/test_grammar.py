@@ -107,6 +107,25 @@ def test_sampled_outputs_fullmatch_their_regex(engines: Engines) -> None:
         assert re.fullmatch(REGEXES[rid % len(REGEXES)], final.text), final.text
 
 
+LARK = ('start: "<think>" /[a-z]{1,8}/ "</think>" answer\n'
+        'answer: %json {"type": "object", "properties": {"n": {"type": "integer"}}, '
+        '"required": ["n"], "additionalProperties": false, '
+        '"x-guidance": {"whitespace_pattern": "[ ]?"}}')
+LARK_OUTPUT = re.compile(r'<think>[a-z]{1,8}</think>(\{.*\})', re.S)
+
+
+def test_sampled_outputs_follow_their_lark_grammar(engines: Engines) -> None:
+    """GRAMMAR_TYPE_LARK (what the router sends for a reasoning model's constrained answer):
+    text before an embedded JSON Schema."""
+    params = [pb.NextTokenChooserParameters(do_sample=True, seed=i, grammar=LARK,
+                                            grammar_type=pb.GRAMMAR_TYPE_LARK) for i in range(3)]
+    run = run_batch(engines(False), [constrained(i, p, max_new=48) for i, p in enumerate(params)])
+    for text in ended_texts(run):
+        m = LARK_OUTPUT.fullmatch(text)
+        assert m is not None, text
+        assert isinstance(json.loads(m.group(1))["n"], int)
+
+
 def test_a_complete_grammar_allows_only_eos_and_ends_the_request(engines: Engines) -> None:
     """Three digits and nothing else may follow: EOS is forced (greedy, penalties on) and the
     request ends by it, as TGI; penalties and temperature never re-allow a banned token."""

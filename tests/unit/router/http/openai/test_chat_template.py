@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from pytgi_router.core.errors import TemplateError
+from pytgi_router.core.errors import TemplateError, ValidationError
 from pytgi_router.http.model_files import ModelFiles
 from pytgi_router.http.openai.chat_template import ChatTemplate, load_chat_template
+from pytgi_router.http.openai.schemas import parse_chat
 from tests.tiny_models import CHAT_TEMPLATE
 
 MESSAGES = [
@@ -117,3 +118,18 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tok")
     write_tokenizer(d, train_tokenizer(_CORPUS), 256)
     return d
+
+
+def test_chat_template_kwargs_reach_the_template_but_cannot_replace_its_variables() -> None:
+    """vLLM's `chat_template_kwargs` (Qwen3's `enable_thinking: false` renders an empty
+    thinking block)."""
+    t = ChatTemplate("{{ messages[-1].content }}{% if enable_thinking is false %}<think>\n\n"
+                     "</think>{% endif %}{{ add_generation_prompt }}")
+    user = [{"role": "user", "content": "hi"}]
+    assert t.apply(user) == "hiTrue"
+    assert t.apply(user, kwargs={"enable_thinking": False}) == "hi<think>\n\n</think>True"
+    assert t.apply(user, kwargs={"messages": [], "add_generation_prompt": False}) == "hiTrue"
+    chat = parse_chat({"messages": user, "chat_template_kwargs": {"enable_thinking": False}})
+    assert chat.template_kwargs == {"enable_thinking": False}
+    with pytest.raises(ValidationError):
+        parse_chat({"messages": user, "chat_template_kwargs": ["enable_thinking"]})

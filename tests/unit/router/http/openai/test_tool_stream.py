@@ -1,4 +1,4 @@
-"""tool_stream.py and the chat's ToolChatEncoder: a tool-constrained output streamed in any
+"""tool_stream.py and the chat's OutputChatEncoder (without a reasoning parser): a tool-constrained output streamed in any
 tokenization reads as OpenAI's tool-call deltas whose argument fragments join into the call's
 arguments (and no_tool's content into the answer), never sending what a later token unsays."""
 
@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytgi_router.core.request_stream import End, Token, TokenInfo
-from pytgi_router.http.openai.routes_chat import ToolChatEncoder
+from pytgi_router.http.openai.chat_output import ChatOutputStream
+from pytgi_router.http.openai.chat_render import OutputChatEncoder
 from pytgi_router.http.openai.schemas import Envelope
 from pytgi_router.http.openai.stream import ChatChunks
 from pytgi_router.http.openai.tool_output import HEAD, arguments_text, json_string_prefix
@@ -157,7 +158,8 @@ OFFERED = frozenset({"get_weather", "f", "no_tool"})
 
 
 def encode(pieces: list[str], finish_reason: str, include_usage: bool = False) -> list[Any]:
-    enc = ToolChatEncoder(ChatChunks(Envelope("m", "fp"), False), include_usage, 7, OFFERED)
+    enc = OutputChatEncoder(ChatChunks(Envelope("m", "fp"), False), include_usage, 7,
+                            ChatOutputStream(None, "", OFFERED), reasoning=False)
     out = b""
     for i, piece in enumerate(pieces[:-1]):
         out += enc.token(i + 1, Token(TokenInfo(i, piece, -0.1, False)))

@@ -11,10 +11,12 @@ import llguidance
 import pytest
 
 from pytgi_router.core.errors import ValidationError
+from pytgi_router.core.request_stream import TokenInfo
 from pytgi_router.http.grammar import GrammarChecker, parse_grammar
 from pytgi_router.http.http_errors import ToolError
+from pytgi_router.http.openai.chat_output import chat_answer
+from pytgi_router.http.openai.chat_render import assistant_message
 from pytgi_router.http.openai.chat_template import ChatTemplate
-from pytgi_router.http.openai.routes_chat import tool_message
 from pytgi_router.http.openai.schemas import parse_chat
 from pytgi_router.http.openai.tool_output import (
     new_call_id,
@@ -186,6 +188,16 @@ def test_outputs_of_other_shapes_are_tool_errors() -> None:
 
 OFFERED = frozenset({"get_weather", NO_TOOL})
 CALL = '{"function": {"_name": "get_weather", "location": "Paris"}}'
+
+
+def tool_message(
+    text: str, reason: str, offered: frozenset[str]
+) -> tuple[str, str, list[Any] | None]:
+    """(content, finish reason, tool_calls) of the chat message the shared output path makes
+    of a whole tool-constrained output (no reasoning parser)."""
+    answer = chat_answer(None, "", offered, [TokenInfo(0, text, -0.1, False)], text, reason)
+    message = assistant_message(answer, reasoning=False)
+    return message["content"] or "", answer.end.finish_reason, message.get("tool_calls")
 
 
 @pytest.mark.parametrize("reason", ["eos_token", "length", "stop_sequence"])
