@@ -16,6 +16,7 @@ import agents
 import httpx
 import jsonschema
 import openai
+import pydantic
 import pytest
 
 from tests.integration.structured_cases import LIMITS, SCHEMAS, TOOL_PROMPT, TOOL_TEMPLATE, WEATHER
@@ -104,7 +105,19 @@ def test_forced_function_call_streamed_and_not(client: openai.OpenAI) -> None:
     assert events[-1].type == "response.completed"
 
 
+class Code(pydantic.BaseModel):
+    code: Literal["ab", "cd"]
+    n: int = pydantic.Field(ge=0, le=99)
+
+
 def test_json_schema_format(client: openai.OpenAI) -> None:
+    parsed = client.responses.parse(model="tiny", input="Give a code.", text_format=Code,
+                                    max_output_tokens=60, temperature=0)
+    assert isinstance(parsed.output_parsed, Code)
+    # The SDK's stream helper checks the events' items against each other as it accumulates.
+    with client.responses.stream(model="tiny", input="Give a code.", text_format=Code,
+                                 max_output_tokens=60, temperature=0) as helper:
+        assert helper.get_final_response().output_parsed == parsed.output_parsed
     schema = SCHEMAS["string_bounds"]
     r = client.responses.create(
         model="tiny", input="Give a code.", max_output_tokens=60, temperature=0,
