@@ -17,21 +17,17 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from opentelemetry.trace import INVALID_SPAN
 
 from pytgi_proto.parameters import replace_sampling
 from pytgi_router.core.errors import IncompleteGenerationError, InferError
-from pytgi_router.core.request_stream import End, Prefill, TokenInfo
+from pytgi_router.core.request_stream import End, Prefill, RequestStream, TokenInfo
 from pytgi_router.http.http_errors import IncompleteGenerationStreamError, ShuttingDownError
 from pytgi_router.http.schemas import GenerateRequest, Sequence
+from pytgi_router.http.state import AppState
 from pytgi_router.http.validation import ValidGenerateRequest
 from pytgi_router.tracing import RequestTrace
-
-if TYPE_CHECKING:
-    from pytgi_router.core.request_stream import RequestStream
-    from pytgi_router.http.state import AppState
 
 log = logging.getLogger("pytgi.router")
 

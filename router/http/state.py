@@ -7,17 +7,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pytgi_router.core.infer import Infer, ShardInfo
 from pytgi_router.http.openai.chat_template import ChatTemplate
 from pytgi_router.http.reasoning import ReasoningParser
 from pytgi_router.http.validation import Validator
 from pytgi_router.metrics import Metrics
 from pytgi_router.settings import RouterSettings
 from pytgi_router.tracing import Tracing
-
-if TYPE_CHECKING:
-    from pytgi_router.core.infer import Infer, ShardInfo
 
 
 def package_version() -> str:

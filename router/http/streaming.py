@@ -10,14 +10,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Prefill, Token
 from pytgi_router.http.generate_flow import StreamGroup, Submission
-
-if TYPE_CHECKING:
-    from pytgi_router.http.state import AppState
+from pytgi_router.http.state import AppState
 
 log = logging.getLogger("pytgi.router")
 
