@@ -9,6 +9,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from pytgi_proto.parameters import openapi_properties
+from pytgi_router.http.anthropic import openapi as anthropic_openapi
 from pytgi_router.http.http_io import json_response
 from pytgi_router.http.openai import responses_openapi
 from pytgi_router.http.state import AppState
@@ -166,6 +167,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                              "responses": {"200": {"description": "Prometheus text"}}}},
         "/v1/models": _get("OpenAI model list", {"type": "object"}),
         **responses_openapi.PATHS,
+        **anthropic_openapi.PATHS,
     }
     return {
         "openapi": "3.0.3",
@@ -173,7 +175,8 @@ def openapi_document(version: str) -> dict[str, Any]:
                  "description": "Text Generation Inference's HTTP API, served by pytgi",
                  "license": {"name": "Apache 2.0"}},
         "paths": paths,
-        "components": {"schemas": {**SCHEMAS, **responses_openapi.SCHEMAS}},
+        "components": {"schemas": {**SCHEMAS, **responses_openapi.SCHEMAS,
+                                   **anthropic_openapi.SCHEMAS}},
     }
 
 
