@@ -129,7 +129,7 @@ rung_lists = st.lists(
 ).map(lambda rs: sorted(rs, key=lambda r: r.tokens))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(rungs=rung_lists, activation=st.sampled_from([0, 2**28, 2**32]),
        floor=st.sampled_from([0, 300, 5000]))
 def test_the_choice_is_the_smallest_near_peak_rung_within_the_bounds(
