@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +20,20 @@ import openai
 import pydantic
 import pytest
 
-from tests.integration.structured_cases import LIMITS, SCHEMAS, TOOL_PROMPT, TOOL_TEMPLATE, WEATHER
+from tests.integration.structured_cases import SCHEMAS, TOOL_PROMPT, TOOL_TEMPLATE, WEATHER
 from tests.router_process import RouterProcess
 from tests.shard_process import ShardProcesses
 
 N = 12
+# The tool template, its generation prompt Qwen3's: the thinking closed unless the request sets
+# `enable_thinking` (so the other tests' outputs are all answer).
+TEMPLATE = TOOL_TEMPLATE.replace(
+    "<|assistant|>\n{% endif %}",
+    "<|assistant|>\n{% if enable_thinking %}<think>\n{% else %}<think></think>{% endif %}"
+    "{% endif %}")
+THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
+# The template opened <think>: the output thinks, closes it and answers.
+THOUGHT = r"[a-z]{2,6}( [a-z]{2,6}){1,2}</think>[A-Z][a-z]{1,6}\."
 WEATHER_TOOL = {"type": "function", **WEATHER["function"]}
 FORCED = {"type": "function", "name": "get_weather"}
 EXTRA = {"tool_prompt": TOOL_PROMPT}
@@ -34,9 +44,10 @@ def url(model: Path, shards: ShardProcesses, tmp_path_factory: pytest.TempPathFa
         ) -> Iterator[str]:
     config = json.loads((model / "tokenizer_config.json").read_text())
     path = tmp_path_factory.mktemp("config") / "tokenizer_config.json"
-    path.write_text(json.dumps({**config, "chat_template": TOOL_TEMPLATE}))
-    with RouterProcess(shards.urls[0], model, *LIMITS, "--tokenizer-config-path", str(path),
-                       "--served-model-name", "tiny") as router:
+    path.write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    with RouterProcess(shards.urls[0], model, "--max-input-tokens", "120", "--max-total-tokens",
+                       "256", "--tokenizer-config-path", str(path), "--served-model-name", "tiny",
+                       "--reasoning-parser", "qwen3") as router:
         yield router.url
 
 
@@ -86,6 +97,28 @@ def test_streamed_events(client: openai.OpenAI) -> None:
     assert whole.output_text.rstrip("\ufffd") == deltas.rstrip("\ufffd")
     assert final.usage is not None and whole.usage is not None
     assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_reasoning_item_then_the_answer(client: openai.OpenAI) -> None:
+    """With --reasoning-parser and a template that opened the thinking, a regex makes the
+    model think and answer: a reasoning item, then the message; streamed as
+    `response.reasoning_text.delta` first."""
+    kwargs: dict[str, Any] = dict(model="tiny", input="Two plus two?", max_output_tokens=60,
+                                  temperature=0, text={"format": {"type": "regex",
+                                                                  "value": THOUGHT}},
+                                  extra_body=THINKING)
+    r = client.responses.create(**kwargs)
+    reasoning, message = r.output
+    assert reasoning.type == "reasoning" and message.type == "message"
+    assert reasoning.content is not None
+    assert re.fullmatch(r"[a-z]{2,6}( [a-z]{2,6}){1,2}", reasoning.content[0].text)
+    assert re.fullmatch(r"[A-Z][a-z]{1,6}\.", r.output_text)
+    assert r.usage is not None
+    assert 0 < r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    events = list(client.responses.create(**kwargs, stream=True))
+    thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert (thought, answer) == (reasoning.content[0].text, r.output_text)
 
 
 def test_forced_function_call_streamed_and_not(client: openai.OpenAI) -> None:

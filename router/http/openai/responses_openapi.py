@@ -40,10 +40,17 @@ SCHEMAS: dict[str, Any] = {
         "tool_choice": {"description": '"auto", "none", "required" or {type: function, name}',
                         "oneOf": [{"type": "string"}, {"type": "object"}]},
         "text": {"type": "object", "description": "{format: {type: text|json_object} or "
-                 "{type: json_schema, name, schema, strict}}"},
+                 "{type: json_schema, name, schema, strict}} (pytgi: or a TGI grammar object "
+                 "{type: regex|json, value})"},
         "seed": {"type": "integer", "nullable": True, "description": "pytgi's extension"},
         "tool_prompt": {"type": "string", "nullable": True,
                         "description": "pytgi's extension: chat's tool prompt"},
+        "chat_template_kwargs": {"type": "object", "nullable": True, "description":
+                                 "pytgi's extension: the chat template's variables "
+                                 "(e.g. enable_thinking)"},
+        "background": {"type": "boolean", "default": False, "description":
+                       "run in this replica's background: poll GET /v1/responses/{id}; "
+                       "cancel with POST .../cancel"},
     }},
     "Response": {"type": "object", "description": (
         "OpenAI `response`: id, status (completed|incomplete|failed), output items (message, "

@@ -32,8 +32,9 @@ UNSUPPORTED = {
 }
 # Accepted and repeated in the response object, changing nothing in the generation.
 ECHOED = ("metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
-# pytgi's extensions, read as chat reads them (determinism in tests, the tool prompt's text).
-EXTENSIONS = ("seed", "tool_prompt")
+# pytgi's extensions, read as chat reads them (determinism, the tool prompt's text, the chat
+# template's variables such as `enable_thinking`).
+EXTENSIONS = ("seed", "tool_prompt", "chat_template_kwargs")
 
 
 @dataclass(slots=True)
@@ -283,10 +284,13 @@ def chat_tool_choice(value: Any) -> Any:
 
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     """`text.format` as chat's `response_format`: text, json_object, or json_schema (its
-    `schema` at the top, where chat nests it under `json_schema`)."""
+    `schema` at the top, where chat nests it under `json_schema`); TGI's grammar objects
+    (`{type: regex|json|lark, value}`) pass through, as chat's `response_format` lets them."""
     fmt = opt_obj(text, "format", "text.") if text is not None else None
     if fmt is None or fmt.get("type") == "text":
         return None
+    if "value" in fmt:
+        return fmt
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
@@ -296,4 +300,5 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
         spec = {"name": fmt.get("name"), "schema": schema, "strict": fmt.get("strict")}
         return {"type": "json_schema", "json_schema": spec}
     raise ValidationError(
-        '`text.format.type` must be "text", "json_object" or "json_schema"')
+        '`text.format.type` must be "text", "json_object" or "json_schema" (or a TGI grammar '
+        'object with its `value`)')

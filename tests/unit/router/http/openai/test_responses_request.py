@@ -32,6 +32,8 @@ def test_a_string_input_with_instructions_is_system_then_user() -> None:
     assert (p.max_new_tokens, p.do_sample, p.top_p) == (7, False, 0.5)
     assert r.store and not r.stream and r.echo["model"] == "served"
     assert r.echo["instructions"] == "Be brief." and r.echo["tools"] == []
+    kwargs = {"enable_thinking": False}
+    assert parse({"input": "Hi", "chat_template_kwargs": kwargs}).chat.template_kwargs == kwargs
 
 
 def test_items_become_chat_messages() -> None:
@@ -85,6 +87,8 @@ def test_text_formats_are_chat_grammars() -> None:
                        "value": {"name": "x", "schema": schema, "strict": True}}
     assert parse({"input": "Hi", "text": {"format": {"type": "json_object"}}}).chat.grammar
     assert parse({"input": "Hi", "text": {"format": {"type": "text"}}}).chat.grammar is None
+    regex = {"type": "regex", "value": "[a-z]+"}
+    assert parse({"input": "Hi", "text": {"format": regex}}).chat.grammar == regex
 
 
 @pytest.mark.parametrize(("body", "message"), [
