@@ -44,8 +44,6 @@ class MessagesRequest:
     chat: ChatRequest
     model: str
     top_k: int | None
-    # `thinking.type`: "enabled", "disabled", "adaptive", or None when not given.
-    thinking: str | None = None
 
     @property
     def stop_sequences(self) -> list[str]:
@@ -76,7 +74,6 @@ def parse_messages(body: Any, *, counting: bool = False) -> MessagesRequest:
         chat=parse_chat(chat_body(data)),
         model=model,
         top_k=reader(BY_NAME["top_k"])(data, "top_k", ""),
-        thinking=_thinking(data),
     )
 
 
@@ -93,7 +90,20 @@ def chat_body(data: dict[str, Any]) -> dict[str, Any]:
     response_format = _response_format(data)
     if response_format is not None:
         out["response_format"] = response_format
+    kwargs = _template_kwargs(data)
+    if kwargs is not None:
+        out["chat_template_kwargs"] = kwargs
     return out
+
+
+def _template_kwargs(data: dict[str, Any]) -> dict[str, Any] | None:
+    """vLLM's `chat_template_kwargs` (an extension), with `thinking` as the templates of
+    thinking models read it: `enable_thinking` false for "disabled", true otherwise."""
+    kwargs = opt_obj(data, "chat_template_kwargs")
+    thinking = _thinking(data)
+    if thinking is None:
+        return kwargs
+    return {**(kwargs or {}), "enable_thinking": thinking != "disabled"}
 
 
 def _response_format(data: dict[str, Any]) -> dict[str, Any] | None:

@@ -62,7 +62,7 @@ class MessagesRoutes:
     async def _messages(self, request: Request) -> Response:
         msg = parse_messages(await read_json(request))
         prompt = await self.chat.prompt(msg.chat)
-        req = GenerateRequest(prompt, msg.parameters(), add_special_tokens=False)
+        req = self.chat.generate_request(prompt, msg.parameters())
         if msg.stream:
             return await self._stream(request, msg, req, prompt)
         group = StreamGroup()

@@ -125,3 +125,13 @@ def test_bad_bodies(body: dict[str, Any], error: type[InferError], words: str) -
     with pytest.raises(error) as err:
         parse_messages(body)
     assert words in err.value.message
+
+
+def test_thinking_reaches_the_template_as_enable_thinking() -> None:
+    def kwargs(**extra: Any) -> Any:
+        return parse_messages({**ANTHROPIC, **extra}).chat.template_kwargs
+
+    assert kwargs() is None
+    assert kwargs(thinking={"type": "disabled"}) == {"enable_thinking": False}
+    assert kwargs(thinking={"type": "enabled", "budget_tokens": 1024},
+                  chat_template_kwargs={"x": 1}) == {"x": 1, "enable_thinking": True}
