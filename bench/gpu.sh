@@ -46,7 +46,8 @@
 #
 # --cpu-smoke: the same stages here, on the CPU, with the cpu-small model and tiny counts (the
 # wheels are installed for Python 3.12 into a scratch directory but not imported; pytgi's own
-# install is a dry run), so the plumbing is proven before it costs GPU time.
+# install is a dry run; caps and the default budget 4 times the GPU's), so the plumbing is
+# proven before it costs GPU time.
 # --plan: print the stages and their caps, run nothing.
 set -uo pipefail
 
@@ -60,6 +61,8 @@ ALL_STAGES=(install tests compare-8b steps compare-1b quantization)
 declare -A CAP=([install]=45 [tests]=90 [compare-8b]=210 [steps]=60 [compare-1b]=75
                 [quantization]=60)
 DEFAULT_BUDGET_S=540
+# --cpu-smoke runs under caps this many times the GPU's (and --budget-s as given).
+SMOKE_CAP_FACTOR=4
 # What the summary needs at the end, and the grace a stage gets between TERM and KILL.
 RESERVE_S=20
 KILL_AFTER_S=20
@@ -242,14 +245,15 @@ stop_leftover_servers() {
 
 main() {
     if [[ ${1:-} == --run-stage ]]; then run_stage_body "$2"; exit $?; fi
-    local stages_arg="" budget=$DEFAULT_BUDGET_S plan=0 install=1
+    local stages_arg="" budget="" plan=0 install=1
     SMOKE=0
     local out_arg="" work_arg=""
+    declare -A GIVEN=()
     while (($#)); do
         case "$1" in
             --stages) stages_arg="$2"; shift 2 ;;
             --budget-s) budget="$2"; shift 2 ;;
-            --cap) CAP[${2%%=*}]="${2#*=}"; shift 2 ;;
+            --cap) CAP[${2%%=*}]="${2#*=}"; GIVEN[${2%%=*}]=1; shift 2 ;;
             --out) out_arg="$2"; shift 2 ;;
             --work) work_arg="$2"; shift 2 ;;
             --no-install) install=0; shift ;;
@@ -276,6 +280,14 @@ main() {
         [[ $chosen == *",$s,"* ]] && selected+=("$s")
     done
 
+    if [[ $SMOKE == 1 ]]; then
+        # The caps are the GPU's; a shared CPU runs the same plumbing several times slower.
+        for s in "${!CAP[@]}"; do
+            [[ -n ${GIVEN[$s]+x} ]] || CAP[$s]=$((CAP[$s] * SMOKE_CAP_FACTOR))
+        done
+        budget=${budget:-$((DEFAULT_BUDGET_S * SMOKE_CAP_FACTOR))}
+    fi
+    budget=${budget:-$DEFAULT_BUDGET_S}
     if ((plan)); then
         echo "stages: ${selected[*]} (budget ${budget} s)"
         for s in "${selected[@]}"; do echo "  $s: cap ${CAP[$s]} s"; done

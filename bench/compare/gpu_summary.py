@@ -98,7 +98,8 @@ def steps_result(runs: dict[str, Any]) -> str:
     parts = []
     for name, data in runs.items():
         cells = ", ".join(
-            f"b{r['batch_size']} {r['decode_ms']:.2f} ms ({r['tokens_per_s']:,.0f} tok/s)"
+            f"b{r['batch_size']}{' overlap' if r.get('overlap') else ''} {r['decode_ms']:.2f} ms "
+            f"({r['tokens_per_s']:,.0f} tok/s)"
             for r in data.get("rows", [])
         )
         parts.append(f"{name}: {cells}")

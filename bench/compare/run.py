@@ -214,6 +214,8 @@ def run_rounds(
                     if args.gpu:
                         http.stop()  # the GPU's memory is the next process's
                         http.attach_timelines(merged.values())
+                        # Saved now: a transformers row cut at the stage's cap saves nothing.
+                        progress([r for r in merged.values() if r is not None])
                     result = run_in_process(
                         system, {**spec, "repeats": 1}, args.work_dir, args.system_timeout_s
                     )
