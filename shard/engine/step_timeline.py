@@ -15,7 +15,8 @@ A step's phases, in order (a phase the step has not is 0):
 - choose: the token choice queued on the device (on the CPU: computed);
 - ahead: the overlap scheduler launching the next decode forward;
 - sync: the host waiting for the step's tokens (HostTransfer, the one synchronisation of a
-  plain step; on the CPU the tokens are already there and it is ~0, measured, not assumed);
+  plain step; on the CPU the tokens are already there and it is ~0, measured, not assumed; the
+  host reads of top tokens, watermarks and prefill logprobs fall in the phase that makes them);
 - emit: detokenizing, stops, the Generations' bytes, the finished requests filtered out;
 - reply: the live batch cached and the response completed.
 `device_ns` is the device time of the forward(s) whose logits the step used (CUDA events; the
