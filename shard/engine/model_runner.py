@@ -14,6 +14,7 @@ warmup batch through its own Prefill and Decode, and the runner measures the dev
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,7 @@ from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.forward_timer import ForwardTimer
+from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.warmup import (
@@ -47,6 +49,8 @@ from pytgi_shard.errors import OutOfMemory
 from pytgi_shard.models.model import Model
 from pytgi_shard.settings import ShardSettings
 
+log = logging.getLogger(__name__)
+
 # Runs a warmup batch to its end (a Prefill, then a Decode while requests remain): the Engine's.
 RunBatch = Callable[[generate_pb2.Batch], None]
 
@@ -57,6 +61,8 @@ class ModelRunner:
         self.dist = dist
         self.settings = settings
         self.block_size = settings.block_size
+        # The cache's dtype (FP8 with its scales under --kv-cache-dtype), for every allocation.
+        self.kv_format = resolve_kv_format(settings, model)
         # Block 0 only, for Health, until Warmup sizes the cache.
         self.kv_cache = self.allocate_kv_cache(1)
         # Decode forwards through CUDA graphs; Warmup captures them over the cache it sizes.
@@ -65,8 +71,10 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int) -> KVCache:
         m = self.model
+        kv = self.kv_format
         return KVCache.allocate(
-            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype, m.device
+            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, kv.dtype,
+            m.device, kv.scales,
         )
 
     def resize_kv_cache(self, num_blocks: int) -> None:
@@ -170,6 +178,7 @@ class ModelRunner:
             if not is_out_of_memory(e):
                 raise
             raise allocation_failure(size.num_blocks) from e
+        log.info(capacity_line(self.kv_format, self.model, size.num_blocks, self.block_size))
 
     def release_graphs(self) -> None:
         """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""

@@ -30,6 +30,7 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.attention.kv_quant import kv_cache_dtype
 from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason, resolve_buckets
@@ -308,12 +309,13 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 def cache_blocks(
-    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int,
-    kv_dtype: torch.dtype,
+    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int
 ) -> int:
     """KV blocks for this rank, block 0 included, keeping `peak` bytes free for the forward.
-    Sized in bytes of `kv_dtype` (the cache's: an FP8 one holds twice a bfloat16 one's blocks)."""
+    Sized in bytes of the cache's dtype (--kv-cache-dtype: an FP8 cache holds twice the blocks
+    of a bfloat16 one)."""
     m = model
+    kv_dtype = kv_cache_dtype(settings.kv_cache_dtype, m.dtype)
     per_token = KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_dtype)
     block = per_token * block_size
     budget_blocks = (

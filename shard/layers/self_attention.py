@@ -78,10 +78,8 @@ class SelfAttention(nn.Module):
         k = self._rotate(k.view(-1, self.num_kv_heads, self.head_dim), rotation)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         keys, values = kv_cache.keys[self.layer_idx], kv_cache.values[self.layer_idx]
-        if self.alibi_slopes is None:
-            out = self.backend.forward(q, k, v, keys, values, meta, self.scale)
-        else:
-            out = self.backend.forward(
-                q, k, v, keys, values, meta, self.scale, alibi_slopes=self.alibi_slopes
-            )
+        out = self.backend.forward(
+            q, k, v, keys, values, meta, self.scale, alibi_slopes=self.alibi_slopes,
+            kv_scales=kv_cache.scales_of(self.layer_idx),
+        )
         return self.out(out.reshape(-1, self.q_size))

@@ -22,6 +22,9 @@ class EncoderDecoderModel(Model):
     decoder_start_token_id: int
     # The attention gathers are shaped by the context lengths, so a decode is not capturable.
     graph_capturable = False
+    fp8_kv_refusal = (
+        "the encoder-decoder path writes its cross-attention K/V into the cache unquantized"
+    )
 
     @abstractmethod
     def encode(self, inputs: EncoderInputs, kv_cache: KVCache) -> None:

@@ -31,6 +31,9 @@ class Model(ABC):
     # backend): no host synchronisation, shapes that depend only on the number of tokens. pytgi's
     # own models are written so; the transformers fallback runs code it does not control.
     graph_capturable: bool = True
+    # Why this model cannot keep an FP8 KV cache (--kv-cache-dtype); None: its attention layers
+    # pass their scales to the backend (KVCache.scales_of), so it can.
+    fp8_kv_refusal: str | None = None
 
     @abstractmethod
     def forward(

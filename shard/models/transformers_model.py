@@ -144,6 +144,10 @@ class TransformersModel(Model):
     """A transformers AutoModelForCausalLM behind the Model interface (one shard only)."""
 
     graph_capturable = False
+    fp8_kv_refusal = (
+        "the transformers fallback keeps the KV cache in the model's dtype (pytgi's own "
+        "implementations support it)"
+    )
 
     def __init__(
         self, model: Any, config: PretrainedConfig, backend: AttentionBackend, dist: Dist

@@ -12,6 +12,7 @@ import torch.distributed as tdist
 from pytgi_shard.device.capabilities import DeviceCapabilities, probe_capabilities
 from pytgi_shard.device.distributed import Dist, init_distributed
 from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.kv_format import fp8_refusal
 from pytgi_shard.models import MODELS, get_model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -108,6 +109,9 @@ def load_engine(settings: ShardSettings) -> Engine:
         attention=settings.attention or "reference",
         quantization=quantization,
     )
+    refusal = fp8_refusal(settings, model)
+    if refusal is not None:
+        raise StartupRefused(refusal)
     detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
     return Engine(model, detokenizer, dist, settings)
 

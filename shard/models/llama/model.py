@@ -146,6 +146,7 @@ class LlamaAttention(nn.Module):
             q, k, v,
             kv_cache.keys[self.layer_idx], kv_cache.values[self.layer_idx],
             meta, self.scale, self.sliding_window, softcap=self.softcap,
+            kv_scales=kv_cache.scales_of(self.layer_idx),
         )
         return self.o_proj(out.reshape(-1, self.q_size))
 
