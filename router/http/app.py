@@ -29,6 +29,9 @@ from pytgi_router.http.http_errors import (
     UnauthorizedError,
 )
 from pytgi_router.http.http_io import error_response, read_json
+from pytgi_router.http.openai.errors import error_bytes as openai_error_bytes
+from pytgi_router.http.openai.errors import openai_error_response
+from pytgi_router.http.openai.errors import owns as responses_owns
 from pytgi_router.http.openai.response_store import ResponseStore
 from pytgi_router.http.openai.routes_chat import ChatRoutes
 from pytgi_router.http.openai.routes_completions import CompletionRoutes
@@ -51,10 +54,13 @@ BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 async def _send_error(send: Any, err: InferError, path: str = "") -> None:
-    """`err` in TGI's shape, or in Anthropic's on its routes (their clients parse no other)."""
+    """`err` in TGI's shape, or in Anthropic's or OpenAI's on their routes (/v1/messages,
+    /v1/responses: their clients parse no other)."""
     status, body = err.status_code, json.dumps(err.to_json()).encode()
     if anthropic_owns(path):
         status, body = anthropic_error_bytes(err)
+    elif responses_owns(path):
+        status, body = openai_error_bytes(err)
     await send({
         "type": "http.response.start",
         "status": status,
@@ -147,9 +153,11 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 
 def _error(request: Request, err: InferError, headers: Any = None) -> Response:
-    """`err` in TGI's shape, or in Anthropic's on its routes."""
+    """`err` in TGI's shape, or in Anthropic's or OpenAI's on their routes."""
     if anthropic_owns(request.url.path):
         return anthropic_error_response(err, headers)
+    if responses_owns(request.url.path):
+        return openai_error_response(err, headers)
     return error_response(err, headers)
 
 

@@ -271,3 +271,6 @@ def test_get_cancel_and_malformed(url: str, client: openai.OpenAI) -> None:
     bad = httpx.post(f"{url}/v1/responses", content=b"{not json",
                      headers={"content-type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    # The framework's 404 and 405 on these paths are in OpenAI's shape too.
+    for r in (httpx.put(f"{url}/v1/responses"), httpx.get(f"{url}/v1/responses/a/b")):
+        assert r.status_code in (404, 405) and isinstance(r.json()["error"], dict), r.text

@@ -7,6 +7,7 @@ lost.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -15,6 +16,9 @@ from starlette.responses import Response
 from pytgi_router.core.errors import InferError
 from pytgi_router.http.http_errors import NotFoundError
 from pytgi_router.http.http_io import json_response
+
+# The paths whose errors (the guard's 401 and 413, a 404 or 405 included) take this shape.
+PATH_PREFIX = "/v1/responses"
 
 # OpenAI's `type` by status (424: the generation failed, not the request); anything else
 # under 500 is the client's request.
@@ -66,5 +70,16 @@ def _param(err: InferError) -> str | None:
     return RESPONSES_NAMES.get(match.group(1), match.group(1))
 
 
-def openai_error_response(err: InferError) -> Response:
-    return json_response(openai_error(err), status_code=err.status_code)
+def owns(path: str) -> bool:
+    """Whether `path` is a Responses API route, whose errors from the HTTP guard and the
+    framework its clients parse in OpenAI's shape too."""
+    return path == PATH_PREFIX or path.startswith(PATH_PREFIX + "/")
+
+
+def openai_error_response(err: InferError, headers: Any = None) -> Response:
+    return json_response(openai_error(err), status_code=err.status_code, headers=headers)
+
+
+def error_bytes(err: InferError) -> tuple[int, bytes]:
+    """(status, body) for the guard, which answers below the framework."""
+    return err.status_code, json.dumps(openai_error(err), ensure_ascii=False).encode()
