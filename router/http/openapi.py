@@ -99,8 +99,17 @@ SCHEMAS: dict[str, Any] = {
                         "oneOf": [{"type": "string"}, {"type": "object"}]},
         "tool_prompt": {"type": "string", "nullable": True,
                         "description": "text appended to the last message with the tools"},
+        "chat_template_kwargs": {
+            "type": "object", "nullable": True,
+            "description": "more variables for the chat template, e.g. {enable_thinking: false}"},
     }, ["messages"]),
-    "ChatCompletion": {"type": "object", "description": "OpenAI `chat.completion`"},
+    "ChatCompletion": {
+        "type": "object",
+        "description": "OpenAI `chat.completion`; with a reasoning parser (--reasoning-parser) "
+                       "the message carries the thinking as `reasoning_content` and `reasoning` "
+                       "(`content` only the answer) and usage "
+                       "`completion_tokens_details.reasoning_tokens`; streamed, the thinking "
+                       "comes in deltas of its own with the same two fields"},
     "CompletionRequest": _obj({
         "model": {"type": "string"},
         "prompt": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
