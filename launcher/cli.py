@@ -17,7 +17,7 @@ from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_ali
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
 from pytgi_proto.version import add_version_flag
 from pytgi_shard.quantization.method import parse_quantize
-from pytgi_shard.settings import ROPE_SCALINGS
+from pytgi_shard.settings import KV_CACHE_DTYPES, ROPE_SCALINGS
 
 # (flag, type, help); the default shown is LauncherSettings'.
 _VALUED: list[tuple[str, Any, str]] = [
@@ -30,6 +30,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--quantize", parse_quantize, "quantize a float checkpoint on load: bitsandbytes, "
      "bitsandbytes-nf4, bitsandbytes-fp4, eetq, fp8; pre-quantized gptq, awq, fp8 and "
      "compressed-tensors checkpoints are detected without it (marlin: gptq)"),
+    ("--kv-cache-dtype", str, "store the shards' KV cache in FP8: fp8_e4m3fn or fp8_e5m2, "
+     "with the checkpoint's per-layer k_scale/v_scale (1.0 without them); about 2x the "
+     "tokens of a bfloat16 cache (default: the model's dtype)"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
      "unless --rope-factor)"),
     ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),
@@ -117,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag, kind, text in _VALUED:
         names = ["-p", flag] if flag == "--port" else [flag]
-        choices = {"--dtype": DTYPES, "--rope-scaling": ROPE_SCALINGS}.get(flag)
+        choices = {"--dtype": DTYPES, "--rope-scaling": ROPE_SCALINGS,
+                   "--kv-cache-dtype": KV_CACHE_DTYPES}.get(flag)
         p.add_argument(*names, type=kind, help=text, choices=choices)
     p.add_argument("--sharded", type=parse_bool, metavar="{true,false}",
                    help="true: shard across all visible GPUs; false: one shard")

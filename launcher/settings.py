@@ -13,7 +13,12 @@ from pytgi_proto.contracts import (
     shard_socket,
     token_limit_problems,
 )
-from pytgi_shard.settings import kernel_problems, parse_cuda_graphs, rope_problems
+from pytgi_shard.settings import (
+    KV_CACHE_DTYPES,
+    kernel_problems,
+    parse_cuda_graphs,
+    rope_problems,
+)
 
 # The model bundled with the package: a small Llama trained on Shakespeare (see its TRAINING.md).
 DEMO_MODEL = Path(__file__).resolve().parent / "demo_model"
@@ -35,6 +40,8 @@ class LauncherSettings:
     dtype: str | None = None
     # TGI's --quantize (checked by its parser, quantization/method.py); None: the checkpoint's.
     quantize: str | None = None
+    # TGI's --kv-cache-dtype: an FP8 format for the shards' KV cache; None: the model's dtype.
+    kv_cache_dtype: str | None = None
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
     max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS
@@ -117,6 +124,9 @@ class LauncherSettings:
             out.append("--served-model-name must not be empty")
         if self.dtype is not None and self.dtype not in DTYPES:
             out.append(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            out.append(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
+                       f"{self.kv_cache_dtype}")
         positive = {
             "max-concurrent-requests": self.max_concurrent_requests,
             "max-best-of": self.max_best_of,

@@ -115,6 +115,8 @@ def test_legacy_max_input_length() -> None:
          "--attention triton contradicts --disable-custom-kernels"),
         (["--served-model-name", " "], {}, "--served-model-name must not be empty"),
         ([], {"DISABLE_CUSTOM_KERNELS": "sometimes"}, "DISABLE_CUSTOM_KERNELS='sometimes'"),
+        (["--kv-cache-dtype", "fp8"], {}, "invalid choice: 'fp8'"),
+        ([], {"KV_CACHE_DTYPE": "int8"}, "KV_CACHE_DTYPE='int8' is not valid for --kv-cache-dtype"),
     ],
 )
 def test_bad_input_is_a_usage_error(

@@ -17,7 +17,8 @@ def test_shard_command_is_understood_by_the_shard() -> None:
     s = parse_settings(["--shard-uds-path", "/run/s", "--master-addr", "10.0.0.1",
                         "--master-port", "29600", "--cuda-memory-fraction", "0.5",
                         "--json-output", "--otlp-endpoint", "http://c:4317",
-                        "--watermark-gamma", "0.4", "--step-timeline", "/tmp/t.jsonl"],
+                        "--watermark-gamma", "0.4", "--step-timeline", "/tmp/t.jsonl",
+                        "--kv-cache-dtype", "fp8_e5m2"],
                        environ={})
     argv = shard_argv(s, MODEL, rank=1, world_size=2, dtype="float32")
     assert argv[1:3] == ["-m", "pytgi_shard.service.cli"]
@@ -30,6 +31,7 @@ def test_shard_command_is_understood_by_the_shard() -> None:
     assert shard.json_output and shard.otlp_endpoint == "http://c:4317"
     assert shard.watermark_gamma == 0.4
     assert shard.step_timeline == Path("/tmp/t.jsonl")
+    assert shard.kv_cache_dtype == "fp8_e5m2"
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["KEEP"] == "1"
     assert "LOG_LEVEL" not in env
 
