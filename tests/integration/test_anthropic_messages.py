@@ -23,13 +23,15 @@ from tests.router_process import RouterProcess
 from tests.shard_process import start_shards
 
 KEY = "secret-key"
-# Renders tools (their count), an assistant's tool calls and each message's content.
+# Renders tools (their count), an assistant's tool calls and each message's content; the turn
+# it opens thinks (`<think>` left open) only under `enable_thinking`, as Qwen3's template does.
 TEMPLATE = (
     "{{ bos_token }}{% if tools %}<|tools|>{{ tools | length }}\n{% endif %}"
     "{% for m in messages %}<|{{ m['role'] }}|>\n{% if m.tool_calls %}"
     "{% for c in m.tool_calls %}{{ c.function.name }}{{ c.function.arguments }}{% endfor %}"
     "{% else %}{{ m['content'] }}{% endif %}{{ eos_token }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% if enable_thinking %}<think>\n"
+    "{% else %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 TOOL = {"name": "get_weather", "description": WEATHER["function"]["description"],
         "input_schema": WEATHER["function"]["parameters"]}
@@ -55,7 +57,8 @@ def url(tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFactor
     path.write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     with start_shards(model) as shards, RouterProcess(
             shards.urls[0], model, "--max-input-tokens", "150", "--max-total-tokens", "256",
-            "--api-key", KEY, "--tokenizer-config-path", str(path)) as router:
+            "--api-key", KEY, "--tokenizer-config-path", str(path),
+            "--reasoning-parser", "qwen3") as router:
         yield router.url
 
 
@@ -180,3 +183,22 @@ def test_errors_are_anthropic_errors(client: anthropic.Anthropic, url: str) -> N
     assert bearer.messages.count_tokens(model="tiny", messages=USER).input_tokens > 0  # type: ignore[arg-type]
     r = httpx.get(f"{url}/v1/messages", headers={"x-api-key": KEY})
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_thinking_blocks(client: anthropic.Anthropic, url: str) -> None:
+    """`thinking` enabled: the template leaves `<think>` open, so (the tiny model never closes
+    it) all of the output is thinking, split off by the qwen3 parser: one thinking block,
+    streamed as thinking_delta, the text chat completions gives as `reasoning_content`."""
+    thinking: dict[str, Any] = {"type": "enabled", "budget_tokens": 1024}
+    out = client.messages.create(max_tokens=8, messages=USER, thinking=thinking, **GREEDY)
+    [block] = out.content
+    assert block.type == "thinking" and block.thinking and out.stop_reason == "max_tokens"
+    expected = chat(url, USER, 8, chat_template_kwargs={"enable_thinking": True})
+    assert block.thinking == expected["choices"][0]["message"]["reasoning_content"]
+    with client.messages.stream(max_tokens=8, messages=USER, thinking=thinking,
+                                **GREEDY) as stream:
+        deltas = [e.delta.thinking for e in stream  # type: ignore[union-attr]
+                  if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]
+        final = stream.get_final_message()
+    assert "".join(deltas) == block.thinking
+    assert final.content == out.content
