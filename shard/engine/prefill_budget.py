@@ -41,9 +41,10 @@ class LadderPolicy:
     # The longest one prefill step may take and still be chosen.
     max_step_s: float = 0.5
     # Seconds of steady-state measuring (every repeat of every rung) the ladder may spend.
-    budget_s: float = 2.0
-    # Times each rung runs; its fastest run counts (the first may pay one-time costs).
-    repeats: int = 2
+    budget_s: float = 3.0
+    # Times each rung runs; its fastest run counts: the first may pay one-time costs, and on a
+    # busy host the fastest of three is much nearer the device's speed than one run.
+    repeats: int = 3
     # Share of the memory beside the weights that the worst-case prefill's activations may take.
     activation_share: float = 0.25
     # The longest prompt of a ladder batch: rungs are batches of such prompts, so attention's

@@ -172,7 +172,7 @@ def measure_rung(
     runner: ModelRunner, limits: Limits, tokens: int, run_batch: RunBatch, policy: LadderPolicy
 ) -> Rung | None:
     """One rung: its fastest run and its peak, agreed across ranks; None when it ran out of
-    memory (the cache is block 0 alone again then)."""
+    memory on any rank (the cache is block 0 alone again then)."""
     model = runner.model
     longest = longest_prompt(limits, model.max_position_embeddings)
     lengths = ladder_lengths(tokens, longest, limits.max_batch_size, policy.prompt_tokens)
@@ -188,16 +188,25 @@ def measure_rung(
     except (RuntimeError, MemoryError) as e:
         if not is_out_of_memory(e):
             raise
-        runner.resize_kv_cache(1)
-        if model.device.type == "cuda":
-            torch.cuda.empty_cache()
-        return None
+        _let_go(runner)
+        times = [math.inf]  # told to the other ranks, which then stop here too
     seconds, peak_agreed = _slowest(runner, min(times), peak)
+    if math.isinf(seconds):
+        _let_go(runner)
+        return None
     return Rung(sum(lengths), seconds, int(peak_agreed))
 
 
+def _let_go(runner: ModelRunner) -> None:
+    """Back to block 0 alone after a rung that ran out of memory, its cached blocks freed."""
+    runner.resize_kv_cache(1)
+    if runner.model.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def _slowest(runner: ModelRunner, seconds: float, peak: int) -> tuple[float, float]:
-    """The largest time and peak over the ranks, so that every rank decides alike."""
+    """The largest time and peak over the ranks, so that every rank decides alike (a rank out
+    of memory says inf, and every rank stops)."""
     dist = runner.dist
     if dist.world_size == 1:
         return seconds, peak

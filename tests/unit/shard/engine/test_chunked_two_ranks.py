@@ -1,6 +1,7 @@
 """Chunked prefill, a mixed Prefill, BlockGrants and a resume on two tensor-parallel ranks
 (gloo, one process each, as `pytgi-shard serve` runs them): both ranks answer with the tokens
-of one rank running every request whole."""
+of one rank running every request whole. Their Warmup measures the prefill budget
+(shard/engine/prefill_ladder.py): they agree on every rung, so they choose alike."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def _rank_main(rank: int, port: int, model: Path, out: Path) -> None:
     )
     engine = load_engine(settings)
     try:
-        engine.warmup(pb.WarmupRequest(max_prefill_tokens=64, max_batch_total_tokens=1024))
+        warmed = engine.warmup(pb.WarmupRequest(max_batch_total_tokens=1024))
         a, b, c = requests()
         router = Router(engine)
         chunked(router, [a], 5, itertools.count(1).__next__)
@@ -52,7 +53,8 @@ def _rank_main(rank: int, port: int, model: Path, out: Path) -> None:
         router.prefill(10, [router.chunk(b, 0, 4)])
         router.prefill(11, [router.chunk(b, 4, 0), router.chunk(c, 0, 0)])
         router.finish()
-        torch.save((router.run.tokens, router.run.logprobs), out / f"rank{rank}.pt")
+        torch.save((router.run.tokens, router.run.logprobs, warmed.prefill_sizing),
+                   out / f"rank{rank}.pt")
     finally:
         engine.dist.close()
 
@@ -63,8 +65,12 @@ def test_two_ranks_chunk_mix_grow_and_resume_like_one(
     model = tiny_model("llama", sharded=True)
     mp.spawn(_rank_main, args=(_free_port(), model, tmp_path), nprocs=2, join=True)
     expected = reference_run(build_engine(model), requests())
+    sizings = set()
     for rank in range(2):
-        tokens, logprobs = torch.load(tmp_path / f"rank{rank}.pt")
+        tokens, logprobs, sizing = torch.load(tmp_path / f"rank{rank}.pt")
+        sizings.add(sizing)
         assert tokens == expected.tokens
         for rid, lps in expected.logprobs.items():
             torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
+    # The same rungs, throughputs (each the slowest rank's) and choice on both ranks.
+    assert len(sizings) == 1 and "prefill throughput measured at" in sizings.pop()
