@@ -16,6 +16,7 @@ from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
 from pytgi_proto.version import add_version_flag
+from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_shard.quantization.method import parse_quantize
 from pytgi_shard.settings import KV_CACHE_DTYPES, ROPE_SCALINGS
 
@@ -65,6 +66,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--grammar-cache-bytes", int, "memory each shard gives grammars and the matchers prepared "
      "for queued constrained requests (estimated; default 536870912)"),
     ("--tokenizer-config-path", str, "alternate tokenizer_config.json (e.g. a chat_template)"),
+    ("--reasoning-parser", str, "the router splits the model's thinking from its answer "
+     "(`reasoning_content`), vLLM's names; none: never (default: detected from the chat "
+     "template where it is unambiguous)"),
     ("--hostname", str, "HTTP bind address (default 0.0.0.0)"),
     ("--port", int, "HTTP port (default 3000)"),
     ("--api-key", str, "require `Authorization: Bearer <key>` on generation routes"),
@@ -121,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind, text in _VALUED:
         names = ["-p", flag] if flag == "--port" else [flag]
         choices = {"--dtype": DTYPES, "--rope-scaling": ROPE_SCALINGS,
-                   "--kv-cache-dtype": KV_CACHE_DTYPES}.get(flag)
+                   "--kv-cache-dtype": KV_CACHE_DTYPES,
+                   "--reasoning-parser": (*PARSER_NAMES, NO_PARSER)}.get(flag)
         p.add_argument(*names, type=kind, help=text, choices=choices)
     p.add_argument("--sharded", type=parse_bool, metavar="{true,false}",
                    help="true: shard across all visible GPUs; false: one shard")

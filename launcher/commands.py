@@ -112,6 +112,7 @@ def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
         *_opt("--max-batch-size", s.max_batch_size),
         *_opt("--max-queue-size", s.max_queue_size),
         *_opt("--tokenizer-config-path", s.tokenizer_config_path),
+        *_opt("--reasoning-parser", s.reasoning_parser),
         *_switch("--disable-grammar-support", s.disable_grammar_support),
         *_switch("--json-output", s.json_output),
         *_opt("--otlp-endpoint", s.otlp_endpoint),

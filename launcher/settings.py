@@ -13,6 +13,7 @@ from pytgi_proto.contracts import (
     shard_socket,
     token_limit_problems,
 )
+from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_shard.settings import (
     KV_CACHE_DTYPES,
     kernel_problems,
@@ -67,6 +68,8 @@ class LauncherSettings:
     max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
     grammar_cache_bytes: int | None = None
     responses_store_bytes: int = c.RESPONSES_STORE_BYTES
+    # The router's reasoning parser (None: detected from the chat template; "none": off).
+    reasoning_parser: str | None = None
     tokenizer_config_path: str | None = None
     # HTTP.
     hostname: str = "0.0.0.0"
@@ -145,6 +148,9 @@ class LauncherSettings:
         out += [f"--{k} must be > 0, got {v}" for k, v in positive.items() if v is not None and v <= 0]
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0 or self.max_waiting_tokens < 0:
             out.append("--max-stop-sequences, --max-top-n-tokens, --max-waiting-tokens must be >= 0")
+        if self.reasoning_parser not in (None, NO_PARSER, *PARSER_NAMES):
+            out.append(f"--reasoning-parser must be one of {', '.join(PARSER_NAMES)} or "
+                       f"{NO_PARSER}, got {self.reasoning_parser!r}")
         if self.responses_store_bytes < 0:
             out.append(f"--responses-store-bytes must be >= 0, got {self.responses_store_bytes}")
         out += token_limit_problems(

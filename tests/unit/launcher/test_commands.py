@@ -73,6 +73,16 @@ def test_router_command_is_understood_by_the_router() -> None:
     assert parse_router(router_argv(off, MODEL)[3:], environ={}).prefix_caching is False
 
 
+def test_the_reasoning_parser_reaches_the_router() -> None:
+    """--reasoning-parser (or REASONING_PARSER) goes to the router as given; unset, the router
+    detects one from the chat template."""
+    s = parse_settings(["--reasoning-parser", "deepseek_r1"], environ={})
+    assert parse_router(router_argv(s, MODEL)[3:], environ={}).reasoning_parser == "deepseek_r1"
+    off = parse_settings([], environ={"REASONING_PARSER": "none"})
+    assert parse_router(router_argv(off, MODEL)[3:], environ={}).reasoning_parser == "none"
+    assert "--reasoning-parser" not in router_argv(parse_settings([], environ={}), MODEL)
+
+
 def test_unset_limits_are_left_to_the_router() -> None:
     argv = router_argv(parse_settings([], environ={}), MODEL)
     for flag in ("--max-input-tokens", "--max-total-tokens", "--max-batch-total-tokens",
