@@ -102,28 +102,3 @@ def load_kv(ptrs, mask, scale, FP8: tl.constexpr):
         return tl.load(ptrs, mask=mask, other=0.0)
     else:
         return fp8_decode(tl.load(ptrs, mask=mask, other=0), FP8) * scale
-
-
-@triton.jit
-def _codec_kernel(x_ptr, bytes_ptr, out_ptr, n, FP8: tl.constexpr, BLOCK: tl.constexpr):
-    """Test entry: encodes x into bytes, and decodes those bytes into out."""
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
-    x = tl.load(x_ptr + i, mask=mask, other=0.0).to(tl.float32)
-    code = fp8_encode(x, FP8)
-    tl.store(bytes_ptr + i, code, mask=mask)
-    tl.store(out_ptr + i, fp8_decode(code, FP8), mask=mask)
-
-
-def roundtrip(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernels' encoding of float32 `x` as `dtype` bytes, and those bytes decoded (float32):
-    what tests compare with torch's conversion."""
-    flat = x.reshape(-1).float().contiguous()
-    code = fp8_code(torch.empty(0, dtype=dtype))
-    stored = torch.empty(flat.shape, dtype=torch.uint8, device=x.device)
-    decoded = torch.empty_like(flat)
-    block = 1024
-    _codec_kernel[(triton.cdiv(flat.numel(), block),)](
-        flat, stored, decoded, flat.numel(), FP8=code, BLOCK=block
-    )
-    return stored.view(x.shape), decoded.view(x.shape)

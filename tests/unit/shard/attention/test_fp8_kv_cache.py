@@ -16,10 +16,11 @@ from pytgi_shard.attention import AttentionMetadata, get_backend
 from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.kv_quant import KVScales, dequantize, kv_cache_dtype, quantize
 
-pytest.importorskip("triton", reason="triton is not installed")
+triton = pytest.importorskip("triton", reason="triton is not installed")
+import triton.language as tl  # noqa: E402
 
 from pytgi_shard.attention.triton_backend import TritonAttention  # noqa: E402
-from pytgi_shard.attention.triton_fp8 import roundtrip  # noqa: E402
+from pytgi_shard.attention.triton_fp8 import fp8_code, fp8_decode, fp8_encode  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = torch.device("cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu")
@@ -38,6 +39,27 @@ def codec_inputs(dtype: torch.dtype) -> torch.Tensor:
     spread = torch.randn(3000, generator=gen) * torch.logspace(-12, 6, 3000)
     extremes = torch.tensor([0.0, -0.0, 1e30, -1e30, 1e-30, -1e-42, 127.835, 60000.0, -465.0])
     return torch.cat([values, mids, up, down, spread, extremes])
+
+
+@triton.jit
+def _codec_kernel(x_ptr, bytes_ptr, out_ptr, n, FP8: tl.constexpr, BLOCK: tl.constexpr):
+    """The kernels' encoding of x into bytes, and those bytes decoded into out."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    code = fp8_encode(tl.load(x_ptr + i, mask=mask, other=0.0).to(tl.float32), FP8)
+    tl.store(bytes_ptr + i, code, mask=mask)
+    tl.store(out_ptr + i, fp8_decode(code, FP8), mask=mask)
+
+
+def roundtrip(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the bytes the kernels store for float32 x as `dtype`, those bytes decoded)."""
+    stored = torch.empty(x.shape, dtype=torch.uint8, device=x.device)
+    decoded = torch.empty_like(x)
+    block = 1024
+    _codec_kernel[(triton.cdiv(x.numel(), block),)](
+        x, stored, decoded, x.numel(), FP8=fp8_code(torch.empty(0, dtype=dtype)), BLOCK=block
+    )
+    return stored, decoded
 
 
 @pytest.mark.parametrize("dtype", FORMATS)
