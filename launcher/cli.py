@@ -71,7 +71,8 @@ _VALUED: list[tuple[str, Any, str]] = [
      "template where it is unambiguous)"),
     ("--hostname", str, "HTTP bind address (default 0.0.0.0)"),
     ("--port", int, "HTTP port (default 3000)"),
-    ("--api-key", str, "require `Authorization: Bearer <key>` on generation routes"),
+    ("--api-key", str, "require `Authorization: Bearer <key>` on generation routes (or "
+     "`x-api-key: <key>` on Anthropic's /v1/messages)"),
     ("--shard-uds-path", str, f"shard socket base name, rank r on PATH-r (default "
      f"{DEFAULT_UDS_PATH} on --port 3000, {DEFAULT_UDS_PATH}-PORT on another port)"),
     ("--master-addr", str, "torch.distributed rendezvous address (default localhost)"),

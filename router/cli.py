@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--prefix-caching", type=parse_bool, metavar="{true,false}",
         help="reuse the KV of prompt prefixes already computed (default true; env "
              "PREFIX_CACHING)")
-    add("--api-key", help="require `Authorization: Bearer <key>`")
+    add("--api-key", help="require `Authorization: Bearer <key>` (or `x-api-key: <key>` on "
+                          "Anthropic's /v1/messages)")
     add("--cors-allow-origin", action="append", help="allowed CORS origin (repeatable)")
     add("--otlp-endpoint", help="OTLP gRPC collector, e.g. http://localhost:4317")
     add("--otlp-service-name", help="service.name of the traces (default pytgi.router)")

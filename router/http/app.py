@@ -107,10 +107,10 @@ class HttpGuard:
                     b"Bearer " + key.strip(), expected
                 ):
                     return True
-            elif name == b"x-api-key" and hmac.compare_digest(
+            elif name == b"x-api-key" and anthropic_owns(scope["path"]) and hmac.compare_digest(
                 b"Bearer " + value.strip(), expected
             ):
-                return True  # Anthropic's header: its SDK sends the key there
+                return True  # Anthropic's header, on its routes: its SDK sends the key there
         return False
 
     async def _read_body(self, scope: Any, receive: Any, send: Any, path: str) -> bytes | None:

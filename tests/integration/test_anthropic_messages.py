@@ -23,6 +23,7 @@ from tests.router_process import RouterProcess
 from tests.shard_process import start_shards
 
 KEY = "secret-key"
+BEARER = {"Authorization": f"Bearer {KEY}"}
 # Renders tools (their count), an assistant's tool calls and each message's content; the turn
 # it opens thinks (`<think>` left open) only under `enable_thinking`, as Qwen3's template does.
 TEMPLATE = (
@@ -68,14 +69,14 @@ def client(url: str) -> anthropic.Anthropic:
 
 
 def chat(url: str, messages: list[Any], max_tokens: int, **extra: Any) -> dict[str, Any]:
-    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, headers={"x-api-key": KEY}, json={
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60, headers=BEARER, json={
         "messages": messages, "max_tokens": max_tokens, "temperature": 0, **extra})
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def chat_tokens(url: str, messages: list[Any], **extra: Any) -> int:
-    r = httpx.post(f"{url}/chat_tokenize", timeout=60, headers={"Authorization": f"Bearer {KEY}"},
+    r = httpx.post(f"{url}/chat_tokenize", timeout=60, headers=BEARER,
                    json={"messages": messages, **extra})
     assert r.status_code == 200, r.text
     return len(r.json()["tokenize_response"])
@@ -183,6 +184,9 @@ def test_errors_are_anthropic_errors(client: anthropic.Anthropic, url: str) -> N
     assert bearer.messages.count_tokens(model="tiny", messages=USER).input_tokens > 0  # type: ignore[arg-type]
     r = httpx.get(f"{url}/v1/messages", headers={"x-api-key": KEY})
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    # Anthropic's header on Anthropic's routes only: TGI's keep their one way to send the key.
+    r = httpx.post(f"{url}/v1/chat/completions", headers={"x-api-key": KEY}, json={})
+    assert r.status_code == 401 and r.json()["error_type"] == "unauthorized"
 
 
 def test_thinking_blocks(client: anthropic.Anthropic, url: str) -> None:

@@ -31,6 +31,7 @@ STATUSES: dict[int, tuple[int, str]] = {
     404: (404, "not_found_error"),
     413: (413, "request_too_large"),
     422: (400, "invalid_request_error"),
+    424: (500, "api_error"),  # the generation failed on the shards
     429: (529, "overloaded_error"),
     500: (500, "api_error"),
 }

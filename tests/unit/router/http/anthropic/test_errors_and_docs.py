@@ -10,7 +10,13 @@ import httpx
 import pytest
 from anthropic._error_classes import make_status_error
 
-from pytgi_router.core.errors import InferError, OverloadedError, ValidationError
+from pytgi_router.core.errors import (
+    GenerationError,
+    InferError,
+    OverloadedError,
+    UnhealthyError,
+    ValidationError,
+)
 from pytgi_router.http.anthropic.errors import error_body, owns
 from pytgi_router.http.anthropic.request import parse_messages
 from pytgi_router.http.anthropic.routes import MessagesRoutes
@@ -34,6 +40,8 @@ from pytgi_router.http.openapi import openapi_document
     (PayloadTooLargeError(10), "request_too_large", anthropic.ContentTooLargeError),
     (OverloadedError(), "overloaded_error", anthropic.OverloadedError),
     (InferError("boom"), "api_error", anthropic.InternalServerError),
+    (GenerationError("shard lost"), "api_error", anthropic.InternalServerError),
+    (UnhealthyError(), "api_error", anthropic.ServiceUnavailableError),
 ])
 def test_the_sdk_raises_the_class_for_each_error(
         err: InferError, kind: str, sdk_class: type[Exception]) -> None:
