@@ -266,6 +266,7 @@ def test_get_cancel_and_malformed(url: str, client: openai.OpenAI) -> None:
     r = client.responses.create(model="tiny", input="Hi", max_output_tokens=2, store=False)
     assert httpx.get(f"{url}/v1/responses/{r.id}").status_code == 404
     stored = client.responses.create(model="tiny", input="Hi", max_output_tokens=2)
+    assert httpx.get(f"{url}/v1/responses/{stored.id}?stream=true").status_code == 400
     cancel = httpx.post(f"{url}/v1/responses/{stored.id}/cancel")
     assert cancel.status_code == 400 and "background" in cancel.json()["error"]["message"]
     bad = httpx.post(f"{url}/v1/responses", content=b"{not json",

@@ -14,6 +14,7 @@ from typing import Any
 
 from pytgi_router.core.request_stream import TokenInfo
 from pytgi_router.http.openai.chat_output import ChatEnd, ChatOutputStream
+from pytgi_router.http.openai.tool_output import new_call_id
 from pytgi_router.http.openai.tool_stream import Delta
 
 Event = dict[str, Any]
@@ -43,7 +44,7 @@ class OpenItem:
         self.index = index
         self.id = new_id({"content": "msg", "call": "fc", "reasoning": "rs"}[kind])
         self.name = name
-        self.call_id = f"call_{uuid.uuid4().hex[:24]}" if kind == "call" else ""
+        self.call_id = new_call_id() if kind == "call" else ""
         self.parts: list[str] = []
 
     @property

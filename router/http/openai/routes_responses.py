@@ -100,6 +100,9 @@ class ResponsesRoutes:
 
     async def retrieve(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
+        if request.query_params.get("stream", "false").lower() not in ("false", "0"):
+            raise BadRequest("`stream` is not supported here: a stored response is answered "
+                             "whole (stream it when creating it)")
         entry = self.store.get(response_id)
         if entry is None:
             raise ResponseNotFound(response_id)
