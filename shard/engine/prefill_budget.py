@@ -60,6 +60,9 @@ class Rung:
     seconds: float
     # Device bytes the step allocated beyond what it started with; 0 when not measured (CPU).
     peak_bytes: int = 0
+    # Wall seconds all its runs took (on a busy host far more than seconds x repeats); 0: not
+    # recorded, counted as seconds x repeats.
+    spent_s: float = 0.0
 
     @property
     def throughput(self) -> float:
@@ -125,6 +128,13 @@ def _limit(rungs: Sequence[Rung], bounds: Bounds) -> tuple[int, str]:
     return bounds.ceiling, bounds.ceiling_why
 
 
+def spent(rungs: Sequence[Rung], policy: LadderPolicy) -> float:
+    """Wall seconds the ladder has taken, but for the first rung's one-time costs (a kernel's
+    first compilation, which Warmup pays anyway): that rung counts at its fastest run."""
+    first = [rungs[0].seconds * policy.repeats] if rungs else []
+    return sum(first + [r.spent_s or r.seconds * policy.repeats for r in rungs[1:]])
+
+
 def next_rung(rungs: Sequence[Rung], bounds: Bounds, policy: LadderPolicy) -> LadderStep:
     """The next size to measure (double the last), or why the ladder stops there."""
     if not rungs:
@@ -144,8 +154,7 @@ def next_rung(rungs: Sequence[Rung], bounds: Bounds, policy: LadderPolicy) -> La
     if predicted > policy.max_step_s:
         return LadderStep(None, f"a step of {tokens} would take ~{predicted:.3g} s "
                                 f"(> {policy.max_step_s:g} s)")
-    spent = sum(r.seconds for r in rungs) * policy.repeats
-    if spent + predicted * policy.repeats > policy.budget_s:
+    if spent(rungs, policy) + predicted * policy.repeats > policy.budget_s:
         return LadderStep(None, f"measuring {tokens} would pass the ladder's "
                                 f"{policy.budget_s:g} s budget")
     return LadderStep(tokens)

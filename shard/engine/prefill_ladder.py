@@ -190,11 +190,11 @@ def measure_rung(
             raise
         _let_go(runner)
         times = [math.inf]  # told to the other ranks, which then stop here too
-    seconds, peak_agreed = _slowest(runner, min(times), peak)
+    seconds, peak_agreed, wall = _slowest(runner, [min(times), float(peak), sum(times)])
     if math.isinf(seconds):
         _let_go(runner)
         return None
-    return Rung(sum(lengths), seconds, int(peak_agreed))
+    return Rung(sum(lengths), seconds, int(peak_agreed), wall)
 
 
 def _let_go(runner: ModelRunner) -> None:
@@ -204,13 +204,11 @@ def _let_go(runner: ModelRunner) -> None:
         torch.cuda.empty_cache()
 
 
-def _slowest(runner: ModelRunner, seconds: float, peak: int) -> tuple[float, float]:
-    """The largest time and peak over the ranks, so that every rank decides alike (a rank out
-    of memory says inf, and every rank stops)."""
+def _slowest(runner: ModelRunner, values: list[float]) -> list[float]:
+    """Each value's largest over the ranks (a rung's fastest time, peak, wall time), so that
+    every rank decides alike (a rank out of memory says inf, and every rank stops)."""
     dist = runner.dist
     if dist.world_size == 1:
-        return seconds, peak
-    mine = torch.tensor([seconds, float(peak)], dtype=torch.float64, device=runner.model.device)
-    every = dist.all_gather(mine.unsqueeze(0), dim=0)
-    top = every.max(dim=0).values
-    return float(top[0]), float(top[1])
+        return values
+    mine = torch.tensor([values], dtype=torch.float64, device=runner.model.device)
+    return dist.all_gather(mine, dim=0).max(dim=0).values.tolist()

@@ -81,6 +81,16 @@ def test_the_budget_bounds_the_measuring() -> None:
     assert choose(rungs, OPEN, policy, stopped).tokens == rungs[-1].tokens
 
 
+def test_the_budget_counts_the_wall_time_a_busy_host_spent() -> None:
+    # The first rung's wall time may hold one-time costs (compiling kernels): not counted.
+    assert next_rung([Rung(256, 0.01, spent_s=100.0)], OPEN, POLICY).tokens == 512
+    # Later rungs count all their runs: 0.03 + 2.9 s spent, 1024 would take ~0.12 s more.
+    busy = [Rung(256, 0.01, spent_s=100.0), Rung(512, 0.02, spent_s=2.9)]
+    assert next_rung(busy, OPEN, POLICY).why == "measuring 1024 would pass the ladder's 3 s budget"
+    quiet = [Rung(256, 0.01), Rung(512, 0.02)]
+    assert next_rung(quiet, OPEN, POLICY).tokens == 1024
+
+
 def test_the_ceiling_stops_the_ladder_and_caps_the_last_rung() -> None:
     bounds = Bounds(ceiling=3000, ceiling_why="the KV budget (3000 tokens)")
     rungs, stopped = climb(lambda t: 0.01 + t / 1e9, bounds)
