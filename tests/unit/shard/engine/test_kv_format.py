@@ -23,7 +23,14 @@ from pytgi_shard.engine.warmup import Limits, cache_blocks
 from pytgi_shard.service.startup import StartupRefused, load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.unit.shard.engine.test_engine import Run
-from tests.unit.shard.router_steps import Engines
+from tests.unit.shard.router_steps import (
+    Engines,
+    Router,
+    chunked,
+    prompt_of,
+    reference_run,
+    request,
+)
 
 DEMO_MODEL = Path(__file__).resolve().parents[4] / "launcher" / "demo_model"
 PROMPTS = [
@@ -107,6 +114,22 @@ def test_checkpoint_scales_reach_the_cache(
         stopping_parameters=pb.StoppingCriteriaParameters(max_new_tokens=3, ignore_eos_token=True),
     )])))  # fmt: skip
     assert len(run.tokens[0]) == 3
+
+
+def test_a_prompt_in_chunks_over_an_fp8_cache_gives_its_whole_prefill(
+    tiny_model: Callable[..., Path]
+) -> None:
+    """Chunked prefill (and so prefix caching: a chunk after cache_len tokens) reads the earlier
+    tokens' K/V back from the FP8 cache, as the whole prefill reads its own: the same tokens."""
+    fp8 = engine(tiny_model("llama"), "fp8_e4m3fn", block_size=4)
+    r = request(1, prompt_of(37), max_new=6, blocks=[], prefill_logprobs=True)
+    expected = reference_run(fp8, [r])
+    router = Router(fp8)
+    batch_ids = iter(range(1, 100))
+    chunked(router, [r], 7, lambda: next(batch_ids))
+    router.finish()
+    assert router.run.tokens[1] == expected.tokens[1]
+    torch.testing.assert_close(router.run.logprobs[1], expected.logprobs[1], rtol=1e-4, atol=1e-4)
 
 
 def test_warmup_sizes_the_cache_in_bytes_of_its_dtype(
