@@ -40,6 +40,10 @@ def assistant_message(answer: ChatAnswer, reasoning: bool) -> dict[str, Any]:
     return message
 
 
+# The delta fields each kind of text goes to (the thinking under both of its names).
+_TEXT_FIELDS = {"content": ("content",), "reasoning": ("reasoning_content", "reasoning")}
+
+
 class ChatEncoder:
     """A plain chat stream (no reasoning parser, no tools): one pre-rendered chunk per token."""
 
@@ -72,8 +76,7 @@ class OutputChatEncoder:
     an offered function, "length" when `max_tokens` cut it; a tool answer cut any other way
     ends the stream with an error event instead."""
 
-    __slots__ = ("chunks", "include_usage", "input_length", "output", "reasoning", "call_id",
-                 "_started")
+    __slots__ = ("chunks", "include_usage", "input_length", "output", "reasoning", "call_id")
 
     def __init__(self, chunks: ChatChunks, include_usage: bool, input_length: int,
                  output: ChatOutputStream, reasoning: bool) -> None:
@@ -83,7 +86,6 @@ class OutputChatEncoder:
         self.output = output
         self.reasoning = reasoning  # a parser serves: usage counts reasoning tokens
         self.call_id = new_call_id()
-        self._started = False
 
     def token(self, index: int, ev: Token) -> bytes:
         return self._render(self.output.token(ev.token))
@@ -94,7 +96,7 @@ class OutputChatEncoder:
             end = self.output.end(ev.finish_reason)
         except ToolError as err:
             return out + self.error(err)
-        out += self.chunks.delta(self._role({}), end.finish_reason)
+        out += self.chunks.delta({}, end.finish_reason)
         if self.include_usage:
             tokens = end.reasoning_tokens if self.reasoning else None
             out += self.chunks.usage(self.input_length, ev.generated_tokens, tokens)
@@ -104,19 +106,17 @@ class OutputChatEncoder:
         return error_chunk(err) + DONE
 
     def _render(self, deltas: list[Delta]) -> bytes:
-        return b"".join(self.chunks.delta(self._role(self._delta(d))) for d in deltas)
+        return b"".join(self._chunk(d) for d in deltas)
 
-    def _role(self, delta: dict[str, object]) -> dict[str, object]:
-        if self._started:
-            return delta
-        self._started = True
-        return {"role": "assistant", **delta}
+    def _chunk(self, d: Delta) -> bytes:
+        """Text (the thinking, the answer) spliced into a pre-rendered chunk; a tool call's
+        pieces as a dict."""
+        fields = _TEXT_FIELDS.get(d.kind)
+        if fields is not None:
+            return self.chunks.text(fields, d.text)
+        return self.chunks.delta(self._call_delta(d))
 
-    def _delta(self, d: Delta) -> dict[str, object]:
-        if d.kind == "reasoning":
-            return {"reasoning_content": d.text, "reasoning": d.text}
-        if d.kind == "content":
-            return {"content": d.text}
+    def _call_delta(self, d: Delta) -> dict[str, object]:
         if d.kind == "call":
             call = {"index": 0, "id": self.call_id, "type": "function",
                     "function": {"name": d.text, "arguments": ""}}

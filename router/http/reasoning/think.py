@@ -41,7 +41,10 @@ def prompt_opens(prompt: str, open_tag: str, close_tag: str) -> bool | None:
 
 def held_prefix(text: str, tag: str) -> int:
     """The length of the longest end of `text` that begins `tag` (a tag a later delta may
-    complete); 0 when none can."""
+    complete); 0 when none can (at once when the tag's first character is not in the end:
+    the usual token, on the per-token path)."""
+    if tag[0] not in text[-(len(tag) - 1):]:
+        return 0
     for n in range(min(len(text), len(tag) - 1), 0, -1):
         if tag.startswith(text[-n:]):
             return n
