@@ -87,7 +87,7 @@ def _climb(
         step = next_rung(rungs, bounds, policy)
         if step.tokens is None:
             return step.why
-        rung = measure_rung(runner, limits, step.tokens, run_batch, policy)
+        rung = measure_rung(runner, limits, step.tokens, run_batch, policy, warm=not rungs)
         if rung is None:
             return f"a prefill of {step.tokens} tokens ran out of memory"
         rungs.append(rung)
@@ -169,10 +169,14 @@ def ladder_batch(lengths: list[int], vocab_size: int, block_size: int) -> genera
 
 
 def measure_rung(
-    runner: ModelRunner, limits: Limits, tokens: int, run_batch: RunBatch, policy: LadderPolicy
+    runner: ModelRunner, limits: Limits, tokens: int, run_batch: RunBatch, policy: LadderPolicy,
+    warm: bool = False,
 ) -> Rung | None:
     """One rung: its fastest run and its peak, agreed across ranks; None when it ran out of
-    memory on any rank (the cache is block 0 alone again then)."""
+    memory on any rank (the cache is block 0 alone again then). `warm`: one untimed run first,
+    for the ladder's first rung: a process's first prefills pay for thread pools, allocator
+    growth and kernel compilation, and every run of that rung measured 2.5x slow without it
+    (tiny Llama on the CPU), which made the ladder climb for throughput that was not there."""
     model = runner.model
     longest = longest_prompt(limits, model.max_position_embeddings)
     lengths = ladder_lengths(tokens, longest, limits.max_batch_size, policy.prompt_tokens)
@@ -181,6 +185,8 @@ def measure_rung(
     peak = 0
     try:
         runner.resize_kv_cache(1 + sum(len(r.blocks) for r in batch.requests))
+        if warm:
+            run_batch(batch)
         for _ in range(policy.repeats):
             start = time.perf_counter()
             peak = max(peak, peak_bytes(model.device, lambda: run_batch(batch)))
