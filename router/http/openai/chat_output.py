@@ -55,15 +55,15 @@ class ChatOutputStream:
     prompt (it says whether the template opened the thinking); `offered`: the functions the
     tool grammar let the model name (None: no tools, the answer is plain content)."""
 
-    __slots__ = ("_splitter", "_special", "_offered", "_tools", "_raw", "_content",
+    __slots__ = ("_splitter", "_parser", "_offered", "_tools", "_raw", "_content",
                  "reasoning_tokens")
 
     def __init__(
         self, parser: ReasoningParser | None, prompt: str, offered: frozenset[str] | None
     ) -> None:
         self._splitter: Splitter | None = parser.splitter(prompt) if parser else None
-        # Whether special tokens' text is read (gpt-oss's channel markers are special tokens).
-        self._special = parser.reads_special_tokens if parser else False
+        # Which special tokens' text is read (gpt-oss's channel markers are special tokens).
+        self._parser = parser
         self._offered = offered
         self._tools = ToolCallStream() if offered is not None else None
         self._raw: list[str] = []  # every piece read, joined only at the end
@@ -72,7 +72,7 @@ class ChatOutputStream:
 
     def push(self, text: str, special: bool = False) -> list[Delta]:
         """The deltas one streamed token's text makes certain."""
-        if special and not self._special:
+        if special and (self._parser is None or not self._parser.reads_special(text)):
             return []
         if self._splitter is None:
             return self._answer(text)

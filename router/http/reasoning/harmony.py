@@ -5,8 +5,9 @@ thinking, `final` the answer. `commentary` (preambles, and harmony's own tool ca
 does not read: its tools are a grammar) is given as answer text. The last message ends with
 `<|return|>` or `<|call|>` (the model's stop tokens).
 
-The markers are special tokens, so this parser reads their text (`reads_special_tokens`): the
-answer's decoded text omits them. An output with no marker at all is all answer.
+The markers are special tokens, so this parser reads every special token's text
+(`reads_special`): the answer's decoded text omits them. An output with no marker at all is
+all answer.
 """
 
 from __future__ import annotations
@@ -131,7 +132,10 @@ class HarmonyParser:
     """vLLM's `gpt_oss` parser."""
 
     name: str = "gpt_oss"
-    reads_special_tokens: bool = True
+
+    def reads_special(self, text: str) -> bool:
+        """Every special token: the markers are."""
+        return True
 
     def splitter(self, prompt: str) -> HarmonySplitter:
         return HarmonySplitter(prompt_channel(prompt))

@@ -34,16 +34,16 @@ class Splitter(Protocol):
 
 
 class ReasoningParser(Protocol):
-    """A model family's reasoning format. `reads_special_tokens`: its markers are special
-    tokens (gpt-oss's harmony), so it must be fed their text, which the answer otherwise
-    omits. `splitter(prompt)`: the rendered prompt says whether the template already opened
-    (or closed) the thinking."""
+    """A model family's reasoning format. `reads_special(text)`: whether a special token of
+    this text must be fed to the splitter (gpt-oss's markers are special tokens, and a
+    tokenizer may mark `<think>` special) although the answer omits special tokens.
+    `splitter(prompt)`: the rendered prompt says whether the template already opened (or
+    closed) the thinking."""
 
     @property
     def name(self) -> str: ...
 
-    @property
-    def reads_special_tokens(self) -> bool: ...
+    def reads_special(self, text: str) -> bool: ...
 
     def splitter(self, prompt: str) -> Splitter: ...
 

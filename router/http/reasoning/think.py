@@ -143,7 +143,11 @@ class ThinkParser:
     implicit: bool
     open_tag: str = OPEN
     close_tag: str = CLOSE
-    reads_special_tokens: bool = False
+
+    def reads_special(self, text: str) -> bool:
+        """Only the tags (a tokenizer may mark them special); other special tokens, such as
+        the end of sequence, are not text."""
+        return text in (self.open_tag, self.close_tag)
 
     def splitter(self, prompt: str) -> ThinkSplitter:
         opened = prompt_opens(prompt, self.open_tag, self.close_tag)

@@ -85,6 +85,14 @@ def test_special_tokens_read_only_by_a_parser_that_needs_them() -> None:
     assert plain.content == "a"
 
 
+def test_think_tags_marked_special_are_read() -> None:
+    """A tokenizer may mark `<think>` special: the tags are read, other specials are not."""
+    toks = tokens("<think>", "x", "</think>", "y", "</s>",
+                  special=frozenset({"<think>", "</think>", "</s>"}))
+    answer = chat_answer(QWEN3, "", None, toks, "xy", "eos_token")
+    assert (answer.reasoning, answer.content) == ("x", "y")
+
+
 def test_the_whole_text_completes_a_withheld_end() -> None:
     """The detokenizer may withhold a last partial character until the end: the End's text
     adds it."""
