@@ -32,6 +32,8 @@ def test_defaults_are_tgi_defaults() -> None:
     assert s.otlp_service_name == "pytgi.router" and s.graceful_termination_timeout == 90
     assert s.shard_step_timeout == 300
     assert s.max_connections == 1024
+    # Left to the shards' Warmup (zero-config sizing), not TGI's 4096.
+    assert s.max_batch_prefill_tokens is None and s.max_batch_total_tokens is None
     bounded = parse_settings(["--tokenizer-name", "/m", "--max-connections", "8"], environ={})
     assert bounded.max_connections == 8
 
@@ -104,6 +106,7 @@ def test_legacy_input_length_alias() -> None:
     ["--tokenizer-name", "/m", "--max-connections", "0"],
     ["--tokenizer-name", "/m", "--max-queue-size", "128"],
     ["--tokenizer-name", "/m", "--max-queue-size", "0"],
+    ["--tokenizer-name", "/m", "--max-batch-prefill-tokens", "0"],  # refused, not measured
 ])
 def test_bad_settings_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
