@@ -162,7 +162,8 @@ def _message(value: Any, i: int) -> dict[str, Any]:
     if not isinstance(role, str):
         raise wrong_type(f"{path}.role", "a string", role)
     message: dict[str, Any] = {"role": role, "content": _content(data.get("content"), f"{path}.content")}
-    for key in ("name", "tool_calls", "tool_call_id"):
+    # `reasoning_content`: an earlier turn's thinking, for templates that render it (Qwen3).
+    for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
         if data.get(key) is not None:
             message[key] = data[key]
     if message["content"] is None and "tool_calls" not in message:

@@ -133,3 +133,13 @@ def test_chat_template_kwargs_reach_the_template_but_cannot_replace_its_variable
     assert chat.template_kwargs == {"enable_thinking": False}
     with pytest.raises(ValidationError):
         parse_chat({"messages": user, "chat_template_kwargs": ["enable_thinking"]})
+
+
+def test_an_earlier_turns_reasoning_reaches_the_template() -> None:
+    t = ChatTemplate("{% for m in messages %}{{ m.reasoning_content or '' }}|{{ m.content }};"
+                     "{% endfor %}")
+    chat = parse_chat({"messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning_content": "thought"},
+        {"role": "user", "content": "q2"}]})
+    assert t.apply(chat.messages) == "|q;thought|a;|q2;"
