@@ -12,6 +12,7 @@ comes, so that the indexes count up from 0 as the SDK's accumulator expects.
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
 from typing import Any
 
 from pytgi_router.core.errors import InferError
@@ -69,9 +70,15 @@ class MessageEvents:
         block = BLOCKS.get(d.kind)
         if block is not None and self._open != block:
             out = self._open_block(self._empty(block))
-        delta = {"type": kind, field: d.text}
-        event = {"type": "content_block_delta", "index": self._index, "delta": delta}
-        return out + sse_event("content_block_delta", event)
+        return out + self._delta_event(kind, field, d.text)
+
+    def _delta_event(self, kind: str, field: str, text: str) -> bytes:
+        """A `content_block_delta` (hot path: one per token) spliced as text, as json.dumps
+        would write it (compact, no ASCII escaping), at a fraction of its cost."""
+        return (
+            'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+            f'{self._index},"delta":{{"type":"{kind}","{field}":{_quote(text)}}}}}\n\n'
+        ).encode()
 
     @staticmethod
     def _empty(block: str) -> dict[str, Any]:

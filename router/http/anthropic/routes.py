@@ -65,6 +65,13 @@ class MessagesRoutes:
         req = self.chat.generate_request(prompt, msg.parameters())
         if msg.stream:
             return await self._stream(request, msg, req, prompt)
+        return await self._create(request, msg, req, prompt)
+
+    async def _create(
+        self, request: Request, msg: MessagesRequest, req: GenerateRequest, prompt: str
+    ) -> Response:
+        """The whole message at once: the output read by the same chat output path as a
+        stream's (chat_answer)."""
         group = StreamGroup()
         with self.state.serving():
             async with watching_disconnect(request.receive, group.cancel):

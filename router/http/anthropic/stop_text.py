@@ -22,16 +22,21 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, str | None]:
 
 def held_suffix(text: str, stops: list[str]) -> int:
     """The length of the longest end of `text` that begins some stop sequence (without being
-    all of it): those characters may be the start of a stop sequence a later token finishes."""
+    all of it): those characters may be the start of a stop sequence a later token finishes.
+    Only the prefixes ending in `text`'s last character are compared (found by `rfind`): the
+    stream asks this once per token."""
     if not text:
         return 0
     last = text[-1]
     best = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), best, -1):
-            if stop[k - 1] == last and text.endswith(stop[:k]):
-                best = k
+        # j: where a prefix stop[:j + 1] ends with `last`; longer than `best`, shorter than both.
+        j = stop.rfind(last, 0, min(len(stop) - 1, len(text)))
+        while j >= best:
+            if text.endswith(stop[:j + 1]):
+                best = j + 1
                 break
+            j = stop.rfind(last, 0, j)
     return best
 
 

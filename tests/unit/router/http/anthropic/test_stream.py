@@ -132,3 +132,11 @@ def test_streamed_text_is_the_cut_text(text: str, stop: str, cuts: list[int]) ->
     sent = "".join(reader.push(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
     sent += reader.flush(end >= 0)
     assert sent == cut_at_stop(text, [stop])[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text("abc", max_size=8), st.lists(st.text("abc", min_size=1, max_size=5), max_size=3))
+def test_held_suffix_is_the_longest_proper_prefix_at_the_end(text: str, stops: list[str]) -> None:
+    longest = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
+                  default=0)
+    assert held_suffix(text, stops) == longest
