@@ -170,6 +170,8 @@ def test_previous_response_id_continues_the_conversation(client: openai.OpenAI) 
                                   {"role": "assistant", "content": first.output_text},
                                   {"role": "user", "content": "More"}])
     assert second.output_text == expected
+    [listed] = client.responses.input_items.list(second.id).data
+    assert listed.type == "message" and listed.content[0].text == "More"  # type: ignore[union-attr]
     client.responses.delete(second.id)
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.retrieve(second.id)

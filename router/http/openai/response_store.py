@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -25,13 +25,18 @@ class StoredResponse:
 
     response: dict[str, Any]
     conversation: list[dict[str, Any]]
+    # The request's input as GET .../input_items lists it.
+    input_items: list[dict[str, Any]] = field(default_factory=list)
     size: int = 0
 
 
-def stored_size(response: dict[str, Any], conversation: list[dict[str, Any]]) -> int:
-    """The bytes an entry is charged: its JSON, the response and the conversation (Python's
-    objects weigh more; the bound is on what the clients sent and the model wrote)."""
-    text = json.dumps([response, conversation], ensure_ascii=False, separators=(",", ":"))
+def stored_size(response: dict[str, Any], conversation: list[dict[str, Any]],
+                input_items: list[dict[str, Any]] | None = None) -> int:
+    """The bytes an entry is charged: its JSON, the response, the conversation and the input
+    items (Python's objects weigh more; the bound is on what the clients sent and the model
+    wrote)."""
+    text = json.dumps([response, conversation, input_items or []], ensure_ascii=False,
+                      separators=(",", ":"))
     return len(text.encode())
 
 
@@ -52,12 +57,15 @@ class ResponseStore:
     def used_bytes(self) -> int:
         return self._bytes
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> bool:
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]],
+            input_items: list[dict[str, Any]] | None = None) -> bool:
         """Stores (or replaces) the response under its id; False when it alone is over the
         bound (then it is not kept, and anything it replaced is gone too)."""
         key = str(response["id"])
         self.delete(key)
-        entry = StoredResponse(response, conversation, stored_size(response, conversation))
+        items = input_items or []
+        entry = StoredResponse(response, conversation, items,
+                               stored_size(response, conversation, items))
         if entry.size > self.max_bytes:
             return False
         self._entries[key] = entry

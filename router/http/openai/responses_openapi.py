@@ -88,6 +88,16 @@ PATHS: dict[str, Any] = {
         "delete": {"summary": "Delete a stored response",
                    "responses": {"200": {"description": "{id, object: response.deleted, "
                                                         "deleted: true}"}, **ERRORS}}},
+    "/v1/responses/{response_id}/input_items": {
+        "parameters": [{"name": "response_id", "in": "path", "required": True,
+                        "schema": {"type": "string"}},
+                       {"name": "order", "in": "query", "schema": {"type": "string",
+                                                                   "enum": ["asc", "desc"]}},
+                       {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                       {"name": "after", "in": "query", "schema": {"type": "string"}}],
+        "get": {"summary": "A stored response's input items", "responses": {
+            "200": {"description": "{object: list, data, first_id, last_id, has_more}"},
+            **ERRORS}}},
     "/v1/responses/{response_id}/cancel": {
         "parameters": [{"name": "response_id", "in": "path", "required": True,
                         "schema": {"type": "string"}}],

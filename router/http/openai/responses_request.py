@@ -10,7 +10,7 @@ conversations, files, a background run that streams) is refused by name rather t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pytgi_router.core.errors import ValidationError
@@ -23,6 +23,7 @@ from pytgi_router.http.json_fields import (
     req_str,
     wrong_type,
 )
+from pytgi_router.http.openai.response_input_items import listed_items
 from pytgi_router.http.openai.schemas import ChatRequest, parse_chat
 
 # Fields whose feature this server does not have: each is refused with its reason.
@@ -48,6 +49,8 @@ class ResponsesRequest:
     stream: bool
     store: bool
     background: bool = False
+    # The input as GET .../input_items lists it.
+    input_items: list[dict[str, Any]] = field(default_factory=list)
 
 
 def parse_responses(
@@ -78,7 +81,9 @@ def parse_responses(
     background = _background(data, stream, store)
     echo = _echo(data, model, tools, store)
     echo["background"] = background
-    return ResponsesRequest(parse_chat(body), conversation, echo, stream, store, background)
+    chat = parse_chat(body)
+    return ResponsesRequest(chat, conversation, echo, stream, store, background,
+                            listed_items(data.get("input")))
 
 
 def _refuse_unsupported(data: dict[str, Any]) -> None:

@@ -24,6 +24,7 @@ from pytgi_router.http.json_fields import obj, opt_str
 from pytgi_router.http.openai.chat_output import ChatOutputStream
 from pytgi_router.http.openai.errors import BadRequest, ResponseNotFound, openai_error_response
 from pytgi_router.http.openai.response_background import BackgroundRuns
+from pytgi_router.http.openai.response_input_items import items_page
 from pytgi_router.http.openai.response_object import ResponseHead, final_response
 from pytgi_router.http.openai.response_output import conversation_messages
 from pytgi_router.http.openai.response_store import ResponseStore
@@ -71,6 +72,7 @@ class ResponsesRoutes:
             Route(one, in_openai_shape(self.retrieve), methods=["GET"]),
             Route(one, in_openai_shape(self.delete), methods=["DELETE"]),
             Route(f"{one}/cancel", in_openai_shape(self.cancel), methods=["POST"]),
+            Route(f"{one}/input_items", in_openai_shape(self.input_items), methods=["GET"]),
         ]
 
     async def create(self, request: Request) -> Response:
@@ -107,6 +109,14 @@ class ResponsesRoutes:
         if entry is None:
             raise ResponseNotFound(response_id)
         return json_response(entry.response)
+
+    async def input_items(self, request: Request) -> Response:
+        """The stored response's input items, paginated as OpenAI does."""
+        response_id = request.path_params["response_id"]
+        entry = self.store.get(response_id)
+        if entry is None:
+            raise ResponseNotFound(response_id)
+        return json_response(items_page(entry.input_items, dict(request.query_params)))
 
     async def delete(self, request: Request) -> Response:
         response_id = request.path_params["response_id"]
@@ -150,7 +160,7 @@ class ResponsesRoutes:
         if not parsed.store:
             return
         conversation = [*parsed.conversation, *conversation_messages(response["output"])]
-        if not self.store.put(response, conversation):
+        if not self.store.put(response, conversation, parsed.input_items):
             log.warning("response %s not stored: %s alone is over --responses-store-bytes (%d)",
                         response["id"], "its conversation", self.store.max_bytes)
 
