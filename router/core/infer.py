@@ -106,7 +106,7 @@ class Infer:
             await self.client.close()
             self.client = await self._connect()
         # The validator was built for the limits already served: the group must take them.
-        info = await self._handshake(pinned_settings(self.settings, self.info))
+        info = await self._handshake(pinned_settings(self.settings, self.info), explain=False)
         self._install(info)
         self._probe.forget()
         self._down = False
@@ -114,15 +114,18 @@ class Infer:
         logger.info("reconnected to the shards: %s", info)
         return info
 
-    async def _handshake(self, settings: InferSettings) -> ShardInfo:
+    async def _handshake(self, settings: InferSettings, explain: bool = True) -> ShardInfo:
+        """Info, ClearCache, Warmup and the served limits; `explain` logs where each came from
+        (at start-up: after a reconnect they are the pinned ones, whatever their origin)."""
         timeout = settings.shard_step_timeout_s
         shard_info = await self.client.info(timeout)
         await self.client.clear_cache(None, timeout)
         warmup = await self.client.warmup(warmup_request(settings), timeout)
         served = derive_info(settings, shard_info, warmup, self.client.world_size)
         # What was chosen and why, one line per limit (zero-config sizing).
-        for line in sizing_lines(settings, shard_info, warmup, served):
-            logger.info("%s", line)
+        if explain:
+            for line in sizing_lines(settings, shard_info, warmup, served):
+                logger.info("%s", line)
         return served
 
     def _install(self, info: ShardInfo) -> None:
