@@ -34,6 +34,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--kv-cache-dtype", str, "store the shards' KV cache in FP8: fp8_e4m3fn or fp8_e5m2, "
      "with the checkpoint's per-layer k_scale/v_scale (1.0 without them); about 2x the "
      "tokens of a bfloat16 cache (default: the model's dtype)"),
+    ("--speculate", int, "draft up to N tokens per sequence and step by n-gram (prompt) lookup, "
+     "verified by the model in one forward: greedy rows give exactly the tokens they give without "
+     "it; sampling, penalised, watermarked and grammar rows do not draft (default 0: off)"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
      "unless --rope-factor)"),
     ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),

@@ -16,6 +16,7 @@ from pytgi_proto.contracts import (
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_shard.settings import (
     KV_CACHE_DTYPES,
+    SPECULATE_MAX,
     kernel_problems,
     parse_cuda_graphs,
     rope_problems,
@@ -43,6 +44,8 @@ class LauncherSettings:
     quantize: str | None = None
     # TGI's --kv-cache-dtype: an FP8 format for the shards' KV cache; None: the model's dtype.
     kv_cache_dtype: str | None = None
+    # TGI's --speculate: n-gram drafts per sequence and decode step; 0: off.
+    speculate: int = 0
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
     max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS
@@ -130,6 +133,8 @@ class LauncherSettings:
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             out.append(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                        f"{self.kv_cache_dtype}")
+        if not 0 <= self.speculate <= SPECULATE_MAX:
+            out.append(f"--speculate must be in 0..{SPECULATE_MAX}, got {self.speculate}")
         positive = {
             "max-concurrent-requests": self.max_concurrent_requests,
             "max-best-of": self.max_best_of,

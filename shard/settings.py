@@ -43,6 +43,9 @@ KV_CACHE_DTYPES = ("fp8_e4m3fn", "fp8_e5m2")
 
 # TGI's --rope-scaling values: the two kinds that take nothing but a factor.
 ROPE_SCALINGS = ("linear", "dynamic")
+# The most drafts --speculate may ask per sequence and step: a verification forward carries
+# N + 1 tokens per row, and past a few drafts an n-gram's later tokens are rarely all right.
+SPECULATE_MAX = 16
 
 
 def rope_override(scaling: str | None, factor: float | None) -> dict[str, Any] | None:
@@ -93,6 +96,9 @@ class ShardSettings:
     quantize: str | None = None
     # TGI's --kv-cache-dtype: an FP8 format of KV_CACHE_DTYPES; None: the model's dtype.
     kv_cache_dtype: str | None = None
+    # TGI's --speculate: up to N n-gram drafts per sequence and decode step, verified in one
+    # forward (shard/engine/speculation.py); 0: off, every step as without it.
+    speculate: int = 0
     trust_remote_code: bool = False
     # None: the device's default (DeviceCapabilities.default_attention), resolved at start-up.
     attention: str | None = None
@@ -158,6 +164,8 @@ class ShardSettings:
         if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
             out.append(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got "
                        f"{self.kv_cache_dtype}")
+        if not 0 <= self.speculate <= SPECULATE_MAX:
+            out.append(f"--speculate must be in 0..{SPECULATE_MAX}, got {self.speculate}")
         if self.block_size < 1:
             out.append(f"--block-size must be >= 1, got {self.block_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:

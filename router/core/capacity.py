@@ -38,6 +38,9 @@ class ShardInfo:
     use_prefix_caching: bool = False
     # TGI's --quantize name of the quantization the shards run ("gptq", "fp8", ...), "" for none.
     quantize: str = ""
+    # Up to this many draft tokens per sequence and decode step (the shards' --speculate): each
+    # running sequence's blocks hold room for them (step_plan.kv_tokens).
+    speculate: int = 0
 
 
 class InferStartError(RuntimeError):
@@ -126,6 +129,7 @@ def derive_info(
         support_chunking=chunking,
         use_prefix_caching=info.use_prefix_caching,
         quantize=info.quantize,
+        speculate=info.speculate,
     )
 
 

@@ -96,6 +96,8 @@ class AppState:
             "max_batch_prefill_tokens": i.max_batch_prefill_tokens,
             "max_waiting_tokens": s.max_waiting_tokens,
             "max_batch_size": s.max_batch_size,
+            # TGI's: drafts per sequence and decode step (the shards' --speculate), 0 when off.
+            "speculate": i.speculate,
             "router": "text-generation-router",
             "version": self.version,
             "sha": None,

@@ -24,7 +24,8 @@ def info_response(
         requires_padding=False,
         dtype=DTYPE_NAMES.get(model.dtype, str(model.dtype)),
         device_type=model.device.type,
-        speculate=0,
+        # Drafts per sequence and step (--speculate); the router holds KV slots for them.
+        speculate=settings.speculate if not encoder_decoder else 0,
         # A Prefill mixes the cached batch's decode rows with the newcomers' chunks, and new
         # tokens attend over KV already in their blocks (cache_len). An encoder-decoder's prompt
         # is encoded whole and leaves no decoder KV to continue from or reuse.

@@ -45,6 +45,7 @@ ENV_FALLBACKS = {
     "rope_factor": ("ROPE_FACTOR", float),
     "grammar_cache_bytes": ("GRAMMAR_CACHE_BYTES", int),
     "kv_cache_dtype": ("KV_CACHE_DTYPE", str),
+    "speculate": ("SPECULATE", int),
 }
 
 
@@ -76,6 +77,12 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         choices=KV_CACHE_DTYPES,
         help="store the KV cache in FP8, with the checkpoint's per-layer k/v scales (1.0 "
         "without them); env KV_CACHE_DTYPE; default: the model's dtype",
+    )
+    p.add_argument(
+        "--speculate",
+        type=int,
+        help="up to N n-gram drafts per greedy sequence and decode step, verified in one "
+        "forward (env SPECULATE; default 0: off)",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument(
