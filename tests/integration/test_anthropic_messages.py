@@ -95,6 +95,10 @@ def test_create_is_the_chat_answer(client: anthropic.Anthropic, url: str) -> Non
     counted = client.messages.count_tokens(system=SYSTEM, messages=USER, model="tiny")
     assert out.usage.input_tokens == counted.input_tokens == expected["usage"]["prompt_tokens"]
     assert out.usage.output_tokens == expected["usage"]["completion_tokens"]
+    prefill = [*USER, {"role": "assistant", "content": "Fine"}]  # continued, as chat does
+    out = client.messages.create(max_tokens=4, messages=prefill, **GREEDY)  # type: ignore[arg-type]
+    expected = chat(url, prefill, 4)
+    assert out.content[0].text == expected["choices"][0]["message"]["content"]  # type: ignore[union-attr]
 
 
 def test_stream_is_the_created_answer(client: anthropic.Anthropic) -> None:
@@ -182,6 +186,8 @@ def test_errors_are_anthropic_errors(client: anthropic.Anthropic, url: str) -> N
         wrong.messages.create(max_tokens=5, messages=USER, **GREEDY)  # type: ignore[arg-type]
     bearer = anthropic.Anthropic(base_url=url, auth_token=KEY, max_retries=0)
     assert bearer.messages.count_tokens(model="tiny", messages=USER).input_tokens > 0  # type: ignore[arg-type]
+    r = httpx.post(f"{url}/v1/messages", headers={"x-api-key": KEY}, content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = httpx.get(f"{url}/v1/messages", headers={"x-api-key": KEY})
     assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
     # Anthropic's header on Anthropic's routes only: TGI's keep their one way to send the key.
