@@ -91,4 +91,4 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.
 
 def dequantize(stored: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """FP8 values (any view of the cache) times their scale, in float32, then in `dtype`."""
-    return (stored.float() * scale).to(dtype)
+    return stored.float().mul_(scale).to(dtype)
