@@ -70,14 +70,17 @@ class HttpSystem:
         work_dir: Path,
         threads: int | None,
         extra_args: list[str],
+        timeline: bool = True,
     ) -> None:
         self._work_dir = work_dir
         # Appended by every server start of this run; a previous run's steps are not this one's.
         self.timeline_path = work_dir / "pytgi-timeline.jsonl"
         self.timeline_path.unlink(missing_ok=True)
+        flags = ["--step-timeline", str(self.timeline_path)] if timeline else []
+        self._timeline = timeline
         self._server = PytgiServer(
             model_dir, work_dir / "pytgi-server.log", threads=threads,
-            extra_args=[*extra_args, "--step-timeline", str(self.timeline_path)],
+            extra_args=[*extra_args, *flags],
         )
         self._started = False
 
@@ -140,7 +143,7 @@ class HttpSystem:
         windows (every round's). Call once the server has stopped, when its last rows are
         written; a row whose steps are missing says so rather than failing the run."""
         rows = [r for r in results if r is not None and r.extra.get("timeline_windows_ns")]
-        if not rows:
+        if not rows or not self._timeline:
             return
         try:
             records = read_timeline(self.timeline_path)

@@ -192,7 +192,8 @@ def run_rounds(
     systems: list[str] = args.system_list
     merged: dict[str, SystemResult | None] = dict.fromkeys(systems)
     threads = None if args.gpu else args.threads
-    http = HttpSystem(model_dir, args.work_dir, threads, compare_settings.server_argv(args))
+    http = HttpSystem(model_dir, args.work_dir, threads, compare_settings.server_argv(args),
+                      timeline=not args.no_step_timeline)
     try:
         for round_index in range(args.repeats):
             for system in systems:

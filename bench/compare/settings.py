@@ -111,6 +111,9 @@ def parser(description: str | None) -> argparse.ArgumentParser:
         "server's default)",
     )
     p.add_argument("--server-args", default="", help="more pytgi-launcher flags, one string")
+    p.add_argument("--no-step-timeline", action="store_true",
+                   help="run the pytgi server without --step-timeline (its rows then carry no "
+                   "timeline; for measuring what recording it costs)")
     p.add_argument(
         "--cpu-memory-gb",
         type=float,

@@ -85,3 +85,27 @@ def test_the_table_and_headline_name_the_largest_phases() -> None:
     text = out.getvalue().splitlines()
     assert text[0].startswith("step timeline run: 5 steps in 0.05 s")
     assert text[4].split()[:4] == ["decode", "4", "4", "4"] and text[5].split()[0] == "share"
+
+
+def test_each_http_row_gets_the_steps_of_its_timed_windows(tmp_path: Path) -> None:
+    """compare's pytgi rows: the server's timeline file cut by each row's windows (every
+    round's), attached once the server stopped; none without the timeline."""
+    import json
+
+    from pytgi_bench.compare.http_system import HttpSystem
+    from pytgi_bench.compare.system_result import SystemResult
+
+    http = HttpSystem(tmp_path / "model", tmp_path, None, [])
+    assert "--step-timeline" in http._server.command()
+    http.timeline_path.write_text("".join(json.dumps(s) + "\n" for s in _run()))
+    single = SystemResult("pytgi-http-b1", "", extra={"timeline_windows_ns": [[0, 5 * MS]]})
+    burst = SystemResult("pytgi-http", "", extra={
+        "timeline_windows_ns": [[10 * MS, 20 * MS], [30 * MS, 31 * MS]]})
+    http.attach_timelines([single, burst, None, SystemResult("hf-cb", "")])
+    assert single.extra["timeline"]["kinds"].keys() == {"prefill"}
+    assert burst.extra["timeline"]["steps"] == 3
+    off = HttpSystem(tmp_path / "model", tmp_path / "off", None, [], timeline=False)
+    assert "--step-timeline" not in off._server.command()
+    quiet = SystemResult("pytgi-http", "", extra={"timeline_windows_ns": [[0, 1]]})
+    off.attach_timelines([quiet])
+    assert "timeline" not in quiet.extra
