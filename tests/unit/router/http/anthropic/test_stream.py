@@ -140,3 +140,13 @@ def test_held_suffix_is_the_longest_proper_prefix_at_the_end(text: str, stops: l
     longest = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
                   default=0)
     assert held_suffix(text, stops) == longest
+
+
+def test_thinking_then_a_tool_call() -> None:
+    pieces = ["<think>", "weather?", "</think>", *[CALL[i:i + 6] for i in range(0, len(CALL), 6)]]
+    events, message, whole = run(pieces, parser=reasoning_parser("qwen3"), offered=OFFERED)
+    assert [b["type"] for b in blocks(message)] == ["thinking", "tool_use"]
+    assert blocks(message)[0]["thinking"] == whole["content"][0]["thinking"] == "weather?"
+    assert blocks(message)[1]["input"] == whole["content"][1]["input"] == {"city": "Paris"}
+    starts = [e["index"] for e in events if e["type"] == "content_block_start"]
+    assert starts == [0, 1] and message.stop_reason == "tool_use"
