@@ -196,8 +196,8 @@ def test_tool_round_trip(client: openai.OpenAI) -> None:
 
 
 def test_one_agent_turn_with_a_function_tool(url: str) -> None:
-    """openai-agents runs one turn through /v1/responses: the model (forced) calls the tool,
-    the SDK runs it, and its result is the turn's output."""
+    """openai-agents runs one turn through /v1/responses, plain and streamed: the model
+    (forced) calls the tool, the SDK runs it, and its result is the turn's output."""
     seen: list[str] = []
 
     @agents.function_tool
@@ -214,8 +214,17 @@ def test_one_agent_turn_with_a_function_tool(url: str) -> None:
         tool_use_behavior="stop_on_first_tool",
         model_settings=agents.ModelSettings(tool_choice="get_weather", temperature=0,
                                             max_tokens=120, extra_body=EXTRA))
-    result = asyncio.run(agents.Runner.run(agent, "Weather in Paris?", max_turns=2))
-    assert len(seen) == 1 and result.final_output == f"sunny in {seen[0]}"
+
+    async def both() -> tuple[Any, Any, list[str]]:
+        """One turn, then the same turn streamed (one event loop: the client is bound to it)."""
+        result = await agents.Runner.run(agent, "Weather in Paris?", max_turns=2)
+        run = agents.Runner.run_streamed(agent, "Weather in Paris?", max_turns=2)
+        kinds = [e.type async for e in run.stream_events()]
+        return result.final_output, run.final_output, kinds
+
+    final, streamed, kinds = asyncio.run(both())
+    assert len(seen) == 2 and final == f"sunny in {seen[0]}"
+    assert "raw_response_event" in kinds and streamed == final  # greedy: the same call
 
 
 @pytest.mark.parametrize(("body", "status", "param", "code"), [
