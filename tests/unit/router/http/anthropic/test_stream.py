@@ -118,7 +118,7 @@ def test_held_suffix_and_cut() -> None:
     assert cut_at_stop("abc", ["x"]) == ("abc", None)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.text("ab", min_size=1, max_size=12), st.text("ab", min_size=1, max_size=3),
        st.lists(st.integers(0, 12), max_size=6))
 def test_streamed_text_is_the_cut_text(text: str, stop: str, cuts: list[int]) -> None:
@@ -134,7 +134,7 @@ def test_streamed_text_is_the_cut_text(text: str, stop: str, cuts: list[int]) ->
     assert sent == cut_at_stop(text, [stop])[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.text("abc", max_size=8), st.lists(st.text("abc", min_size=1, max_size=5), max_size=3))
 def test_held_suffix_is_the_longest_proper_prefix_at_the_end(text: str, stops: list[str]) -> None:
     longest = max((k for s in stops for k in range(1, len(s)) if text.endswith(s[:k])),
