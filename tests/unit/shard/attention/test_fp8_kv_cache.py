@@ -173,3 +173,31 @@ def test_the_cache_takes_scales_exactly_when_fp8_and_halves_the_bytes() -> None:
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="positive finite"):
             KVScales.of(bad, 1.0, DEVICE)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+def test_fp8_decode_replays_in_a_cuda_graph() -> None:
+    """Captured once over an FP8 cache (its scales read from their tensors), replayed after the
+    inputs, the lengths and the scales' values change in place on the device."""
+    (q, k, v, kc, vc), scales, meta = fp8_case([40, 9, 100], [1] * 3, torch.float8_e4m3fn,
+                                              torch.bfloat16, 19, block_size=16)
+    backend = TritonAttention()
+    captured = fresh(meta)
+    backend.forward(q, k, v, kc, vc, captured, 0.25, kv_scales=scales)  # compile first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = backend.forward(q, k, v, kc, vc, captured, 0.25, kv_scales=scales)
+    later = AttentionMetadata.build([1] * 3, [41, 10, 101], meta.block_tables.tolist(), 16,
+                                    DEVICE)
+    ref_kc, ref_vc = kc.clone(), vc.clone()
+    for dst, value in ((q, torch.randn_like(q)), (k, torch.randn_like(k)),
+                       (v, torch.randn_like(v)), (captured.seqlens_k, later.seqlens_k),
+                       (captured.slot_mapping, later.slot_mapping),
+                       (scales.key, torch.tensor([0.75], device=DEVICE))):
+        dst.copy_(value)
+    graph.replay()
+    expected = get_backend("reference").forward(
+        q.float(), k.float(), v.float(), ref_kc, ref_vc, fresh(later), 0.25, kv_scales=scales)
+    assert torch.equal(kc.view(torch.uint8), ref_kc.view(torch.uint8))
+    torch.testing.assert_close(out.float(), expected, atol=3e-2, rtol=3e-2)
