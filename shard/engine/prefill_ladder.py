@@ -191,6 +191,8 @@ def measure_rung(
             start = time.perf_counter()
             peak = max(peak, peak_bytes(model.device, lambda: run_batch(batch)))
             times.append(time.perf_counter() - start)
+            if sum(times) > policy.max_step_s * policy.repeats:
+                break  # too slow to be chosen (or this host too busy): measured enough
     except (RuntimeError, MemoryError) as e:
         if not is_out_of_memory(e):
             raise
