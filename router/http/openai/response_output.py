@@ -90,6 +90,18 @@ class OutputBuilder:
             events += self._append(delta.text)
         return events
 
+    def extend(self, delta: Delta) -> OpenItem | None:
+        """The open item when `delta` only adds text to it (the per-token case: the stream
+        spells that event itself), with the text recorded; None otherwise (`feed` it)."""
+        item = self._open
+        if item is None or not delta.text:
+            return None
+        same = delta.kind == item.kind or (delta.kind == "arguments" and item.kind == "call")
+        if not same or delta.kind == "call":
+            return None
+        item.parts.append(delta.text)
+        return item
+
     def close(self, status: str) -> list[Event]:
         """Ends the open item with `status` ("completed" or "incomplete")."""
         item, self._open = self._open, None

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from json.encoder import encode_basestring as _quote  # type: ignore[attr-defined]
 from typing import Any
 
 from pytgi_router.core.errors import InferError
 from pytgi_router.core.request_stream import End, Token
 from pytgi_router.http.openai.chat_output import ChatOutputStream
 from pytgi_router.http.openai.response_object import ResponseHead, outcome, response_usage
-from pytgi_router.http.openai.response_output import Event, OutputBuilder, item_status
+from pytgi_router.http.openai.response_output import Event, OpenItem, OutputBuilder, item_status
 from pytgi_router.http.openai.tool_stream import Delta
 
 Finished = Callable[[dict[str, Any]], None]
@@ -30,11 +31,26 @@ def sse_event(event: Event) -> bytes:
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
+def delta_head(item: OpenItem) -> tuple[str, str]:
+    """The text around a delta event's `delta` and `sequence_number` for `item`: the same bytes
+    `sse_event` writes for the builder's delta event (the per-token path splices the text in
+    instead of building and serializing a dict)."""
+    kind = {"content": "output_text", "reasoning": "reasoning_text",
+            "call": "function_call_arguments"}[item.kind]
+    name = f"response.{kind}.delta"
+    head = (f'event: {name}\ndata: {{"type":"{name}","item_id":{_quote(item.id)},'
+            f'"output_index":{item.index},')
+    if item.kind != "call":
+        head += '"content_index":0,'
+    tail = ',"logprobs":[]' if item.kind == "content" else ""
+    return head + '"delta":', tail + ',"sequence_number":'
+
+
 class ResponsesEncoder:
     """The events of one response (an `Encoder` of streaming.py, plus `start`). `finished` gets
     the final response object (completed, incomplete or failed), to be stored."""
 
-    __slots__ = ("head", "output", "input_length", "finished", "builder", "_seq")
+    __slots__ = ("head", "output", "input_length", "finished", "builder", "_seq", "_delta")
 
     def __init__(
         self, head: ResponseHead, output: ChatOutputStream, input_length: int, finished: Finished
@@ -45,6 +61,7 @@ class ResponsesEncoder:
         self.finished = finished
         self.builder = OutputBuilder()
         self._seq = 0
+        self._delta: tuple[str, str, str] = ("", "", "")  # item id, then delta_head's
 
     def start(self) -> bytes:
         response = self.head.snapshot("in_progress", [])
@@ -79,10 +96,20 @@ class ResponsesEncoder:
         return self._render(events)
 
     def _deltas(self, deltas: list[Delta]) -> bytes:
+        if len(deltas) == 1 and (item := self.builder.extend(deltas[0])) is not None:
+            return self._spliced(item, deltas[0].text)
         events: list[Event] = []
         for delta in deltas:
             events += self.builder.feed(delta)
         return self._render(events)
+
+    def _spliced(self, item: OpenItem, text: str) -> bytes:
+        """The delta event of `text`, added to the open `item`, from its pre-rendered head."""
+        if self._delta[0] != item.id:
+            self._delta = (item.id, *delta_head(item))
+        _, head, tail = self._delta
+        seq, self._seq = self._seq, self._seq + 1
+        return f"{head}{_quote(text)}{tail}{seq}}}\n\n".encode()
 
     def _render(self, events: list[Event]) -> bytes:
         out = []

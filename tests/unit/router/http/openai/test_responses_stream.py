@@ -5,14 +5,22 @@ the same items as the non-streamed answer builds from the same tokens."""
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
 from typing import Any
+
+import pytest
 
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.request_stream import End, Token, TokenInfo
 from pytgi_router.http.openai.chat_output import ChatOutputStream
 from pytgi_router.http.openai.response_object import ResponseHead
-from pytgi_router.http.openai.response_output import conversation_messages, whole_output
-from pytgi_router.http.openai.responses_stream import ResponsesEncoder
+from pytgi_router.http.openai.response_output import (
+    OutputBuilder,
+    conversation_messages,
+    whole_output,
+)
+from pytgi_router.http.openai.responses_stream import ResponsesEncoder, delta_head, sse_event
+from pytgi_router.http.openai.tool_stream import Delta
 from pytgi_router.http.reasoning import ReasoningParser, reasoning_parser
 
 CALL = '{"function": {"_name": "get_weather", "city": "Paris"}}'
@@ -105,3 +113,19 @@ def test_a_failure_after_the_start() -> None:
     evs = events(raw)
     assert [e["type"] for e in evs[-2:]] == ["response.output_item.done", "response.failed"]
     assert "shard lost" in evs[-1]["response"]["error"]["message"]
+
+
+@pytest.mark.parametrize(("opening", "kind"), [
+    (Delta("content", "a"), "content"), (Delta("reasoning", "a"), "reasoning"),
+    (Delta("call", "f"), "arguments")])
+def test_the_spliced_delta_is_the_serialized_event(opening: Delta, kind: str) -> None:
+    """The per-token path's bytes are those of the builder's event through json.dumps."""
+    text = 'a "q" \\ é\n\u2028\x00'
+    builder = OutputBuilder()
+    builder.feed(opening)
+    [event] = builder.feed(Delta(kind, text))
+    item = builder.extend(Delta(kind, "more"))
+    assert item is not None
+    head, tail = delta_head(item)
+    spliced = f"{head}{encode_basestring(text)}{tail}7}}\n\n".encode()
+    assert spliced == sse_event({**event, "sequence_number": 7})
