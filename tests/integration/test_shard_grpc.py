@@ -117,12 +117,19 @@ def collector() -> Iterator[tuple[Collector, int]]:
 
 
 @pytest.fixture(scope="module")
+def timeline_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The traced family's --step-timeline file (both ranks are given it; rank 0 writes)."""
+    return tmp_path_factory.mktemp("timeline") / "steps.jsonl"
+
+
+@pytest.fixture(scope="module")
 def servers(
-    tiny_model: Callable[..., Path], collector: tuple[Collector, int]
+    tiny_model: Callable[..., Path], collector: tuple[Collector, int], timeline_path: Path
 ) -> Iterator[Callable[[str], Shards]]:
     """Two-rank servers by family, started on first use and shared by the module's tests."""
     running: dict[str, Shards] = {}
-    otlp = ["--otlp-endpoint", f"http://127.0.0.1:{collector[1]}", "--otlp-service-name", "traced"]
+    otlp = ["--otlp-endpoint", f"http://127.0.0.1:{collector[1]}", "--otlp-service-name", "traced",
+            "--step-timeline", str(timeline_path)]
 
     def get(family: str) -> Shards:
         if family not in running:
@@ -319,3 +326,28 @@ def test_shard_spans_join_the_callers_trace(
     assert len(rpc) == 2 and all(s[0] == "traced" and s[3] == parent for s in rpc)
     inner = {s[1] for s in ours if s[3] != parent}
     assert {"forward", "sample"} <= inner
+
+
+def test_rank_0_writes_each_step_to_its_step_timeline(
+    servers: Callable[[str], Shards], timeline_path: Path
+) -> None:
+    """--step-timeline through a real shard: rank 0 alone writes (one header), every Prefill
+    and Decode a line within the writer's half second, Warmup none."""
+    from pytgi_bench.compare.timeline_summary import PHASES, read_timeline
+
+    shards = servers(TRACED)
+    ids = prompt_ids(shards.processes.model_path)
+    before = time.perf_counter_ns()
+    generate(shards, [make_request(1, ids, 3), make_request(2, ids[:2], 3, first_block=9)])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ours = [r for r in read_timeline(timeline_path) if r["t_ns"] >= before]
+        if len(ours) >= 3:
+            break
+        time.sleep(0.1)
+    assert [(r["kind"], r["requests"]) for r in ours] == [("prefill", 2), ("decode", 2),
+                                                          ("decode", 2)]
+    assert ours[0]["tokens"] == len(ids) + 2
+    assert all(sum(r[f"{p}_ns"] for p in PHASES) == r["end_ns"] - r["t_ns"] for r in ours)
+    headers = [line for line in timeline_path.read_text().splitlines() if "step_timeline" in line]
+    assert len(headers) == 1
