@@ -55,8 +55,7 @@ class ChatOutputStream:
     prompt (it says whether the template opened the thinking); `offered`: the functions the
     tool grammar let the model name (None: no tools, the answer is plain content)."""
 
-    __slots__ = ("_splitter", "_parser", "_offered", "_tools", "_raw", "_content",
-                 "reasoning_tokens")
+    __slots__ = ("_splitter", "_parser", "_offered", "_tools", "_raw", "reasoning_tokens")
 
     def __init__(
         self, parser: ReasoningParser | None, prompt: str, offered: frozenset[str] | None
@@ -67,7 +66,6 @@ class ChatOutputStream:
         self._offered = offered
         self._tools = ToolCallStream() if offered is not None else None
         self._raw: list[str] = []  # every piece read, joined only at the end
-        self._content: list[str] = []  # the answer's text, when no tools were offered
         self.reasoning_tokens = 0
 
     def push(self, text: str, special: bool = False) -> list[Delta]:
@@ -130,14 +128,7 @@ class ChatOutputStream:
             self._raw.append(text)
         if self._tools is not None:
             return self._tools.push(text)
-        if not text:
-            return []
-        self._content.append(text)
-        return [Delta("content", text)]
-
-    def answer_text(self) -> str | None:
-        """The answer's plain text (no tools): None when the turn had no answer at all."""
-        return "".join(self._content) if self._content else None
+        return [Delta("content", text)] if text else []
 
 
 def chat_answer(
