@@ -212,7 +212,12 @@ def test_openai_streams_over_http(url: str) -> None:
 # ---- continuous batching -----------------------------------------------------------------------
 
 
-def test_concurrent_streams_interleave_and_match_solo_runs(url: str) -> None:
+def test_concurrent_streams_interleave_and_match_solo_runs(
+    url: str, shards: ShardProcesses
+) -> None:
+    """16 streams started while the shard is frozen are all queued before any step runs, so
+    they decode together however slowly a loaded machine starts them (started freely, a busy
+    client could open them one after another)."""
     prompts = [f"Request number {i}: the quick brown fox" for i in range(16)]
     solo = [[t["id"] for t in generate(url, p, max_new_tokens=16, details=True)
              ["details"]["tokens"]] for p in prompts]
@@ -231,7 +236,12 @@ def test_concurrent_streams_interleave_and_match_solo_runs(url: str) -> None:
     async def main() -> list[list[int]]:
         limits = httpx.Limits(max_connections=32)
         async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-            return list(await asyncio.gather(*(one(client, i) for i in range(16))))
+            with frozen(shards.procs[0].pid):
+                tasks = [asyncio.create_task(one(client, i)) for i in range(16)]
+                # All but the one whose prefill may already be on the frozen shard wait.
+                while metric(url, "tgi_queue_size") < len(prompts) - 1:
+                    await asyncio.sleep(0.05)
+            return list(await asyncio.gather(*tasks))
 
     together = asyncio.run(main())
     assert together == solo
