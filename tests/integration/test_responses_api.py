@@ -270,6 +270,11 @@ def test_background_runs_and_cancel(client: openai.OpenAI) -> None:
     cancelled = client.responses.cancel(long.id)
     assert cancelled.status == "cancelled" and cancelled.id == long.id
     assert client.responses.retrieve(long.id).status == "cancelled"
+    deleted = client.responses.create(model="tiny", input="Tell", max_output_tokens=200,
+                                      temperature=0, background=True)
+    client.responses.delete(deleted.id)  # stops the run: its end does not store it again
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(deleted.id)
 
 
 def test_get_cancel_and_malformed(url: str, client: openai.OpenAI) -> None:

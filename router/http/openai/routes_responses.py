@@ -87,6 +87,13 @@ class ResponsesRoutes:
             return await self._stream(request, parsed, req, head, output)
         if parsed.background:
             return await self._background(request, parsed, req, head, output)
+        return await self._whole(request, parsed, req, head, output)
+
+    async def _whole(
+        self, request: Request, parsed: ResponsesRequest, req: GenerateRequest,
+        head: ResponseHead, output: ChatOutputStream,
+    ) -> Response:
+        """A response answered once generated (a client that leaves cancels it)."""
         group = StreamGroup()
         with self.state.serving():
             async with watching_disconnect(request.receive, group.cancel):
@@ -119,7 +126,10 @@ class ResponsesRoutes:
         return json_response(items_page(entry.input_items, dict(request.query_params)))
 
     async def delete(self, request: Request) -> Response:
+        """Deletes a stored response; a background one still running is stopped first (its
+        end would store it again)."""
         response_id = request.path_params["response_id"]
+        await self.background.cancel(response_id)
         if not self.store.delete(response_id):
             raise ResponseNotFound(response_id)
         return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
