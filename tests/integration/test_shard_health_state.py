@@ -87,7 +87,8 @@ def test_health_is_not_serving_until_warmup_and_follows_the_health_rpc(
         assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
         # A refused Warmup (checked before anything changed) does not make it SERVING.
         with pytest.raises(grpc.RpcError):
-            stub.Warmup(pb.WarmupRequest(max_prefill_tokens=0), timeout=60)
+            stub.Warmup(pb.WarmupRequest(max_prefill_tokens=64, max_input_tokens=10,
+                                         max_total_tokens=10), timeout=60)
         assert status(channel, "") == NOT_SERVING
         stub.Warmup(WARMUP, timeout=60)
         assert status(channel, "") == SERVING and status(channel, SERVICE) == SERVING
