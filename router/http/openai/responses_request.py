@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytgi_router.core.errors import ValidationError
+from pytgi_router.http.http_errors import ToolError
 from pytgi_router.http.json_fields import (
     obj,
     opt_bool,
@@ -66,13 +67,14 @@ def parse_responses(
     instructions = opt_str(data, "instructions")
     system = [{"role": "system", "content": instructions}] if instructions else []
     tools = [_chat_tool(t, i) for i, t in enumerate(_list(data, "tools"))]
+    offered, choice = offered_tools(tools, data.get("tool_choice"))
     body: dict[str, Any] = {
         "messages": [*system, *conversation],
         "max_tokens": opt_int(data, "max_output_tokens"),
         "temperature": data.get("temperature"),
         "top_p": data.get("top_p"),
-        "tools": tools or None,
-        "tool_choice": chat_tool_choice(data.get("tool_choice")),
+        "tools": offered or None,
+        "tool_choice": choice,
         "response_format": response_format(opt_obj(data, "text")),
         **{k: data[k] for k in EXTENSIONS if k in data},
     }
@@ -276,6 +278,25 @@ def _chat_tool(value: Any, i: int) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
+def offered_tools(tools: list[dict[str, Any]], choice: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The tools the chat request offers and its `tool_choice`: `allowed_tools` narrows the
+    tools to those it names (the others stay declared, not offered) under its mode."""
+    if not (isinstance(choice, dict) and choice.get("type") == "allowed_tools"):
+        return tools, chat_tool_choice(choice)
+    mode = choice.get("mode", "auto")
+    if mode not in ("auto", "required"):
+        raise ValidationError('`tool_choice.mode` must be "auto" or "required"')
+    allowed = choice.get("tools")
+    if not isinstance(allowed, list):
+        raise wrong_type("tool_choice.tools", "an array of {type: function, name}", allowed)
+    names = {req_str(obj(t, f"tool_choice.tools[{i}]"), "name", f"tool_choice.tools[{i}].")
+             for i, t in enumerate(allowed)}
+    unknown = sorted(names - {t["function"]["name"] for t in tools})
+    if unknown:
+        raise ToolError(f"Tool with name {unknown[0]} not found")
+    return [t for t in tools if t["function"]["name"] in names], mode
+
+
 def chat_tool_choice(value: Any) -> Any:
     """"auto" | "none" | "required" | `{type: "function", name}` in chat's spelling."""
     if value is None or value in ("auto", "none", "required"):
@@ -283,8 +304,8 @@ def chat_tool_choice(value: Any) -> Any:
     if isinstance(value, dict) and value.get("type") == "function":
         return {"type": "function", "function": {"name": req_str(value, "name", "tool_choice.")}}
     raise ValidationError(
-        '`tool_choice` must be "auto", "none", "required" or {"type": "function", "name": ...} '
-        "(hosted tools and allowed_tools are not supported)")
+        '`tool_choice` must be "auto", "none", "required", {"type": "function", "name": ...} '
+        'or {"type": "allowed_tools", ...} (hosted tools are not supported)')
 
 
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -79,6 +79,20 @@ def test_function_tools_and_tool_choice_in_chat_spelling() -> None:
                                                                "name": "nope"}})
 
 
+def test_allowed_tools_narrow_what_is_offered() -> None:
+    other = {**TOOL, "name": "get_time"}
+    choice = {"type": "allowed_tools", "mode": "required",
+              "tools": [{"type": "function", "name": "get_time"}]}
+    r = parse({"input": "Hi", "tools": [TOOL, other], "tool_choice": choice})
+    assert r.chat.tools is not None and r.chat.tools.names() == frozenset({"get_time"})
+    assert [t["name"] for t in r.echo["tools"]] == ["get_weather", "get_time"]
+    with pytest.raises(ToolError, match="nope"):
+        parse({"input": "Hi", "tools": [TOOL], "tool_choice": {
+            **choice, "tools": [{"type": "function", "name": "nope"}]}})
+    with pytest.raises(ValidationError, match="`tool_choice.mode`"):
+        parse({"input": "Hi", "tools": [TOOL], "tool_choice": {**choice, "mode": "none"}})
+
+
 def test_text_formats_are_chat_grammars() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     fmt = {"type": "json_schema", "name": "x", "schema": schema, "strict": True}
