@@ -1,8 +1,8 @@
 """Reasoning output end to end: a real pytgi-router and shard on the tiny random Llama, read
-with the `openai` SDK. The model knows nothing, so what it writes is a grammar's doing: a regex
-(which constrains the whole output, thinking included) makes it think and answer; a JSON
-grammar or tools (which constrain only the answer) leave it thinking freely until `max_tokens`
-cuts it. The chat template is Qwen3-style (ChatML, `<think>` opened in the generation prompt,
+with the `openai` SDK. The model knows nothing, so what it writes is a grammar's doing: a Lark
+grammar (which constrains the whole output, thinking included) makes it think and answer; a
+JSON schema, a regex or tools (which constrain only the answer) leave it thinking freely until
+`max_tokens` cuts it. The chat template is Qwen3-style (ChatML, `<think>` opened in the generation prompt,
 an empty thinking block under `enable_thinking: false`), so the router detects `qwen3` by
 itself (the template renders `tools` itself, which keeps the tool prompt short), and `chat_template_kwargs` decide whether the turn thinks."""
 
@@ -27,7 +27,7 @@ TEMPLATE = (
 )
 MESSAGES = [{"role": "user", "content": "Two plus two?"}]
 # The template opened <think>: the output thinks, closes it and answers.
-THOUGHT = r"[a-z]{2,6}( [a-z]{2,6}){1,3}</think>\n\n[A-Z][a-z]{1,6}\."
+THOUGHT = r'start: /[a-z]{2,6}( [a-z]{2,6}){1,3}/ "</think>\n\n" /[A-Z][a-z]{1,6}\./'
 OFF = {"chat_template_kwargs": {"enable_thinking": False}}
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
           "additionalProperties": False}
@@ -52,8 +52,9 @@ def client(router: RouterProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{router.url}/v1", api_key="unused", timeout=120)
 
 
-def regex(pattern: str) -> dict[str, Any]:
-    return {"response_format": {"type": "regex", "value": pattern}}
+def lark(grammar: str) -> dict[str, Any]:
+    """TGI's grammar object in `response_format` (pytgi's `lark` type)."""
+    return {"response_format": {"type": "lark", "value": grammar}}
 
 
 def test_the_parser_is_detected_from_the_template(router: RouterProcess) -> None:
@@ -62,7 +63,7 @@ def test_the_parser_is_detected_from_the_template(router: RouterProcess) -> None
 
 def test_reasoning_content_apart_from_the_answer(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=60, seed=1,
-                                         extra_body=regex(THOUGHT))  # type: ignore[arg-type]
+                                         extra_body=lark(THOUGHT))  # type: ignore[arg-type]
     choice = out.choices[0]
     reasoning = choice.message.reasoning_content  # type: ignore[attr-defined]
     assert re.fullmatch(r"[a-z]{2,6}( [a-z]{2,6}){1,3}", reasoning)
@@ -77,7 +78,7 @@ def test_reasoning_content_apart_from_the_answer(client: openai.OpenAI) -> None:
 def test_streamed_reasoning_deltas_then_content(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(
         model="m", messages=MESSAGES, max_tokens=60, seed=2, stream=True,
-        stream_options={"include_usage": True}, extra_body=regex(THOUGHT),  # type: ignore[arg-type]
+        stream_options={"include_usage": True}, extra_body=lark(THOUGHT),  # type: ignore[arg-type]
     )
     kinds, reasoning, content, usage, finish = [], [], [], None, None
     for chunk in stream:
@@ -106,7 +107,7 @@ def test_streamed_reasoning_deltas_then_content(client: openai.OpenAI) -> None:
 def test_cut_inside_the_thinking(client: openai.OpenAI, stream: bool) -> None:
     """max_tokens inside the thinking: what was thought, no answer, "length"."""
     body: dict[str, Any] = {"model": "m", "messages": MESSAGES, "max_tokens": 3, "seed": 3,
-                            "extra_body": regex(r"[a-z]{40,50}</think>\n\nYes\.")}
+                            "extra_body": lark(r'start: /[a-z]{40,50}/ "</think>Yes."')}
     if not stream:
         choice = client.chat.completions.create(**body).choices[0]
         reasoning, content = choice.message.reasoning_content, choice.message.content  # type: ignore[attr-defined]
@@ -124,11 +125,16 @@ def test_cut_inside_the_thinking(client: openai.OpenAI, stream: bool) -> None:
     assert finish == "length"
 
 
-def test_a_json_answer_comes_after_free_thinking(client: openai.OpenAI) -> None:
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}},
+    {"type": "regex", "value": "[A-Z][a-z]{1,6}/[0-9]"},
+])
+def test_the_format_constrains_the_answer_after_free_thinking(
+    client: openai.OpenAI, fmt: Any
+) -> None:
     """response_format constrains the answer, not the thinking: the random model thinks
     freely (and never closes its thinking within 12 tokens); with thinking off, the same
-    request answers JSON at once."""
-    fmt: Any = {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}
+    request answers in the format at once."""
     thinking = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=12,
                                               seed=4, response_format=fmt).choices[0]
     assert thinking.message.reasoning_content  # type: ignore[attr-defined]
@@ -136,7 +142,11 @@ def test_a_json_answer_comes_after_free_thinking(client: openai.OpenAI) -> None:
     off = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=40, seed=4,
                                          response_format=fmt, extra_body=OFF).choices[0]
     assert off.message.reasoning_content is None  # type: ignore[attr-defined]
-    assert off.finish_reason == "stop" and isinstance(json.loads(off.message.content or "")["n"], int)
+    assert off.finish_reason == "stop"
+    if fmt["type"] == "regex":
+        assert re.fullmatch(fmt["value"], off.message.content or "")
+    else:
+        assert isinstance(json.loads(off.message.content or "")["n"], int)
 
 
 def test_tool_calls_after_the_thinking(client: openai.OpenAI) -> None:

@@ -1,6 +1,6 @@
-"""constraint.py: with a reasoning parser a JSON grammar constrains the answer after the
-thinking (checked with llguidance over the byte vocabulary, as the router's grammar check
-compiles it); other grammars, and prompts that closed the thinking, keep theirs."""
+"""constraint.py: with a reasoning parser a JSON or regex grammar constrains the answer after
+the thinking (checked with llguidance over the byte vocabulary, as the router's grammar check
+compiles it); Lark grammars, and prompts that closed the thinking, keep theirs."""
 
 from __future__ import annotations
 
@@ -47,6 +47,19 @@ def test_json_answers_after_thinking(name: str, prompt: str, text: str, ok: bool
     assert accepts(grammar, text) is ok
 
 
+@pytest.mark.parametrize(("text", "ok"), [
+    ("<think>a/b</think>\n\nyes/42", True),
+    ("no/12", True),
+    ("<think>x</think>maybe", False),
+])
+def test_regex_answers_after_thinking(text: str, ok: bool) -> None:
+    """The regex (with a `/`, which its Lark terminal must quote) holds the answer alone."""
+    regex = {"type": "regex", "value": "(yes|no)/[0-9]{2}"}
+    grammar = answer_grammar(reasoning_parser("qwen3"), "", regex)
+    assert grammar is not None and grammar["type"] == "lark"
+    assert accepts(grammar, text) is ok
+
+
 def test_tool_calls_follow_the_thinking() -> None:
     tools = parse_tools([{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])
@@ -63,7 +76,7 @@ def test_tool_calls_follow_the_thinking() -> None:
     (None, "", JSON),  # no parser
     ("qwen3", CLOSED, JSON),  # thinking closed in the prompt: nothing to allow
     ("gpt_oss", "", JSON),  # harmony's markers are special tokens: left as it is
-    ("qwen3", "", {"type": "regex", "value": "<think>[a-z]+</think>[0-9]"}),  # the whole output
+    ("qwen3", "", {"type": "lark", "value": 'start: "<think>" /[a-z]+/ "</think>"'}),  # whole
     ("qwen3", "", None),
 ])
 def test_left_as_they_are(name: str | None, prompt: str, grammar: dict[str, Any] | None) -> None:
