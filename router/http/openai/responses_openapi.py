@@ -37,7 +37,8 @@ SCHEMAS: dict[str, Any] = {
                   "properties": {"type": {"type": "string", "enum": ["function"]},
                                  "name": {"type": "string"}, "description": {"type": "string"},
                                  "parameters": {"type": "object"}}}},
-        "tool_choice": {"description": '"auto", "none", "required" or {type: function, name}',
+        "tool_choice": {"description": '"auto", "none", "required", {type: function, name} '
+                        'or {type: allowed_tools, mode, tools}',
                         "oneOf": [{"type": "string"}, {"type": "object"}]},
         "text": {"type": "object", "description": "{format: {type: text|json_object} or "
                  "{type: json_schema, name, schema, strict}} (pytgi: or a TGI grammar object "
