@@ -188,7 +188,8 @@ OTHERS: tuple[Parameter, ...] = (
     Parameter("decoder_input_details", "boolean", flag=True),
     Parameter("top_n_tokens", "integer", openai=("top_logprobs",),
               openapi={"minimum": 0, "maximum": 5}),
-    Parameter("grammar", "object", "{type: json|json_object|json_schema|regex, value}",
+    Parameter("grammar", "object", "{type: json|json_object|json_schema|regex|lark, value} "
+              "(lark: an llguidance Lark grammar)",
               openai=("response_format",)),
     Parameter("adapter_id", "string"),
     # pytgi extension (vLLM's name; TGI has none): generate until max_new_tokens or a stop
