@@ -18,6 +18,7 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT
 from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.engine.drafting import DraftState, may_draft
 from pytgi_shard.engine.request_validation import chunk_end, validate_request
 from pytgi_shard.engine.step_inputs import ForwardInputs, chunk_inputs
 from pytgi_shard.errors import InvalidRequest
@@ -41,6 +42,8 @@ class BatchContext:
     watermark: Watermark
     # Compiles constrained requests' grammars; None: this shard refuses them.
     grammars: GrammarCompiler | None = None
+    # --speculate: the eligible requests keep an n-gram index (shard/engine/drafting.py).
+    speculate: int = 0
 
 
 @dataclass(slots=True)
@@ -64,6 +67,8 @@ class RequestState:
     # An encoder-decoder's prompt length: its blocks hold the prompt's cross-attention K/V
     # first, then this sequence's (the decoder's) tokens (shard/engine/encoder_decoder_batch.py).
     encoder_length: int = 0
+    # Its n-gram drafter when it may draft (--speculate, shard/engine/drafting.py), else None.
+    draft: DraftState | None = None
 
     @property
     def length(self) -> int:
@@ -128,6 +133,8 @@ class Batch:
         self.request_ids = [r.id for r in requests]
         self.request_fields = [request_field(r.id) for r in requests]
         self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]
+        # The rows that may draft (--speculate) and their drafters.
+        self.drafting = [(row, r.draft) for row, r in enumerate(requests) if r.draft is not None]
         self._pb: generate_pb2.CachedBatch | None = None
         self._capacity: torch.Tensor | None = None
         self._row_of: dict[int, int] | None = None
@@ -160,6 +167,11 @@ class Batch:
         # once it samples: a partial prefill's batch is dropped after its forward).
         chooser.skip_draws([r.resumed if r.complete else 0 for r in requests], ctx.vocab_size)
         grammar = _grammar(pb, [r.complete for r in requests], ctx)
+        if ctx.speculate:
+            for r, sequence, p, rpb in zip(requests, sequences, params, pb.requests, strict=True):
+                constrained = rpb.parameters.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE
+                if r.complete and may_draft(p, constrained):
+                    r.draft = DraftState.start(sequence)
         return cls(
             batch_id=pb.id,
             requests=requests,
@@ -254,6 +266,10 @@ class Batch:
                 slack[row] += len(blocks) * self.block_size
         return slack
 
+    def room(self) -> list[int]:
+        """Per row, KV slots held past its known tokens: the drafts a step may feed it."""
+        return [s - self.steps for s in self._slack]
+
     def row_of(self) -> dict[int, int]:
         """Request id -> row."""
         if self._row_of is None:
@@ -301,6 +317,30 @@ class Batch:
         self.last_ids = next_ids
         self.max_length += 1
         self.steps += 1
+
+    def append_extra(self, rows: Sequence[int], extra: Sequence[Sequence[int]]) -> None:
+        """Records, after a step's append, the further tokens the listed rows emitted (drafts
+        a verification kept): their history, lengths and last tokens, and on the host their
+        slack and length stops (the per-step counters assume one token per row)."""
+        if not rows:
+            return
+        device = self.lengths.device
+        flat_rows = [row for row, tokens in zip(rows, extra, strict=True) for _ in tokens]
+        offsets = [i for tokens in extra for i in range(len(tokens))]
+        row_t = torch.tensor(flat_rows, dtype=torch.long, device=device)
+        values = torch.tensor([t for tokens in extra for t in tokens], dtype=torch.long,
+                              device=device)
+        positions = self.lengths[row_t] + torch.tensor(offsets, dtype=torch.long, device=device)
+        self.all_ids[row_t, positions] = values
+        index = torch.tensor(list(rows), dtype=torch.long, device=device)
+        counts = torch.tensor([len(t) for t in extra], dtype=torch.long, device=device)
+        self.lengths.index_add_(0, index, counts)
+        last = torch.tensor([t[-1] for t in extra], dtype=torch.long, device=device)
+        self.last_ids = self.last_ids.index_copy(0, index, last)
+        self.max_length = max(r.length for r in self.requests)
+        for row, tokens in zip(rows, extra, strict=True):
+            self._slack[row] -= len(tokens)
+            self.stops.consume(row, len(tokens))
 
     def filter(self, request_ids: Sequence[int]) -> Batch:
         """The batch of the listed requests only, in their current order."""

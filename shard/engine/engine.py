@@ -24,6 +24,7 @@ from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
+from pytgi_shard.engine.drafting import Drafts, feed_drafters, plan_drafts
 from pytgi_shard.engine.encoder_decoder_batch import (
     Encoding,
     decoder_inputs,
@@ -43,6 +44,7 @@ from pytgi_shard.engine.prefill_ladder import resolve_prefill
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline
+from pytgi_shard.engine.verification import emit_kept, verify, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
@@ -95,8 +97,14 @@ class Engine:
         # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
         # asynchronously (dist.caps.async_forward: CUDA); on the CPU it would only compute ahead
         # what it waits for anyway.
+        # Drafts per greedy row and decode step (--speculate; shard/engine/drafting.py); not
+        # for an encoder-decoder (its decoder's steps are not the varlen path verification
+        # takes).
+        self.speculate = 0 if self.encoder_decoder else settings.speculate
         # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
-        self.overlap = not self.encoder_decoder and (
+        # Not while speculating: a step's drafts come from its previous step's tokens, which
+        # the look-ahead would queue a forward without (so every step would lose its drafts).
+        self.overlap = not self.encoder_decoder and not self.speculate and (
             settings.overlap if settings.overlap is not None else dist.caps.async_forward
         )
         # Constrained requests' matchers and their grammars' cache; the vocabulary is prepared
@@ -116,6 +124,7 @@ class Engine:
             eos_ids=self.detokenizer.eos_ids,
             watermark=self.watermark,
             grammars=self.grammars,
+            speculate=self.speculate,
         )
 
     def info(self) -> generate_pb2.InfoResponse:
@@ -282,9 +291,12 @@ class Engine:
         if apply_grants(batch, grants):
             self.runner.lookaheads.clear()
         ahead = self.runner.lookaheads.take(batch.request_ids)
+        drafts = None
         if ahead is not None:
             last, timer = ahead
             clock.no_forward()
+        elif self.speculate and batch.drafting and (drafts := self._drafts(batch)) is not None:
+            return self._verify_step(batch, drafts, start)
         else:
             inputs = self._decode_inputs(batch)
             clock.launch = time.perf_counter_ns()
@@ -292,6 +304,26 @@ class Engine:
                 last, timer, _ = self.runner.forward(inputs)
             clock.forwarded = time.perf_counter_ns()
         return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
+
+    def _drafts(self, batch: Batch) -> Drafts | None:
+        """The step's drafts (shard/engine/drafting.py), within the KV slots each row holds."""
+        states = [r.draft for r in batch.requests]
+        left = [r.stopping.max_new_tokens - r.text.generated for r in batch.requests]
+        return plan_drafts(states, batch.room(), left, self.speculate)
+
+    def _verify_step(self, batch: Batch, drafts: Drafts, start: int) -> _Step:
+        """A decode step whose rows carry drafts: one varlen forward over every row's last
+        token and drafts (eager: the decode graphs take one token per row), the plain choice
+        at each row's first position, then the drafts kept (shard/engine/verification.py)."""
+        clock = self.clock
+        inputs = verify_inputs(batch, drafts)
+        clock.tokens = len(batch) + drafts.count
+        clock.launch = time.perf_counter_ns()
+        with self._span("forward"):
+            logits, timer, _ = self.runner.forward(inputs)
+        clock.forwarded = time.perf_counter_ns()
+        last = logits.index_select(0, inputs.last_rows)
+        return self._sample(batch, last, {}, timer, start, verifying=(logits, inputs, drafts))
 
     def _sample(
         self,
@@ -302,10 +334,13 @@ class Engine:
         start: int,
         computed_ahead: bool = False,
         also: ForwardTimer | None = None,
+        verifying: tuple[torch.Tensor, ForwardInputs, Drafts] | None = None,
     ) -> _Step:
         """Next tokens from `last` (a logits row per request of `batch`); with overlap, the next
         decode forward is queued before the host reads this step's tokens back. `also`: the
-        look-ahead forward a mixed step took its decode rows' logits from (its device time)."""
+        look-ahead forward a mixed step took its decode rows' logits from (its device time).
+        `verifying`: the step's logits at every position, its inputs and drafts (a verification
+        step: the drafting rows may emit more tokens after their first)."""
         clock = self.clock
         with self._span("sample"):
             choice = choose_tokens(batch, last, prefill)
@@ -317,6 +352,9 @@ class Engine:
             choice.transfer.settle()
             clock.synced = time.perf_counter_ns()
             generations, finished = emit_generations(batch, choice, self.detokenizer, self.writer)
+            if batch.drafting:
+                finished = self._kept(batch, choice.transfer.wait()[0], generations, finished,
+                                      verifying)
             live: Batch | None = batch
             if finished:
                 done = set(finished)
@@ -332,6 +370,28 @@ class Engine:
         clock.device_ns = forward_ns + (also.elapsed_ns() if also is not None else 0)
         decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
         return _Step(generations, live, forward_ns, decode_ns)
+
+    def _kept(
+        self,
+        batch: Batch,
+        ids: list[int],
+        generations: generate_pb2.DecodeResponse,
+        finished: list[int],
+        verifying: tuple[torch.Tensor, ForwardInputs, Drafts] | None,
+    ) -> list[int]:
+        """A speculating batch's step after its first tokens: the kept drafts emitted and
+        recorded (a verification step), and every drafting row's index fed its new tokens."""
+        extra: dict[int, list[int]] | None = None
+        if verifying is not None:
+            logits, inputs, drafts = verifying
+            verified = verify(logits, inputs, drafts, batch)
+            finished, rows, tokens = emit_kept(
+                batch, generations, finished, drafts, verified, self.detokenizer
+            )
+            batch.append_extra(rows, tokens)
+            extra = dict(zip(rows, tokens, strict=True))
+        feed_drafters(batch.drafting, ids, extra)
+        return finished
 
     def _look_ahead(self, batch: Batch) -> None:
         """Queues the next decode forward of every request of `batch` (shard/engine/lookahead.py)."""

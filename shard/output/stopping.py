@@ -107,6 +107,12 @@ class BatchStops:
             [e for s in stops for e in s.eos_ids],
         )
 
+    def consume(self, row: int, count: int) -> None:
+        """`row` appended `count` tokens beyond the batch's one per step (a verification step
+        kept drafts): fewer are left to it."""
+        self.left[row] -= count
+        self._min_left = min(self._min_left, self.left[row])
+
     def finished(self, tokens: Sequence[int], steps: int) -> list[tuple[int, int]]:
         """(row, LENGTH or EOS_TOKEN) of each row that stops, in row order, once `tokens` are
         appended as the batch's `steps`-th token of every row, as StoppingCriteria decides

@@ -1,0 +1,144 @@
+"""Which rows of a decode step carry drafts, and how many: the n-gram drafter's policy (--speculate N).
+
+Each eligible request keeps its own n-gram index (shard/speculative/ngram.py) in its
+RequestState, built from its whole sequence when it joins the shard's batch (a resumed request
+from its prompt and generated_ids) and fed every token the request emits; it survives filter and
+concatenate with the RequestState.
+
+Eligible: rows whose token is exactly the argmax of the raw logits (greedy, no repetition or
+frequency penalty, no watermark, no grammar). Those are the rows verified exactly by
+`verify_greedy`. Penalties and the watermark change the scores with every token (a drafted token
+would change its successors' scores), grammar masks advance per token, and sampling rows would
+draw from their seeded generators differently from the plain step (a seeded request would then
+depend on whether its steps drafted): none of them draft; they take the plain one-token row of
+the same forward.
+
+Adaptive, so that speculation never makes a busy server slower:
+- A step's drafts are capped by a token budget: the forward carries at most STEP_TOKENS tokens
+  (rows + drafts). A decode forward's cost barely grows with its token count while it is bound
+  by reading the weights (small batches), and grows linearly once it is bound by compute (large
+  ones): at batch >= STEP_TOKENS no row drafts and the step is exactly today's.
+- A request whose drafts keep missing (MISSES_TO_PAUSE proposals in a row with none kept)
+  pauses drafting for a number of steps that doubles on each pause (up to MAX_PAUSE) and resets
+  when a draft is kept.
+- A miss of the index (no earlier occurrence of the sequence's suffix) costs a few dictionary
+  lookups and drafts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pytgi_shard.sample.chooser import SamplingParams
+from pytgi_shard.speculative.ngram import NgramIndex
+
+# A verification forward carries at most this many tokens (each row's last token plus its
+# drafts): drafts fill what the batch leaves of it. On this machine's CPU the demo model's
+# forward of 32 tokens costs ~1.3x one of 1 (bench/experiments/speculative.py measures it).
+STEP_TOKENS = 32
+# Proposals in a row with no draft kept before a request pauses drafting.
+MISSES_TO_PAUSE = 2
+# Steps of the first pause; each further pause doubles it, up to MAX_PAUSE.
+FIRST_PAUSE = 4
+MAX_PAUSE = 64
+
+
+@dataclass(slots=True)
+class DraftState:
+    """One drafting request: its n-gram index and its back-off."""
+
+    index: NgramIndex
+    # Proposals since the last kept draft.
+    misses: int = 0
+    # Steps left to skip before the next proposal.
+    paused: int = 0
+    # Length of the next pause.
+    pause: int = FIRST_PAUSE
+
+    @classmethod
+    def start(cls, sequence: Sequence[int]) -> DraftState:
+        index = NgramIndex()
+        index.extend(sequence)
+        return cls(index)
+
+    def record(self, drafted: int, kept: int) -> None:
+        """A verification's outcome for this request: a miss streak pauses drafting."""
+        if kept:
+            self.misses, self.pause = 0, FIRST_PAUSE
+            return
+        self.misses += 1
+        if self.misses >= MISSES_TO_PAUSE:
+            self.paused, self.misses = self.pause, 0
+            self.pause = min(self.pause * 2, MAX_PAUSE)
+
+
+def may_draft(params: SamplingParams, constrained: bool) -> bool:
+    """Whether a request's drafts can be verified exactly (the module's docstring says why not
+    the others)."""
+    return not (
+        params.samples
+        or params.repetition_penalty != 1.0
+        or params.frequency_penalty != 0.0
+        or params.watermark
+        or constrained
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Drafts:
+    """A step's drafts: the rows that carry any, in order, and each row's drafted tokens."""
+
+    rows: list[int]
+    tokens: list[list[int]]
+
+    @property
+    def count(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+
+def plan_drafts(
+    states: Sequence[DraftState | None],
+    room: Sequence[int],
+    left: Sequence[int],
+    speculate: int,
+) -> Drafts | None:
+    """The step's drafts: per row with a DraftState (None: the row does not draft), up to
+    `speculate` tokens proposed by its index, at most room[row] (KV slots held past its known
+    tokens: each draft writes one) and left[row] - 1 (max_new_tokens must hold the drafts and
+    the target's token after them), within the step's STEP_TOKENS. None when no row drafts."""
+    budget = STEP_TOKENS - len(states)
+    if budget <= 0:
+        return None
+    rows: list[int] = []
+    tokens: list[list[int]] = []
+    for row, state in enumerate(states):
+        if state is None:
+            continue
+        if state.paused:
+            state.paused -= 1
+            continue
+        k = min(speculate, budget, room[row], left[row] - 1)
+        if k <= 0:
+            continue
+        proposal = state.index.propose(k)
+        if proposal:
+            rows.append(row)
+            tokens.append(proposal)
+            budget -= len(proposal)
+            if budget <= 0:
+                break
+    return Drafts(rows, tokens) if rows else None
+
+
+def feed_drafters(
+    drafting: Sequence[tuple[int, DraftState]],
+    ids: Sequence[int],
+    extra: dict[int, list[int]] | None = None,
+) -> None:
+    """Appends a step's emitted tokens to the drafting rows' indexes: `ids` one per row (the
+    step's first tokens), then `extra` (row -> the kept drafts' tokens after it)."""
+    for row, state in drafting:
+        state.index.extend((ids[row],))
+        if extra is not None and row in extra:
+            state.index.extend(extra[row])
