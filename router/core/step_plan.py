@@ -21,6 +21,16 @@ Every step, in this order:
    never forces a preemption one step later; a fixed share of the pool would be too little for
    a large batch of short blocks and idle memory for a small one.
 
+Speculation (the shards' --speculate N): a decode step may also feed up to N drafted tokens per
+running sequence after its last one, each writing KV at the next positions; so growth holds N
+more slots per running sequence (never past the last position it can ever feed: the shards draft
+at most max_new_tokens - generated - 1). The router never learns which drafts were written: a
+step's Generation carries the tokens kept, the sequence advances by those (apply_step), and the
+slots of rejected drafts are simply overwritten by later steps. Only blocks full of kept tokens
+are committed to the prefix cache (apply_step commits up to the KV computed, which never counts
+a draft). Drafts ride in decode steps only (a step with prompt chunks carries none), so the
+prefill budget is untouched.
+
 A step that had to preempt admits nobody: the pool is short, and the victims (now at the head of
 the queue) would be re-admitted at once only to be preempted again.
 """
@@ -49,6 +59,8 @@ class Budgets:
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     # The shards split prompts into chunks and mix them with the running batch's decode rows.
     chunking: bool = True
+    # Draft tokens a running sequence may feed per decode step (the shards' --speculate).
+    speculate: int = 0
 
     @classmethod
     def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
@@ -61,6 +73,7 @@ class Budgets:
             waiting_served_ratio=settings.waiting_served_ratio,
             max_waiting_tokens=settings.max_waiting_tokens,
             chunking=served.support_chunking,
+            speculate=served.speculate,
         )
 
 
@@ -105,11 +118,11 @@ class StepPlan:
     cancelled: list[Entry]
 
 
-def kv_tokens(entry: Entry, ahead: int = 0) -> int:
+def kv_tokens(entry: Entry, ahead: int = 0, speculate: int = 0) -> int:
     """KV slots the entry's blocks must hold before its next step (`ahead` steps later): its
-    known tokens plus one, but never beyond the last position it can ever feed (prompt +
-    max_new_tokens - 1; the shards ask for no more)."""
-    return min(len(entry.tokens) + 1 + ahead, entry.total_tokens - 1)
+    known tokens plus one, plus `speculate` drafts' slots, but never beyond the last position
+    it can ever feed (prompt + max_new_tokens - 1; the shards ask for no more)."""
+    return min(len(entry.tokens) + 1 + ahead + speculate, entry.total_tokens - 1)
 
 
 def admission_rank(entry: Entry) -> int:
@@ -117,17 +130,21 @@ def admission_rank(entry: Entry) -> int:
     return entry.order
 
 
-def crosses_next_step(entry: Entry, block_size: int) -> bool:
+def crosses_next_step(entry: Entry, block_size: int, speculate: int = 0) -> bool:
     """Whether the entry's next step (after the one being planned) needs one more block."""
-    return kv_tokens(entry, 1) > entry.blocks_held * block_size
+    return kv_tokens(entry, 1, speculate) > entry.blocks_held * block_size
 
 
 def grow_running(
-    cache: PrefixCache, running: Collection[Entry], prefilling: Collection[Entry] = ()
+    cache: PrefixCache,
+    running: Collection[Entry],
+    prefilling: Collection[Entry] = (),
+    speculate: int = 0,
 ) -> Growth:
-    """Grows every running entry to `kv_tokens`; while the pool is short, preempts the newest
-    live entry (running or prefilling). Updates each entry's `blocks_held`. O(running), and
-    the common entry (its blocks hold the step) costs a few integer operations."""
+    """Grows every running entry to `kv_tokens` (with `speculate` drafts' slots); while the
+    pool is short, preempts the newest live entry (running or prefilling). Updates each entry's
+    `blocks_held`. O(running), and the common entry (its blocks hold the step) costs a few
+    integer operations."""
     size = cache.block_size
     growth = Growth()
     gone: set[int] = set()
@@ -137,12 +154,12 @@ def grow_running(
         # step left unsent (Scheduler._refuse).
         if gone and entry.id in gone:
             continue
-        known = len(entry.tokens)
+        known = len(entry.tokens) + speculate
         if known < entry.blocks_held * size:  # holds known + 1: kv_tokens at most
             if entry.blocks_held > entry.blocks_sent:
                 growth.grants.append((entry, cache.table(entry.id, entry.blocks_sent)))
             continue
-        need = kv_tokens(entry)
+        need = kv_tokens(entry, 0, speculate)
         if need > entry.blocks_held * size:
             while not cache.grow(entry.id, need):
                 if by_age is None:
@@ -163,12 +180,23 @@ def grow_running(
     return growth
 
 
-def watermark(running: Iterable[Entry], chunks: Iterable[Chunk], block_size: int) -> int:
-    """Blocks the next step's growth takes: one per running entry, and per entry whose prompt
-    completes in this step, that will cross a block boundary then."""
-    return sum(1 for e in running if crosses_next_step(e, block_size)) + sum(
-        1 for chunk in chunks if chunk.completes and crosses_next_step(chunk.entry, block_size)
+def watermark(
+    running: Iterable[Entry], chunks: Iterable[Chunk], block_size: int, speculate: int = 0
+) -> int:
+    """Blocks the next step's growth takes: per running entry, and per entry whose prompt
+    completes in this step, the blocks it needs then beyond those it holds (one at most without
+    speculation; a sequence that drafts may cross more than one boundary)."""
+    return sum(_next_blocks(e, block_size, speculate) for e in running) + sum(
+        _next_blocks(chunk.entry, block_size, speculate) for chunk in chunks if chunk.completes
     )
+
+
+def _next_blocks(entry: Entry, block_size: int, speculate: int) -> int:
+    """Blocks the entry's next growth (after the step being planned) adds to those it holds."""
+    if not crosses_next_step(entry, block_size, speculate):
+        return 0
+    need = -(-kv_tokens(entry, 1, speculate) // block_size)
+    return need - entry.blocks_held
 
 
 def continue_prefills(prefilling: Iterable[Entry], budget: int) -> list[Chunk]:
@@ -190,6 +218,7 @@ def admit_newcomers(
     slots: int | None,
     watermark: int,
     chunking: bool = True,
+    speculate: int = 0,
 ) -> tuple[list[Chunk], list[Entry]]:
     """(first chunks of the entries admitted from the head of `waiting`, cancelled entries met
     on the way). Admission stops at the first entry that does not fit: `budget` prompt tokens
@@ -229,8 +258,8 @@ def admit_newcomers(
         chunk = Chunk.of(entry, admission.cached_tokens,
                          min(uncached, budget) if chunking else uncached)
         budget -= chunk.length
-        if chunk.completes and crosses_next_step(entry, size):
-            watermark += 1
+        if chunk.completes:
+            watermark += _next_blocks(entry, size, speculate)
         chunks.append(chunk)
     return chunks, cancelled
 
@@ -264,7 +293,7 @@ def plan_step(
     admit: bool = True,
 ) -> StepPlan:
     """The whole step: growth (and preemption), continuing chunks, newcomers (if `admit`)."""
-    growth = grow_running(cache, running, prefilling)
+    growth = grow_running(cache, running, prefilling, budgets.speculate)
     gone = {e.id for e in growth.preempted}
     still = [e for e in prefilling if e.id not in gone] if gone else list(prefilling)
     budget = budgets.max_batch_prefill_tokens
@@ -277,8 +306,9 @@ def plan_step(
         if budgets.max_batch_size is not None:
             slots = budgets.max_batch_size - (len(running) + len(still))
         newcomers, cancelled = admit_newcomers(
-            cache, waiting, budget, slots, watermark(running, chunks, cache.block_size),
-            budgets.chunking,
+            cache, waiting, budget, slots,
+            watermark(running, chunks, cache.block_size, budgets.speculate),
+            budgets.chunking, budgets.speculate,
         )
     return StepPlan(
         grants=growth.grants,

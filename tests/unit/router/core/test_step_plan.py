@@ -67,6 +67,21 @@ def test_kv_tokens_is_known_plus_one_but_never_past_the_last_position() -> None:
     assert kv_tokens(make_entry(1, 5, new_tokens=1)) == 5
 
 
+def test_speculation_holds_the_drafts_slots_up_to_the_last_position() -> None:
+    entry = make_entry(0, 5, new_tokens=10)
+    assert kv_tokens(entry, 0, 4) == 10  # 5 known + 1 + 4 drafts
+    entry.tokens.extend([7] * 7)  # 12 known, 3 left: at most 2 drafts, positions up to 13
+    assert kv_tokens(entry, 0, 4) == 14 == entry.total_tokens - 1
+
+
+def test_growth_with_speculation_covers_every_draft_slot() -> None:
+    cache = PrefixCache(101, BS)
+    entry = running(cache, make_entry(0, 6, new_tokens=40), order=0, generated=1)  # 7 known
+    assert grow_running(cache, [entry]).grants == []  # 8 slots: enough without drafts
+    ((granted, blocks),) = grow_running(cache, [entry], speculate=5).grants
+    assert entry.blocks_held * BS >= 7 + 1 + 5 and granted is entry and blocks
+
+
 def test_admission_takes_the_prompt_plus_one_never_max_new_tokens() -> None:
     cache = PrefixCache(101, BS)
     (chunk,), _ = admit_newcomers(cache, [make_entry(0, 8, new_tokens=1000)], 100, None, 0)

@@ -5,6 +5,10 @@ after every plan: the grants are exactly the surviving entries' unsent table tai
 are the newest live entries and hold nothing, everyone left holds the KV its step needs, and the
 newcomers came from the head of the queue.
 
+With speculation (`speculate` drafts per sequence and step) a step may advance a sequence by
+up to speculate + 1 tokens (the drafts kept, then the target's token): every running entry then
+holds room for the drafts' slots too, and only KV of kept tokens is committed.
+
 (A refused step followed by growth that preempts an entry with unsent grants made grow_running
 ask the released sequence for its table; the Scheduler then failed every running request.)
 """
@@ -45,10 +49,14 @@ class StepPlanMachine(RuleBasedStateMachine):
         block_size=st.integers(1, 2),
         caching=st.booleans(),
         prefill_budget=st.integers(1, 12),
+        speculate=st.sampled_from([0, 0, 1, 3]),
     )
-    def setup(self, num_blocks: int, block_size: int, caching: bool, prefill_budget: int) -> None:
+    def setup(
+        self, num_blocks: int, block_size: int, caching: bool, prefill_budget: int,
+        speculate: int,
+    ) -> None:
         self.cache = PrefixCache(num_blocks, block_size, prefix_caching=caching)
-        self.budgets = Budgets(prefill_budget, self.cache.total * block_size)
+        self.budgets = Budgets(prefill_budget, self.cache.total * block_size, speculate=speculate)
 
     # Rules
 
@@ -68,11 +76,12 @@ class StepPlanMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.prompts.append(prompt)
 
-    @rule(advanced=ADVANCED)
-    def step(self, advanced: int) -> None:
+    @rule(advanced=ADVANCED, kept=st.integers(0, 3))
+    def step(self, advanced: int, kept: int) -> None:
         """A step the shards ran: its grants and chunks reached them, and the running entries
-        in the mask `advanced` got their next token (all of them, in the Scheduler)."""
-        self._step(True, advanced)
+        in the mask `advanced` got their next token (all of them, in the Scheduler) after
+        `kept` drafts (as many as speculation and their max_new_tokens allow)."""
+        self._step(True, advanced, kept)
 
     @rule(advanced=st.integers(0, (1 << 16) - 1))
     def refused_step(self, advanced: int) -> None:
@@ -82,7 +91,7 @@ class StepPlanMachine(RuleBasedStateMachine):
 
     # Helpers
 
-    def _step(self, delivered: bool, advanced: int) -> None:
+    def _step(self, delivered: bool, advanced: int, kept: int = 0) -> None:
         live = [*self.running.values(), *self.prefilling.values()]
         waiting_before = list(self.waiting)
         plan = plan_step(self.cache, self.budgets, self.running.values(),
@@ -101,9 +110,12 @@ class StepPlanMachine(RuleBasedStateMachine):
             for entry, blocks in plan.grants:
                 entry.blocks_sent += len(blocks)
             self._write_chunks(plan)
+        # A sequence whose prompt completed in this step samples its first token from the
+        # prompt's forward: it drafts from its next step on (the shards draft in Decode steps).
+        started = {chunk.entry.id for chunk in plan.chunks}
         for bit, entry in enumerate(list(self.running.values())):
             if advanced >> (bit % 16) & 1:
-                self._advance(entry)
+                self._advance(entry, 0 if entry.id in started else kept)
 
     def _check_plan(self, plan: StepPlan, live: list[Entry], waiting: list[Entry]) -> None:
         gone = {e.id for e in plan.preempted}
@@ -117,7 +129,8 @@ class StepPlanMachine(RuleBasedStateMachine):
         for entry in self.running.values():
             if entry.id not in gone:
                 assert entry.blocks_held == len(self.cache.table(entry.id))
-                assert entry.blocks_held * self.cache.block_size >= kv_tokens(entry)
+                assert entry.blocks_held * self.cache.block_size >= kv_tokens(
+                    entry, 0, self.budgets.speculate)
         assert plan.newcomers == waiting[:len(plan.newcomers)]
         assert not (plan.preempted and plan.newcomers)
 
@@ -142,10 +155,18 @@ class StepPlanMachine(RuleBasedStateMachine):
                 self.prefilling[entry.id] = entry
                 self._commit(entry, chunk.end)
 
-    def _advance(self, entry: Entry) -> None:
-        """The entry's next token: its last one's KV is written, maybe it finished."""
-        self._commit(entry, len(entry.tokens))
-        entry.tokens.append(next_token(entry.tokens))
+    def _advance(self, entry: Entry, kept: int) -> None:
+        """The entry's next tokens: `kept` drafts (the most its blocks hold room for and its
+        max_new_tokens allows), then the target's token; every one but the last has its KV
+        written now (as RunningBatch.apply_step commits), maybe it finished."""
+        left = entry.request.stopping.max_new_tokens - len(entry.generated)
+        room = entry.blocks_held * self.cache.block_size - len(entry.tokens)
+        # The plan left room for every draft the shards may feed (kv_tokens with speculate).
+        assert room >= min(kept and self.budgets.speculate, left - 1)
+        drafts = max(0, min(kept, self.budgets.speculate, left - 1, room))
+        for _ in range(drafts + 1):
+            entry.tokens.append(next_token(entry.tokens))
+        self._commit(entry, len(entry.tokens) - 1)
         if len(entry.generated) >= entry.request.stopping.max_new_tokens:
             self._leave(entry)
 
