@@ -88,3 +88,25 @@ def test_a_schema_over_the_limit_is_refused_before_it_is_written_out() -> None:
     big = {"type": "json", "value": {"enum": ["x" * 100] * 100}}
     with pytest.raises(ValidationError, match="longer than 1000 bytes"):
         answer_grammar(reasoning_parser("qwen3"), "", big, max_bytes=1000)
+
+
+class _TagVocabulary:
+    """The bytes, an end token, and the tags and an answer as tokens of their own (Qwen3's and
+    DeepSeek's vocabularies hold `<think>` and `</think>` whole)."""
+
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([b]) for b in range(256)] + [b"", b"<think>", b"</think>", b'{"a": 1}']
+    special_token_ids = [256]
+
+    def __call__(self, text: bytes | str) -> list[int]:
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+def test_the_tags_as_whole_tokens() -> None:
+    grammar = answer_grammar(reasoning_parser("qwen3"), "", JSON)
+    assert grammar is not None
+    matcher = LLMatcher(LLTokenizer(TokenizerWrapper(_TagVocabulary())),
+                        LLMatcher.grammar_from_lark(grammar["value"]), log_level=0)
+    assert matcher.consume_tokens([257, *b"hmm", 258, 259])  # <think> hmm </think> {"a": 1}
+    assert matcher.is_accepting()
