@@ -132,7 +132,8 @@ def collect_timelines(stages: list[StageRow], steps: dict[str, Any],
             timeline = result.get("extra", {}).get("timeline")
             if isinstance(timeline, dict) and "steps" in timeline:
                 found[f"{row.name} {system}"] = timeline
-    for name, data in steps.items():
+    ran_steps = any(row.name == "steps" and row.status != "skipped" for row in stages)
+    for name, data in steps.items() if ran_steps else ():
         for r in data.get("rows", []):
             if isinstance(r.get("timeline"), dict):
                 overlap = "overlap" if r.get("overlap") else "no overlap"
