@@ -275,6 +275,13 @@ stop_leftover_servers() {
     done < <(find "$WORK" -name 'pytgi-server.pid' 2>/dev/null)
 }
 
+check_seconds() {  # FLAG VALUE: whole seconds, or a usage error
+    if ! [[ $2 =~ ^[0-9]+$ ]]; then
+        echo "gpu.sh: $1 takes whole seconds, got '$2'" >&2
+        exit 2
+    fi
+}
+
 main() {
     if [[ ${1:-} == --run-stage ]]; then run_stage_body "$2"; exit $?; fi
     local stages_arg="" budget="" plan=0 install=1
@@ -320,6 +327,8 @@ main() {
         budget=${budget:-$((DEFAULT_BUDGET_S * SMOKE_CAP_FACTOR))}
     fi
     budget=${budget:-$DEFAULT_BUDGET_S}
+    check_seconds --budget-s "$budget"
+    for s in "${!CAP[@]}"; do check_seconds "--cap $s" "${CAP[$s]}"; done
     if ((plan)); then
         echo "stages: ${selected[*]} (budget ${budget} s)"
         for s in "${selected[@]}"; do echo "  $s: cap ${CAP[$s]} s"; done

@@ -139,6 +139,13 @@ def test_gpu_sh_is_valid_bash_and_runs_stages_in_their_order() -> None:
     assert bare.stdout.splitlines()[0] == "stages: compare-8b (budget 240 s)"
     wrong = _plan("--stages", "tests,benchmark")
     assert wrong.returncode == 2 and "unknown stage 'benchmark'" in wrong.stderr
+    late = _plan("--cap", "tests=1m")
+    assert late.returncode == 2 and "--cap tests takes whole seconds, got '1m'" in late.stderr
+    # The smoke run's caps are the GPU's times 4 (a shared CPU), its budget too unless given.
+    smoke = _plan("--cpu-smoke", "--stages", "tests", "--cap", "install=7")
+    assert smoke.stdout.splitlines() == [
+        "stages: install tests (budget 2160 s)", "  install: cap 7 s", "  tests: cap 360 s"
+    ]
 
 
 def test_the_tests_stage_selects_the_cuda_tests_that_exist() -> None:
