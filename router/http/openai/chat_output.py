@@ -72,9 +72,7 @@ class ChatOutputStream:
         """The deltas one streamed token's text makes certain."""
         if special and (self._parser is None or not self._parser.reads_special(text)):
             return []
-        if self._splitter is None:
-            return self._answer(text)
-        return self._split(text)
+        return self._read(text, token=True)
 
     def token(self, token: TokenInfo) -> list[Delta]:
         """`push` of a streamed token."""
@@ -87,7 +85,7 @@ class ChatOutputStream:
         out = self.token(last)
         streamed = "".join(self._raw)
         if len(generated_text) > len(streamed) and generated_text.startswith(streamed):
-            out += self.push(generated_text[len(streamed):])
+            out += self._read(generated_text[len(streamed):], token=False)
         if self._splitter is not None:
             out += self._route(self._splitter.finish())
         if self._tools is not None:
@@ -104,12 +102,16 @@ class ChatOutputStream:
         call = answer.output if answer.output is not None and answer.output.is_call else None
         return ChatEnd(answer.finish_reason, self.reasoning_tokens, call)
 
-    def _split(self, text: str) -> list[Delta]:
-        assert self._splitter is not None
+    def _read(self, text: str, token: bool) -> list[Delta]:
+        """Text through the splitter, then the answer's reader; a `token` that was thinking
+        (before or after it) counts as a reasoning token (the End's text beyond the streamed
+        one is no token of its own)."""
+        if self._splitter is None:
+            return self._answer(text)
         self._raw.append(text)
         before = self._splitter.thinking
         pieces = self._splitter.push(text)
-        if before or self._splitter.thinking:
+        if token and (before or self._splitter.thinking):
             self.reasoning_tokens += 1
         return self._route(pieces)
 

@@ -100,6 +100,11 @@ def test_the_whole_text_completes_a_withheld_end() -> None:
     deltas = stream.push("<think>a</think>b")
     deltas += stream.finish(TokenInfo(1, "", 0.0, False), "<think>a</think>bé")
     assert "".join(d.text for d in deltas if d.kind == "content") == "bé"
+    thinking = ChatOutputStream(QWEN3, "", None)
+    deltas = thinking.push("<think>a")
+    deltas += thinking.finish(TokenInfo(1, "", 0.0, False), "<think>aé")
+    assert "".join(d.text for d in deltas if d.kind == "reasoning") == "aé"
+    assert thinking.reasoning_tokens == 2  # the withheld text is no token of its own
 
 
 @settings(max_examples=100, deadline=None)
