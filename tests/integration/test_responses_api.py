@@ -32,8 +32,9 @@ TEMPLATE = TOOL_TEMPLATE.replace(
     "<|assistant|>\n{% if enable_thinking %}<think>\n{% else %}<think></think>{% endif %}"
     "{% endif %}")
 THINKING = {"chat_template_kwargs": {"enable_thinking": True}}
-# The template opened <think>: the output thinks, closes it and answers.
-THOUGHT = r"[a-z]{2,6}( [a-z]{2,6}){1,2}</think>[A-Z][a-z]{1,6}\."
+# The template opened <think>: the output thinks, closes it and answers (a Lark grammar holds
+# the whole output, thinking included; a regex or a schema would hold only the answer).
+THOUGHT = r'start: /[a-z]{2,6}( [a-z]{2,6}){1,2}/ "</think>" /[A-Z][a-z]{1,6}\./'
 WEATHER_TOOL = {"type": "function", **WEATHER["function"]}
 FORCED = {"type": "function", "name": "get_weather"}
 EXTRA = {"tool_prompt": TOOL_PROMPT}
@@ -100,11 +101,11 @@ def test_streamed_events(client: openai.OpenAI) -> None:
 
 
 def test_reasoning_item_then_the_answer(client: openai.OpenAI) -> None:
-    """With --reasoning-parser and a template that opened the thinking, a regex makes the
-    model think and answer: a reasoning item, then the message; streamed as
+    """With --reasoning-parser and a template that opened the thinking, a Lark grammar makes
+    the model think and answer: a reasoning item, then the message; streamed as
     `response.reasoning_text.delta` first."""
     kwargs: dict[str, Any] = dict(model="tiny", input="Two plus two?", max_output_tokens=60,
-                                  temperature=0, text={"format": {"type": "regex",
+                                  temperature=0, text={"format": {"type": "lark",
                                                                   "value": THOUGHT}},
                                   extra_body=THINKING)
     r = client.responses.create(**kwargs)
@@ -119,6 +120,30 @@ def test_reasoning_item_then_the_answer(client: openai.OpenAI) -> None:
     thought = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     answer = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert (thought, answer) == (reasoning.content[0].text, r.output_text)
+
+
+def test_a_streamed_response_is_stored_as_it_goes(url: str, client: openai.OpenAI) -> None:
+    """GET shows a streamed response in progress, then as it ended; one whose client left
+    is cancelled."""
+    body = {"model": "tiny", "input": "Tell", "max_output_tokens": 150, "temperature": 0,
+            "stream": True}
+    with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        created = json.loads(next(line for line in lines if line.startswith("data:"))[5:])
+        response_id = created["response"]["id"]
+        assert client.responses.retrieve(response_id).status == "in_progress"
+        for _ in lines:
+            pass
+    assert client.responses.retrieve(response_id).status in ("completed", "incomplete")
+    with httpx.stream("POST", f"{url}/v1/responses", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        left = json.loads(next(line for line in lines if line.startswith("data:"))[5:])
+    for _ in range(100):
+        status = client.responses.retrieve(left["response"]["id"]).status
+        if status != "in_progress":
+            break
+        time.sleep(0.05)
+    assert status == "cancelled"
 
 
 def test_forced_function_call_streamed_and_not(client: openai.OpenAI) -> None:

@@ -47,10 +47,12 @@ def delta_head(item: OpenItem) -> tuple[str, str]:
 
 
 class ResponsesEncoder:
-    """The events of one response (an `Encoder` of streaming.py, plus `start`). `finished` gets
-    the final response object (completed, incomplete or failed), to be stored."""
+    """The events of one response (an `Encoder` of streaming.py, plus `start` and `abandon`).
+    `finished` gets the final response object (completed, incomplete, failed, or cancelled when
+    the client left first), to be stored."""
 
-    __slots__ = ("head", "output", "input_length", "finished", "builder", "_seq", "_delta")
+    __slots__ = ("head", "output", "input_length", "finished", "builder", "done", "_seq",
+                 "_delta")
 
     def __init__(
         self, head: ResponseHead, output: ChatOutputStream, input_length: int, finished: Finished
@@ -60,6 +62,7 @@ class ResponsesEncoder:
         self.input_length = input_length
         self.finished = finished
         self.builder = OutputBuilder()
+        self.done = False  # `finished` was called
         self._seq = 0
         self._delta: tuple[str, str, str] = ("", "", "")  # item id, then delta_head's
 
@@ -81,7 +84,7 @@ class ResponsesEncoder:
         events = self.builder.finish(item_status(turn.finish_reason))
         usage = response_usage(self.input_length, ev.generated_tokens, turn.reasoning_tokens)
         response = self.head.final(end, self.builder.items, usage)
-        self.finished(response)
+        self._finished(response)
         kind = "response.completed" if end.status == "completed" else "response.incomplete"
         events.append({"type": kind, "response": response})
         return out + self._render(events)
@@ -91,9 +94,20 @@ class ResponsesEncoder:
         `response.failed` carries the error."""
         events = self.builder.close("incomplete")
         response = self.head.failed(err, self.builder.items)
-        self.finished(response)
+        self._finished(response)
         events.append({"type": "response.failed", "response": response})
         return self._render(events)
+
+    def abandon(self) -> None:
+        """The stream ended before the response did (the client left): it is `cancelled`,
+        with what it had written."""
+        if not self.done:
+            self.builder.close("incomplete")
+            self._finished(self.head.snapshot("cancelled", self.builder.items))
+
+    def _finished(self, response: dict[str, Any]) -> None:
+        self.done = True
+        self.finished(response)
 
     def _deltas(self, deltas: list[Delta]) -> bytes:
         if len(deltas) == 1 and (item := self.builder.extend(deltas[0])) is not None:

@@ -159,7 +159,7 @@ class ResponsesRoutes:
         entry = self.store.get(previous)
         if entry is None:
             raise ResponseNotFound(previous, "previous_response_id")
-        if self.background.running(previous):
+        if entry.response["status"] in ("queued", "in_progress"):
             raise ValidationError(f"`previous_response_id` {previous!r} is still in progress: "
                                   "continue it once it has ended")
         return entry.conversation
@@ -199,7 +199,8 @@ class ResponsesRoutes:
         submission = submissions[0]
         enc = ResponsesEncoder(head, output, submission.valid.request.input_length,
                                lambda response: self._finish(parsed, response))
-        events = _after(enc.start(), encode_generation(self.state, submission, group, enc))
+        self._finish(parsed, head.snapshot("in_progress", []))  # GET sees it while it streams
+        events = _framed(enc, encode_generation(self.state, submission, group, enc))
         headers = {"x-compute-type": self.state.settings.compute_type,
                    "x-compute-characters": str(len(req.inputs))}
         return EventStreamResponse(events, headers, on_disconnect=group.cancel)
@@ -211,8 +212,15 @@ def _offered(parsed: ResponsesRequest) -> frozenset[str] | None:
     return tools.names() if tools is not None else None
 
 
-async def _after(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """`first`, then the events of `rest`."""
-    yield first
-    async for chunk in rest:
-        yield chunk
+async def _framed(enc: ResponsesEncoder, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The encoder's first events, then those of `rest`; a stream that ends (or is closed)
+    before the response did leaves it cancelled."""
+    try:
+        yield enc.start()
+        async for chunk in rest:
+            yield chunk
+    finally:
+        close = getattr(rest, "aclose", None)
+        if close is not None:
+            await close()  # its own cleanup (the submission's) now, not when collected
+        enc.abandon()

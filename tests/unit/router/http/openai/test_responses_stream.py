@@ -129,3 +129,24 @@ def test_the_spliced_delta_is_the_serialized_event(opening: Delta, kind: str) ->
     head, tail = delta_head(item)
     spliced = f"{head}{encode_basestring(text)}{tail}7}}\n\n".encode()
     assert spliced == sse_event({**event, "sequence_number": 7})
+
+
+def test_a_stream_left_early_is_stored_cancelled() -> None:
+    stored: list[Any] = []
+    enc = ResponsesEncoder(ResponseHead({}), ChatOutputStream(None, "", None), 1, stored.append)
+    enc.start()
+    enc.token(1, Token(TokenInfo(0, "partial", 0.0, False)))
+    enc.abandon()
+    [response] = stored
+    assert response["status"] == "cancelled"
+    assert response["output"][0]["status"] == "incomplete"
+    assert response["output"][0]["content"][0]["text"] == "partial"
+    enc.abandon()  # once only
+    assert len(stored) == 1
+    ended: list[Any] = []
+    enc = ResponsesEncoder(ResponseHead({}), ChatOutputStream(None, "", None), 1, ended.append)
+    enc.start()
+    enc.end(1, End(TokenInfo(0, "a", 0.0, False), generated_text="a", finish_reason="eos_token",
+                   generated_tokens=1))
+    enc.abandon()  # the stream closing after the end changes nothing
+    assert [r["status"] for r in ended] == ["completed"]
