@@ -42,6 +42,9 @@ class Run:
 
 
 class BackgroundRuns:
+    """This replica's background responses still running, by response id (a task is held here
+    until it ends, so nothing collects it early and a cancel can find it)."""
+
     __slots__ = ("state", "flow", "_runs")
 
     def __init__(self, state: AppState, flow: GenerateFlow) -> None:
