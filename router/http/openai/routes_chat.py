@@ -137,8 +137,8 @@ class ChatRoutes:
 
     def _encoder(self, chat: ChatRequest, prompt: str, env: Envelope, input_length: int
                  ) -> Encoder:
-        """The per-token fast path for a plain chat; the shared output path (no per-token
-        logprobs) when there is thinking to split off or a tool call to read."""
+        """The per-token fast path for a plain chat; the shared output path when there is
+        thinking to split off or a tool call to read."""
         parser = self.state.reasoning
         include_usage = chat.fields.include_usage
         if parser is None and chat.tools is None:
@@ -146,4 +146,4 @@ class ChatRoutes:
         offered = chat.tools.names() if chat.tools is not None else None
         output = ChatOutputStream(parser, prompt, offered)
         return OutputChatEncoder(ChatChunks(env, False), include_usage, input_length, output,
-                                 parser is not None)
+                                 parser is not None, chat.logprobs)

@@ -197,7 +197,7 @@ def parse_chat(body: Any) -> ChatRequest:
     )
 
 
-def _logprob_entry(t: TokenInfo, top: list[TokenInfo]) -> dict[str, Any]:
+def logprob_entry(t: TokenInfo, top: list[TokenInfo]) -> dict[str, Any]:
     return {
         "token": t.text,
         "logprob": logprob_or_none(t.logprob),
@@ -212,7 +212,7 @@ def _logprob_entry(t: TokenInfo, top: list[TokenInfo]) -> dict[str, Any]:
 def chat_logprobs(tokens: list[TokenInfo], top: list[list[TokenInfo]]) -> dict[str, Any]:
     return {
         "content": [
-            _logprob_entry(t, top[i] if i < len(top) else []) for i, t in enumerate(tokens)
+            logprob_entry(t, top[i] if i < len(top) else []) for i, t in enumerate(tokens)
         ]
     }
 

@@ -56,26 +56,35 @@ class ChatChunks:
                           separators=(",", ":"))
         return f'data: {self._head},"choices":[],"usage":{body}}}\n\n'.encode()
 
-    def text(self, fields: tuple[str, ...], text: str) -> bytes:
+    def text(self, fields: tuple[str, ...], text: str,
+             logprobs: list[dict[str, Any]] | None = None) -> bytes:
         """A delta of `text` under each of `fields` (`content`; `reasoning_content` and
         `reasoning` for thinking), spliced into the pre-rendered chunk as `token` splices its
-        text: the per-token path of a chat read through the shared output path."""
+        text: the per-token path of a chat read through the shared output path. `logprobs`:
+        the entries of the tokens this chunk carries (None: `null`)."""
         quoted = _quote(text)
         body = ",".join(f'"{name}":{quoted}' for name in fields)
         role, self._role = self._role, ""
+        lp = "null" if logprobs is None else _logprobs_json(logprobs)
         return (
             f'data: {self._head},"choices":[{{"index":0,"delta":{{{role}{body}}},'
-            '"logprobs":null,"finish_reason":null}],"usage":null}\n\n'
+            f'"logprobs":{lp},"finish_reason":null}}],"usage":null}}\n\n'
         ).encode()
 
-    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None,
+              logprobs: list[dict[str, Any]] | None = None) -> bytes:
         """A chunk with any delta (tool calls, the last one), off the per-token fast path
         (the role first when no chunk sent it yet); `finish_reason` as OpenAI names it."""
         if self._role:
             delta, self._role = {"role": "assistant", **delta}, ""
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        lp = None if logprobs is None else {"content": logprobs}
+        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
         body = json.dumps([choice], separators=(",", ":"), ensure_ascii=False)
         return f'data: {self._head},"choices":{body},"usage":null}}\n\n'.encode()
+
+
+def _logprobs_json(entries: list[dict[str, Any]]) -> str:
+    return json.dumps({"content": entries}, separators=(",", ":"), ensure_ascii=False)
 
 
 class CompletionChunks:

@@ -25,10 +25,11 @@ def sse(data: bytes) -> list[Any]:
     return [e if e == "[DONE]" else json.loads(e) for e in events]
 
 
-def stream(pieces: list[str], finish_reason: str, offered: frozenset[str] | None = None
-           ) -> list[Any]:
+def stream(pieces: list[str], finish_reason: str, offered: frozenset[str] | None = None,
+           logprobs: bool = False) -> list[Any]:
     enc = OutputChatEncoder(ChatChunks(Envelope("m", "fp"), False), True, 5,
-                            ChatOutputStream(QWEN3, "", offered), reasoning=True)
+                            ChatOutputStream(QWEN3, "", offered), reasoning=True,
+                            logprobs=logprobs)
     out = b"".join(enc.token(i + 1, Token(TokenInfo(i, p, -0.1, False)))
                    for i, p in enumerate(pieces))
     out += enc.end(len(pieces) + 1, End(EOS, generated_text="".join(pieces),
@@ -54,6 +55,19 @@ def test_stream_thinking_deltas_then_the_answer() -> None:
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens_details is not None
     assert usage.completion_tokens_details.reasoning_tokens == 6  # the tags' tokens included
+
+
+def test_streamed_logprobs_every_token_once_in_order() -> None:
+    """A token that made no delta yet (half a tag) has its entry carried by the next chunk;
+    the end of sequence's by the last."""
+    pieces = ["<thi", "nk>", "Hm", "</think>", "Four"]
+    events = stream(pieces, "eos_token", logprobs=True)
+    chunks = [ChatCompletionChunk.model_validate(e) for e in events[:-1]]
+    entries = [t.token for c in chunks if c.choices and c.choices[0].logprobs
+               for t in c.choices[0].logprobs.content or []]
+    assert entries == [*pieces, "</s>"]
+    plain = stream(pieces, "eos_token")[:-1]
+    assert all(e["choices"][0]["logprobs"] is None for e in plain if e["choices"])
 
 
 def test_stream_cut_inside_the_thinking() -> None:
