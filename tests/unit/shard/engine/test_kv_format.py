@@ -96,12 +96,15 @@ def with_scales(tiny: Path, target: Path, scales: dict[str, float]) -> Path:
     return target
 
 
-def test_checkpoint_scales_reach_the_cache(
-    tiny_model: Callable[..., Path], tmp_path: Path
-) -> None:
-    model = with_scales(tiny_model("llama"), tmp_path / "llama", {
+@pytest.fixture(scope="module")
+def scaled_llama(tiny_model: Callable[..., Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with KV scales for its second layer."""
+    return with_scales(tiny_model("llama"), tmp_path_factory.mktemp("scaled") / "llama", {
         "model.layers.1.self_attn.k_scale": 0.5, "model.layers.1.self_attn.v_scale": 0.25})
-    fp8 = engine(model, "fp8_e5m2", block_size=4)
+
+
+def test_checkpoint_scales_reach_the_cache(scaled_llama: Path) -> None:
+    fp8 = engine(scaled_llama, "fp8_e5m2", block_size=4)
     cache = fp8.runner.kv_cache
     assert cache.keys[0].dtype == cache.values[1].dtype == torch.float8_e5m2
     layer0, layer1 = cache.scales_of(0), cache.scales_of(1)
@@ -114,6 +117,7 @@ def test_checkpoint_scales_reach_the_cache(
         stopping_parameters=pb.StoppingCriteriaParameters(max_new_tokens=3, ignore_eos_token=True),
     )])))  # fmt: skip
     assert len(run.tokens[0]) == 3
+    fp8.runner.health()
 
 
 def test_a_prompt_in_chunks_over_an_fp8_cache_gives_its_whole_prefill(
