@@ -9,6 +9,11 @@ LOWEST := build/venv-lowest
 LOWEST_STAMP := $(LOWEST)/.installed
 PORT ?= 8080
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist): most tests wait on the server processes they start, so two
+# workers nearly halve the suite on CI's two cores; a file's tests stay on one worker
+# (--dist loadfile), so module-scoped servers start once.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 
 # The whole suite runs in $(VENV) on the newest releases (constraints.txt: what `pip install
 # pytgi` gets when they were pinned); the tests that depend on them (marked transformers_stack by
@@ -20,7 +25,7 @@ LOWEST_TESTS := -m transformers_stack tests/unit tests/integration
 # transformers at 4.x: it goes in without its dependencies, which the test extra names instead.
 TGI_CLIENT := text-generation==0.7.0
 
-.PHONY: install install-lowest run test test-fast test-lowest proto lint bench demo-model \
+.PHONY: install install-lowest run test test-lowest proto lint bench demo-model \
 	gpu-wheel-tags gpu-wheels clean
 
 install: $(STAMP)
@@ -50,11 +55,11 @@ run: install
 
 # PYTEST_ARGS reach the main run only.
 test: install install-lowest
-	$(BIN)/python -m pytest -q -x $(PYTEST_ARGS)
-	$(LOWEST)/bin/python -m pytest -q -x $(LOWEST_TESTS)
+	$(BIN)/python -m pytest -q -x $(XDIST) $(PYTEST_ARGS)
+	$(LOWEST)/bin/python -m pytest -q -x $(XDIST) $(LOWEST_TESTS)
 
 test-lowest: install-lowest
-	$(LOWEST)/bin/python -m pytest -q -x $(LOWEST_TESTS)
+	$(LOWEST)/bin/python -m pytest -q -x $(XDIST) $(LOWEST_TESTS)
 
 proto: install
 	$(BIN)/python -m pytgi_proto.build

@@ -31,6 +31,14 @@ TRANSFORMERS_STACK_FILES = frozenset({
 })
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs two workers) each worker's torch takes its share of
+    the cores: two workers with a thread per core each would contend for every core."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(workers)))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Marks the tests of TRANSFORMERS_STACK_FILES `transformers_stack`."""
     for item in items:
