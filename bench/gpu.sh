@@ -39,7 +39,8 @@
 # Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
 # never stops the next one; a stage that would not get 30 s is skipped and said so.
 # Results go to $OUT when set, else bench/results/gpu/ (at most 8 files: summary.json,
-# steps.json, compare-1b.json, compare-8b.json, quantization.json, tests.xml, gpu.log); models,
+# steps.json, compare-1b.json, compare-8b.json, timeline-8b.jsonl (the 8B server's steps, copied
+# by the summary even when the stage was cut), quantization.json, tests.xml, gpu.log); models,
 # server logs, timelines and scratch go to the work directory (/tmp/pytgi-gpu), which a warm
 # machine keeps between calls. The summary table comes last; the exit status is 0 only when
 # every stage run passed.

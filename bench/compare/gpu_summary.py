@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import statistics
 import sys
 import xml.etree.ElementTree as ET
@@ -243,7 +244,17 @@ def _environment() -> dict[str, Any]:
     return env
 
 
+def keep_headline_timeline(stages: list[StageRow], work: Path, out: Path) -> None:
+    """The 8B server's steps one by one (a few hundred lines) as OUT/timeline-8b.jsonl: what
+    the per-kind summary cannot answer (how the burst's prefill and decode steps follow each
+    other) stays answerable without a GPU. Copied here, so a stage cut at its cap keeps it."""
+    source = work / "compare-8b" / "pytgi-timeline.jsonl"
+    if any(r.name == "compare-8b" and r.status != "skipped" for r in stages) and source.is_file():
+        shutil.copyfile(source, out / "timeline-8b.jsonl")
+
+
 def summarize(stages: list[StageRow], work: Path, out: Path) -> dict[str, Any]:
+    keep_headline_timeline(stages, work, out)
     steps = merge_steps(work, out)
     for row in stages:
         if row.status == "skipped":

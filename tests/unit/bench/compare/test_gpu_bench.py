@@ -291,6 +291,9 @@ def test_summary_carries_and_prints_the_step_timelines(tmp_path: Path) -> None:
     ours = SystemResult("pytgi-http", "p", wall_s=[2.0], output_tokens=[4000],
                         extra={"timeline": timeline})
     (out / "compare-8b.json").write_text(json.dumps({"results": [ours.to_json()]}))
+    (work / "compare-8b").mkdir()
+    (work / "compare-8b" / "pytgi-timeline.jsonl").write_text("".join(
+        json.dumps(s) + "\n" for s in steps))
     stages = (work / "stages.tsv").read_text().replace("compare-8b\tskipped\t-\t0\t10",
                                                        "compare-8b\tok\t0\t150\t210")
     (work / "stages.tsv").write_text(stages)
@@ -301,6 +304,8 @@ def test_summary_carries_and_prints_the_step_timelines(tmp_path: Path) -> None:
     summary = gpu_summary.summarize(gpu_summary.read_stages(work / "stages.tsv"), work, out)
     gpu_summary.print_summary(summary, 400, printed)
     assert set(summary["timelines"]) == {"compare-8b pytgi-http", "steps 1b-triton b1 overlap"}
+    # The headline's raw steps come back with the results.
+    assert (out / "timeline-8b.jsonl").read_text().count("\n") == 5
     # 5 steps over 48 ms with the device busy 30 ms.
     results = {s["name"]: s["result"] for s in summary["stages"]}
     assert results["compare-8b"] == "pytgi 2,000 tok/s; device idle 38% over 5 steps"
