@@ -16,8 +16,8 @@ from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.drafting import (
     MISSES_TO_PAUSE,
     STEP_TOKENS,
-    DraftState,
     Drafts,
+    DraftState,
     feed_drafters,
     plan_drafts,
 )
