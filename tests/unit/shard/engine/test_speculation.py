@@ -117,14 +117,10 @@ def test_a_stop_inside_the_kept_run_ends_the_request_where_a_plain_run_would(
     detok: Detokenizer, case: str
 ) -> None:
     a, b, c, d = word_tokens(detok, 4)
-    fields: dict[str, object] = {}
-    second = b
-    if case == "eos":
-        second = EOS
-    elif case == "stop":
-        fields["stop"] = [detok.decode([b]).strip()]
+    second = EOS if case == "eos" else b
+    stop = [detok.decode([b]).strip()] if case == "stop" else []
     max_new = 3 if case == "length" else 20
-    batch = Batch.from_pb(batch_of(request(0, [5, 6, 7], max_new=max_new, **fields)), context())
+    batch = Batch.from_pb(batch_of(request(0, [5, 6, 7], max_new=max_new, stop=stop)), context())
     drafts = Drafts([0], [[a, second, c]])
     response, finished = verification_step(batch, drafts, {0: [a, second, c, d]}, detok)
     (g,) = response.generations
