@@ -298,20 +298,24 @@ class DecodeRequest(_message.Message):
     def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns")
+    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns", "drafted_tokens", "drafted_rows")
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
     DECODE_NS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NS_FIELD_NUMBER: _ClassVar[int]
     CONCAT_NS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_ROWS_FIELD_NUMBER: _ClassVar[int]
     generations: _containers.RepeatedCompositeFieldContainer[Generation]
     batch: CachedBatch
     forward_ns: int
     decode_ns: int
     total_ns: int
     concat_ns: int
-    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ...) -> None: ...
+    drafted_tokens: int
+    drafted_rows: int
+    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., drafted_rows: _Optional[int] = ...) -> None: ...
 
 class WarmupRequest(_message.Message):
     __slots__ = ("max_prefill_tokens", "max_input_tokens", "max_total_tokens", "max_batch_size", "max_batch_total_tokens")
