@@ -133,6 +133,32 @@ class Metrics:
             "Requests preempted (KV blocks released, re-queued to resume) for want of KV blocks",
             registry=r,
         )
+        # Speculation (the shards' --speculate): per verification step, from DecodeResponse's
+        # drafted_tokens/drafted_rows and the tokens each Generation carries past its first.
+        self.request_skipped_tokens = Histogram(
+            "tgi_request_skipped_tokens",
+            "Draft tokens kept per drafting sequence and step (tokens emitted beyond one)",
+            buckets=tuple(float(i) for i in range(17)), registry=r,
+        )
+        self.speculative_drafted_tokens = Counter(
+            "pytgi_speculative_drafted_tokens", "Draft tokens fed to the model", registry=r
+        )
+        self.speculative_accepted_tokens = Counter(
+            "pytgi_speculative_accepted_tokens", "Draft tokens kept (emitted as generated)",
+            registry=r,
+        )
+        self.speculative_rows = Counter(
+            "pytgi_speculative_rows", "Sequence steps that carried drafts", registry=r
+        )
+        self.speculative_acceptance_rate = Gauge(
+            "pytgi_speculative_acceptance_rate",
+            "Draft tokens kept / draft tokens fed, since start", registry=r,
+        )
+        self.speculative_mean_accepted_length = Gauge(
+            "pytgi_speculative_mean_accepted_length",
+            "Tokens emitted per sequence step that carried drafts (kept drafts + 1), since start",
+            registry=r,
+        )
         self.shard_health_checks = Counter(
             "pytgi_shard_health_checks",
             "Health RPCs sent to the shards (/health shares one and caches it; the watchdog's own)",

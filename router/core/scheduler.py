@@ -28,6 +28,7 @@ from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry
 from pytgi_router.core.running_batch import RunningBatch
 from pytgi_router.core.shard_client import ShardCallError, ShardClient
+from pytgi_router.core.speculation_stats import SpeculationStats
 from pytgi_router.core.step_plan import (
     Budgets,
     StepPlan,
@@ -107,6 +108,7 @@ class Scheduler:
         # Prompt tokens admitted and how many of them came from the prefix cache, since start.
         self._prompt_tokens = 0
         self._cached_tokens = 0
+        self._speculation = SpeculationStats(metrics)
         self._tracer = trace.get_tracer(__name__)
         self._method_metrics = {m: _MethodMetrics(metrics, m) for m in ("prefill", "decode")}
 
@@ -270,6 +272,8 @@ class Scheduler:
         metrics.decode.observe(response.decode_ns / 1e9)
         if response.HasField("concat_ns"):
             metrics.concat.observe(response.concat_ns / 1e9)
+        if isinstance(response, generate_pb2.DecodeResponse):
+            self._speculation.observe(response)
         self.healthy = True
         self.last_success = time.monotonic()
         try:

@@ -390,6 +390,8 @@ class Engine:
             )
             batch.append_extra(rows, tokens)
             extra = dict(zip(rows, tokens, strict=True))
+            generations.drafted_tokens = drafts.count
+            generations.drafted_rows = len(drafts.rows)
         feed_drafters(batch.drafting, ids, extra)
         return finished
 
