@@ -84,21 +84,29 @@ def fp8_encode(x, FP8: tl.constexpr):
 
 
 @triton.jit
-def fp8_decode(raw, FP8: tl.constexpr):
-    """The float32 value of FP8 bytes (uint8), exactly (see the module docstring)."""
+def _fp8_as_half(raw, FP8: tl.constexpr):
+    """FP8 bytes (uint8) as the float16 of their value: exactly it for e5m2, value / 256 for
+    e4m3fn (see the module docstring)."""
     r = raw.to(tl.uint16)
     if FP8 == 1:
-        bits = ((r & 0x80) << 8) | ((r & 0x7F) << 7)
-        return bits.to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+        return (((r & 0x80) << 8) | ((r & 0x7F) << 7)).to(tl.float16, bitcast=True)
     else:
-        return (r << 8).to(tl.float16, bitcast=True).to(tl.float32)
+        return (r << 8).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def fp8_decode(raw, FP8: tl.constexpr):
+    """The float32 value of FP8 bytes (uint8), exactly."""
+    return _fp8_as_half(raw, FP8).to(tl.float32) * (256.0 if FP8 == 1 else 1.0)
 
 
 @triton.jit
 def load_kv(ptrs, mask, scale, FP8: tl.constexpr):
     """A tile of the cache as values the attention can use: as stored when not quantized, else
-    decoded and multiplied by the layer's scale in float32."""
+    decoded and multiplied by the layer's scale in float32 (one multiply: e4m3fn's 256 joins the
+    scale, exactly, being a power of two)."""
     if FP8 == 0:
         return tl.load(ptrs, mask=mask, other=0.0)
     else:
-        return fp8_decode(tl.load(ptrs, mask=mask, other=0), FP8) * scale
+        factor = scale * 256.0 if FP8 == 1 else scale
+        return _fp8_as_half(tl.load(ptrs, mask=mask, other=0), FP8).to(tl.float32) * factor
