@@ -25,12 +25,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class KVFormat:
+    """What every KV cache of this rank stores, resolved once (resolve_kv_format)."""
+
     dtype: torch.dtype
     # One per layer for an FP8 cache; None when the cache holds the model's dtype.
     scales: list[KVScales] | None = None
 
     @property
     def name(self) -> str:
+        """The dtype as the flag and the logs spell it (fp8_e4m3fn, bfloat16, ...)."""
         return dtype_name(self.dtype)
 
 
