@@ -1,0 +1,108 @@
+"""--speculate over real HTTP: one shard process of the tiny Llama drafting up to 3 tokens per
+step (n-gram) behind a router that prefills in chunks of 16 tokens.
+
+The reference is the same server without drafts: a request with do_sample and top_k = 1 is a
+sampling row (which never drafts) whose choice is the argmax, the greedy token. Greedy requests
+must give exactly its tokens: on prompts that repeat themselves (drafts kept, as /metrics shows)
+and ones that do not, with a prompt in chunks, a prefix-cache hit, a stop sequence and every
+max_new_tokens. A seeded sampling request gives the same text twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.router_process import RouterProcess
+from tests.shard_process import start_shards
+
+REPEATING = "the quick fox jumps over the lazy dog. " * 4
+PLAIN = "Hello world! café 東京 and then something else entirely"
+
+
+@pytest.fixture(scope="module")
+def url(model: Path) -> Iterator[str]:
+    with start_shards(model, extra_args=["--speculate", "3"]) as shards, RouterProcess(
+        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
+    ) as router:
+        yield router.url
+
+
+def generate(url: str, inputs: str, **params: Any) -> dict[str, Any]:
+    body = {"inputs": inputs, "parameters": {"details": True, **params}}
+    r = httpx.post(f"{url}/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def ids(answer: dict[str, Any]) -> list[int]:
+    return [t["id"] for t in answer["details"]["tokens"]]
+
+
+def reference(url: str, inputs: str, **params: Any) -> dict[str, Any]:
+    """The same request as a row that never drafts, choosing the argmax."""
+    return generate(url, inputs, do_sample=True, top_k=1, **params)
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_info_reports_speculate(url: str) -> None:
+    assert httpx.get(f"{url}/info", timeout=30).json()["speculate"] == 3
+
+
+def test_greedy_tokens_equal_the_plain_rows_and_drafts_are_kept(url: str) -> None:
+    for prompt in (REPEATING, PLAIN):
+        expected = ids(reference(url, prompt, max_new_tokens=40))
+        got = generate(url, prompt, max_new_tokens=40)
+        assert ids(got) == expected
+        # Again: the prompt's blocks now come from the prefix cache.
+        assert ids(generate(url, prompt, max_new_tokens=40)) == expected
+    assert metric(url, "pytgi_speculative_accepted_tokens") > 0
+    assert metric(url, "pytgi_speculative_drafted_tokens") >= metric(
+        url, "pytgi_speculative_accepted_tokens")
+
+
+def test_streamed_tokens_one_event_each(url: str) -> None:
+    expected = ids(reference(url, REPEATING, max_new_tokens=24))
+    body = {"inputs": REPEATING, "parameters": {"max_new_tokens": 24, "details": True}}
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert [e["token"]["id"] for e in events] == expected
+    assert events[-1]["details"]["finish_reason"] == "length"
+
+
+def test_every_max_new_tokens_and_a_stop_sequence_end_where_the_plain_run_does(
+    url: str,
+) -> None:
+    full = reference(url, REPEATING, max_new_tokens=30)
+    tokens = ids(full)
+    for max_new in (1, 2, 3, 5, 8, 13):
+        got = generate(url, REPEATING, max_new_tokens=max_new)
+        assert ids(got) == tokens[:max_new]
+        assert got["details"]["finish_reason"] == "length"
+    # A stop sequence that first appears late in the text.
+    text = full["generated_text"]
+    stop = next(text[:end][-length:] for end in range(len(text) // 2, len(text))
+                for length in range(2, end) if text[:end][-length:] not in text[: end - 1])
+    expected = reference(url, REPEATING, max_new_tokens=30, stop=[stop])
+    got = generate(url, REPEATING, max_new_tokens=30, stop=[stop])
+    assert got["details"]["finish_reason"] == "stop_sequence"
+    assert ids(got) == ids(expected)
+    assert got["generated_text"] == expected["generated_text"]
+
+
+def test_a_seeded_sampling_request_gives_the_same_text_twice(url: str) -> None:
+    params = {"max_new_tokens": 20, "do_sample": True, "seed": 11, "temperature": 0.8}
+    first = generate(url, REPEATING, **params)
+    assert generate(url, REPEATING, **params)["generated_text"] == first["generated_text"]
