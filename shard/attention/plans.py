@@ -4,6 +4,11 @@ tensors, masks, split buffers) and every layer of that forward then reuses.
 Typed fields, one per backend's need, rather than a string-keyed dict: a plan's type is checked
 where it is stored and read. A plan is only valid for the metadata it was derived from, so every
 forward builds a new AttentionMetadata (with empty plans) rather than mutating one in place.
+
+The plans' types belong to the backends that build them, and are named here for the type
+checker only: a reference group holds the AttentionMetadata of its requests, whose plans hold
+groups again (a recursive structure, not a file split by size), so a runtime import either way
+would be a cycle.
 """
 
 from __future__ import annotations
