@@ -7,8 +7,9 @@ The timeline is `--step-timeline PATH`'s file (shard/service/timeline_file.py) o
 in-process engine recorded (bench/compare/engine_steps.py). Per kind (prefill, mixed, decode):
 the steps, their median requests and tokens, p50/p90 of each phase (build, forward, choose,
 ahead, sync, emit, reply, and the gap before the step: the router's turn), each phase's share of
-the window's wall time, and the device's idle share: 1 - its forwards' device time / the wall
-time of the steps and the gaps before them. What each phase holds: shard/engine/step_timeline.py.
+the window's wall time, the device's idle share: 1 - its forwards' device time / the wall
+time of the steps and the gaps before them, and the tokens its forwards took per second of
+device time. What each phase holds: shard/engine/step_timeline.py.
 
 Standard library only: bench/gpu.sh's summary loads this file by its path, where pytgi may not
 have installed.
@@ -80,8 +81,13 @@ def _kind_summary(steps: list[tuple[Record, int]], wall_ns: int) -> dict[str, An
         values["device"].append(int(r["device_ns"]) / 1e6)
         spans.append(int(r["end_ns"]) - int(r["t_ns"]) + gap)
     busy_ms, span_ms = sum(values["device"]), sum(spans) / 1e6
+    tokens = sum(int(r["tokens"]) for r, _ in steps)
     return {
         "steps": len(steps),
+        # Tokens through the forward per second of the device's time in it (prefill: how near
+        # the compute peak; decode: requests x steps per second of forward).
+        "tokens": tokens,
+        "device_tokens_per_s": tokens / busy_ms * 1e3 if busy_ms else 0.0,
         "requests_p50": percentile([float(r["requests"]) for r, _ in steps], 0.5),
         "tokens_p50": percentile([float(r["tokens"]) for r, _ in steps], 0.5),
         "step_ms": {"p50": percentile([s / 1e6 for s in spans], 0.5),
@@ -139,14 +145,16 @@ def print_summary(summary: dict[str, Any], title: str, stream: TextIO) -> None:
           f"{summary['device_idle_share']:.0%} (ms p50/p90; 'share': of the wall time)",
           file=stream)
     print(f"{'kind':<8} {'steps':>5} {'req':>5} {'tok':>6} " +
-          " ".join(f"{c:>13}" for c in COLUMNS) + f" {'idle':>5}", file=stream)
+          " ".join(f"{c:>13}" for c in COLUMNS) + f" {'idle':>5} {'dev tok/s':>10}",
+          file=stream)
     for kind, k in summary["kinds"].items():
         cells = " ".join(
             f"{k['phases'][c]['p50_ms']:.2f}/{k['phases'][c]['p90_ms']:.2f}".rjust(13)
             for c in COLUMNS
         )
         print(f"{kind:<8} {k['steps']:>5} {k['requests_p50']:>5.0f} {k['tokens_p50']:>6.0f} "
-              f"{cells} {k['device_idle_share']:>5.0%}", file=stream)
+              f"{cells} {k['device_idle_share']:>5.0%} {k['device_tokens_per_s']:>10,.0f}",
+              file=stream)
         shares = " ".join(f"{k['phases'][c]['share']:>13.1%}" for c in COLUMNS)
         print(f"{'  share':<26} {shares}", file=stream)
 

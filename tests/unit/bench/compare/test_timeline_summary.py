@@ -49,6 +49,9 @@ def test_each_kind_gets_its_phases_shares_and_idle_share() -> None:
     # Decode spans: 8 ms + its gap; the device ran 5 of each.
     assert decode["device_idle_share"] == pytest.approx(1 - 20 / (4 * 8 + 6))
     assert summary["kinds"]["prefill"]["tokens_p50"] == 200
+    # 200 prompt tokens in 8 ms of device time; 4 x 4 decode tokens in 20 ms.
+    assert summary["kinds"]["prefill"]["device_tokens_per_s"] == pytest.approx(25_000)
+    assert decode["tokens"] == 16 and decode["device_tokens_per_s"] == pytest.approx(800)
     assert "mixed" not in summary["kinds"]
 
 
