@@ -46,8 +46,10 @@ DEFAULT_CAPACITY = 16384
 
 @dataclass(slots=True)
 class StepClock:
-    """One step's stamps (perf_counter_ns), set by the engine as the step goes. A stamp the
-    step does not reach is left at the previous one's value by `begin_*`, so its phase is 0."""
+    """One step's stamps (perf_counter_ns), set by the engine as the step goes. `begin` puts
+    every stamp at the step's start; a path that skips a phase says so (`no_forward`,
+    `no_sample`), which puts the skipped stamps at the previous one, so the phase is 0 and the
+    next one does not start before it."""
 
     start: int = 0
     launch: int = 0
