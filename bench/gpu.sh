@@ -167,7 +167,8 @@ stage_tests() {
         while IFS= read -r f; do [[ -e $f ]] && files+=("$f"); done < <(tests_files)
     fi
     # Two pytest processes, the files dealt alternately: the kernels' Triton compiles are the
-    # CPU's work and the machine has 16 cores (170 tests; 126 took 85 s in one process). Each
+    # CPU's work and the machine has 16 cores (182 tests on 2026-11-26; 126 took 85 s in one
+    # process on the H100, 2026-11-23). Each
     # gets SIGINT before the stage's cap: it stops and still writes its report and XML.
     local limit=$((${STAGE_CAP:-90} - 10)) group i pids=() rc=0
     local -a groups=("" "")
