@@ -168,8 +168,8 @@ stage_tests() {
     fi
     # Two pytest processes, the files dealt alternately: the kernels' Triton compiles are the
     # CPU's work and the machine has 16 cores (182 tests on 2026-11-26; 126 took 85 s in one
-    # process on the H100, 2026-11-23). Each
-    # gets SIGINT before the stage's cap: it stops and still writes its report and XML.
+    # process on the H100, 2026-11-23). Each gets SIGINT before the stage's cap: it stops and
+    # still writes its report and XML.
     local limit=$((${STAGE_CAP:-90} - 10)) group i pids=() rc=0
     local -a groups=("" "")
     for i in "${!files[@]}"; do groups[$((i % 2))]+="${files[$i]} "; done
