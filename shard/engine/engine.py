@@ -24,7 +24,7 @@ from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
-from pytgi_shard.engine.drafting import Drafts, feed_drafters, plan_drafts
+from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.encoder_decoder_batch import (
     Encoding,
     decoder_inputs,
@@ -44,7 +44,7 @@ from pytgi_shard.engine.prefill_ladder import resolve_prefill
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline
-from pytgi_shard.engine.verification import emit_kept, verify, verify_inputs
+from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
@@ -295,7 +295,9 @@ class Engine:
         if ahead is not None:
             last, timer = ahead
             clock.no_forward()
-        elif self.speculate and batch.drafting and (drafts := self._drafts(batch)) is not None:
+        elif self.speculate and batch.drafting and (
+            drafts := step_drafts(batch, self.speculate)
+        ) is not None:
             return self._verify_step(batch, drafts, start)
         else:
             inputs = self._decode_inputs(batch)
@@ -304,12 +306,6 @@ class Engine:
                 last, timer, _ = self.runner.forward(inputs)
             clock.forwarded = time.perf_counter_ns()
         return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
-
-    def _drafts(self, batch: Batch) -> Drafts | None:
-        """The step's drafts (shard/engine/drafting.py), within the KV slots each row holds."""
-        states = [r.draft for r in batch.requests]
-        left = [r.stopping.max_new_tokens - r.text.generated for r in batch.requests]
-        return plan_drafts(states, batch.room(), left, self.speculate)
 
     def _verify_step(self, batch: Batch, drafts: Drafts, start: int) -> _Step:
         """A decode step whose rows carry drafts: one varlen forward over every row's last
@@ -323,7 +319,8 @@ class Engine:
             logits, timer, _ = self.runner.forward(inputs)
         clock.forwarded = time.perf_counter_ns()
         last = logits.index_select(0, inputs.last_rows)
-        return self._sample(batch, last, {}, timer, start, verifying=(logits, inputs, drafts))
+        verifying = Verifying(logits, inputs, drafts)
+        return self._sample(batch, last, {}, timer, start, verifying=verifying)
 
     def _sample(
         self,
@@ -334,7 +331,7 @@ class Engine:
         start: int,
         computed_ahead: bool = False,
         also: ForwardTimer | None = None,
-        verifying: tuple[torch.Tensor, ForwardInputs, Drafts] | None = None,
+        verifying: Verifying | None = None,
     ) -> _Step:
         """Next tokens from `last` (a logits row per request of `batch`); with overlap, the next
         decode forward is queued before the host reads this step's tokens back. `also`: the
@@ -352,9 +349,8 @@ class Engine:
             choice.transfer.settle()
             clock.synced = time.perf_counter_ns()
             generations, finished = emit_generations(batch, choice, self.detokenizer, self.writer)
-            if batch.drafting:
-                finished = self._kept(batch, choice.transfer.wait()[0], generations, finished,
-                                      verifying)
+            if verifying is not None:
+                finished = kept_tokens(batch, generations, finished, verifying, self.detokenizer)
             live: Batch | None = batch
             if finished:
                 done = set(finished)
@@ -370,30 +366,6 @@ class Engine:
         clock.device_ns = forward_ns + (also.elapsed_ns() if also is not None else 0)
         decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
         return _Step(generations, live, forward_ns, decode_ns)
-
-    def _kept(
-        self,
-        batch: Batch,
-        ids: list[int],
-        generations: generate_pb2.DecodeResponse,
-        finished: list[int],
-        verifying: tuple[torch.Tensor, ForwardInputs, Drafts] | None,
-    ) -> list[int]:
-        """A speculating batch's step after its first tokens: the kept drafts emitted and
-        recorded (a verification step), and every drafting row's index fed its new tokens."""
-        extra: dict[int, list[int]] | None = None
-        if verifying is not None:
-            logits, inputs, drafts = verifying
-            verified = verify(logits, inputs, drafts, batch)
-            finished, rows, tokens = emit_kept(
-                batch, generations, finished, drafts, verified, self.detokenizer
-            )
-            batch.append_extra(rows, tokens)
-            extra = dict(zip(rows, tokens, strict=True))
-            generations.drafted_tokens = drafts.count
-            generations.drafted_rows = len(drafts.rows)
-        feed_drafters(batch.drafting, ids, extra)
-        return finished
 
     def _look_ahead(self, batch: Batch) -> None:
         """Queues the next decode forward of every request of `batch` (shard/engine/lookahead.py)."""

@@ -26,12 +26,59 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch, RequestState
-from pytgi_shard.engine.drafting import Drafts
+from pytgi_shard.engine.drafting import STEP_TOKENS, Drafts, plan_drafts
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE
 from pytgi_shard.sample.chooser import top_tokens
 from pytgi_shard.speculative.acceptance import verify_greedy
+
+
+def step_drafts(batch: Batch, speculate: int) -> Drafts | None:
+    """The decode step's drafts (shard/engine/drafting.py), within the KV slots each row holds;
+    None (at once, for a batch too large to draft) when no row drafts.
+
+    The drafting rows' indexes are fed here, from the batch's token history, with what the
+    rows emitted since they were last fed: steps that cannot draft cost nothing."""
+    if len(batch) >= STEP_TOKENS:
+        return None
+    requests = batch.requests
+    for row, state in batch.drafting:
+        length = requests[row].length
+        behind = length - len(state.index.tokens)
+        if behind:
+            state.index.extend(batch.all_ids[row, length - behind : length].tolist())
+    states = [r.draft for r in requests]
+    left = [r.stopping.max_new_tokens - r.text.generated for r in requests]
+    return plan_drafts(states, batch.room(), left, speculate)
+
+
+@dataclass(frozen=True, slots=True)
+class Verifying:
+    """A verification step's forward: logits at every position, its inputs and drafts."""
+
+    logits: torch.Tensor
+    inputs: ForwardInputs
+    drafts: Drafts
+
+
+def kept_tokens(
+    batch: Batch,
+    response: generate_pb2.DecodeResponse,
+    finished: list[int],
+    verifying: Verifying,
+    detokenizer: Detokenizer,
+) -> list[int]:
+    """After the step's first tokens are emitted: the drafts verified, the kept ones emitted
+    (emit_kept) and appended to the batch, the step's draft counts in its answer; the finished
+    request ids."""
+    drafts = verifying.drafts
+    verified = verify(verifying.logits, verifying.inputs, drafts, batch)
+    finished, rows, extra = emit_kept(batch, response, finished, drafts, verified, detokenizer)
+    batch.append_extra(rows, extra)
+    response.drafted_tokens = drafts.count
+    response.drafted_rows = len(drafts.rows)
+    return finished
 
 
 def verify_inputs(batch: Batch, drafts: Drafts) -> ForwardInputs:

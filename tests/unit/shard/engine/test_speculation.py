@@ -18,12 +18,11 @@ from pytgi_shard.engine.drafting import (
     STEP_TOKENS,
     Drafts,
     DraftState,
-    feed_drafters,
     plan_drafts,
 )
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.generation import choose_tokens, emit_generations
-from pytgi_shard.engine.verification import emit_kept, verify, verify_inputs
+from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.output.wire import GenerationWriter
 from pytgi_shard.sample.chooser import Watermark
@@ -75,10 +74,7 @@ def verification_step(
     response, finished = emit_generations(
         batch, choice, detok, GenerationWriter(detok.special_ids)
     )
-    verified = verify(logits, inputs, drafts, batch)
-    finished, rows, extra = emit_kept(batch, response, finished, drafts, verified, detok)
-    batch.append_extra(rows, extra)
-    feed_drafters(batch.drafting, choice.transfer.wait()[0], dict(zip(rows, extra, strict=True)))
+    finished = kept_tokens(batch, response, finished, Verifying(logits, inputs, drafts), detok)
     return response, finished
 
 
@@ -106,7 +102,11 @@ def test_kept_drafts_then_the_targets_token_and_a_rejection_s_correction(
     assert batch.last_ids.tolist() == [d, d, b]
     # Tokens each row may still append: 20 less the 4, 1 and 2 emitted.
     assert [n - batch.steps for n in batch.stops.left] == [16, 19, 18]
-    assert [s.index.tokens[-4:] for _, s in batch.drafting][0] == [a, b, c, d]
+    assert response.drafted_tokens == 5 and response.drafted_rows == 2
+    # The next step that may draft first catches the indexes up with the tokens emitted.
+    step_drafts(batch, SPECULATE)
+    assert [s.index.tokens for _, s in batch.drafting] == [
+        [5, 6, 7, a, b, c, d], [8, 9, d], [10, 11, a, b]]
     # The next plain step reads the right positions.
     inputs = batch.decode_inputs()
     assert inputs.positions.tolist() == [6, 2, 3]
