@@ -117,6 +117,8 @@ def test_legacy_max_input_length() -> None:
         ([], {"DISABLE_CUSTOM_KERNELS": "sometimes"}, "DISABLE_CUSTOM_KERNELS='sometimes'"),
         (["--kv-cache-dtype", "fp8"], {}, "invalid choice: 'fp8'"),
         ([], {"KV_CACHE_DTYPE": "int8"}, "KV_CACHE_DTYPE='int8' is not valid for --kv-cache-dtype"),
+        (["--speculate", "-1"], {}, "--speculate must be in 0..16, got -1"),
+        ([], {"SPECULATE": "17"}, "--speculate must be in 0..16, got 17"),
     ],
 )
 def test_bad_input_is_a_usage_error(
