@@ -11,7 +11,9 @@ Workloads (greedy, EOS ignored, every output checked equal between the two engin
   (this small model falls into loops after a few lines, which drafts then catch);
 - fresh short, batch 1: the same prompts, 12 tokens: before its loops, where drafts come from
   2..4-token matches that mostly miss (the cost of speculating where it does not pay);
-- batch 64: 64 of both kinds at once (the adaptive budget: no drafts at this size).
+- mixed, batch 2 / 4 / 16: both kinds, that many at once (drafting.DRAFTING_BATCH is 2: the
+  larger ones take the plain step; run with the cap raised to see what drafting would cost);
+- batch 64: 64 of both kinds at once.
 Each batch is served by both engines back to back, the order alternating, --repeats times,
 after one untimed run of each (a process's first verification forward pays one-time costs);
 the speedup is the median over repeats of the two times' ratio (both engines saw the same load
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine.drafting import STEP_TOKENS
+from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
@@ -72,6 +74,9 @@ def workloads() -> list[Workload]:
         Workload("quoting, batch 1", quoting, 96, 1),
         Workload("fresh, batch 1", list(FRESH), 48, 1),
         Workload("fresh short, batch 1", list(FRESH), 12, 1),
+        Workload("mixed, batch 2", mixed[:8], 48, 2),
+        Workload("mixed, batch 4", mixed[:8], 48, 4),
+        Workload("mixed, batch 16", mixed[:16], 48, 16),
         Workload("batch 64", mixed, 48, 64),
     ]
 
@@ -183,10 +188,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: steadier on a shared host)")
+    parser.add_argument("--drafting-batch", type=int, default=DRAFTING_BATCH,
+                        help="the largest batch that drafts (the engine's cap)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     plain, speculating = engine(0), engine(4)
+    speculating.drafting_batch = args.drafting_batch
     rows = [measure(plain, speculating, w, args.repeats) for w in workloads()]
     for row in rows:
         print(f"{row['workload']:<18} {row['tokens_per_s_speculate_0']:>8} -> "
@@ -195,12 +203,14 @@ def main() -> None:
               f"accepted length {row['mean_accepted_length']}")
     report = {
         "command": "python -m pytgi_bench.experiments.speculative --repeats "
-                   f"{args.repeats} --threads {args.threads}",
+                   f"{args.repeats} --threads {args.threads} --drafting-batch "
+                   f"{args.drafting_batch}",
         "model": "launcher/demo_model",
         "device": "cpu",
         "torch_threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "step_tokens": STEP_TOKENS,
+        "drafting_batch": args.drafting_batch,
         "results": rows,
     }
     if args.out is not None:

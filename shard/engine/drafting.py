@@ -15,10 +15,12 @@ depend on whether its steps drafted): none of them draft; they take the plain on
 the same forward.
 
 Adaptive, so that speculation never makes a busy server slower:
-- A step's drafts are capped by a token budget: the forward carries at most STEP_TOKENS tokens
-  (rows + drafts). A decode forward's cost barely grows with its token count while it is bound
-  by reading the weights (small batches), and grows linearly once it is bound by compute (large
-  ones): at batch >= STEP_TOKENS no row drafts and the step is exactly today's.
+- Only a batch of at most DRAFTING_BATCH rows drafts (larger ones take today's plain step, at no
+  cost), and a step's forward carries at most STEP_TOKENS tokens (rows + drafts). On this CPU a
+  verification step costs ~1.5 plain steps and a batch advances at its slowest row's pace, so
+  drafts paid at batch 1 (1.6x on quoting prompts) and 2 (1.3x quoting, 1.06x mixed) and lost
+  at 4 to 16 (0.82-0.87x with mixed prompts: a few rows that rarely keep a draft hold the batch
+  to their steps while every step pays the verification), bench/experiments/speculative.py.
 - A request whose drafts keep missing (MISSES_TO_PAUSE proposals in a row with none kept)
   pauses drafting for a number of steps that doubles on each pause (up to MAX_PAUSE) and resets
   when a draft is kept.
@@ -35,9 +37,11 @@ from pytgi_shard.sample.chooser import SamplingParams
 from pytgi_shard.speculative.ngram import NgramIndex
 
 # A verification forward carries at most this many tokens (each row's last token plus its
-# drafts): drafts fill what the batch leaves of it. On this machine's CPU the demo model's
-# forward of 32 tokens costs ~1.3x one of 1 (bench/experiments/speculative.py measures it).
+# drafts): drafts fill what the batch leaves of it. A bound on the forward's size for larger
+# drafting batches (DRAFTING_BATCH x (1 + --speculate) stays below it today).
 STEP_TOKENS = 32
+# The largest batch that drafts (the module's docstring has the measurements).
+DRAFTING_BATCH = 2
 # The n-gram lengths a proposal matches on: the longest suffix of 4 down to 2 tokens found
 # earlier. One token alone matches too often to pay: on the demo model's greedy outputs a
 # 1-token match's first draft was right 72% of the time, a 2..4-token match's 83%, with 2.3
@@ -110,13 +114,15 @@ def plan_drafts(
     room: Sequence[int],
     left: Sequence[int],
     speculate: int,
+    drafting_batch: int = DRAFTING_BATCH,
 ) -> Drafts | None:
     """The step's drafts: per row with a DraftState (None: the row does not draft), up to
     `speculate` tokens proposed by its index, at most room[row] (KV slots held past its known
     tokens: each draft writes one) and left[row] - 1 (max_new_tokens must hold the drafts and
-    the target's token after them), within the step's STEP_TOKENS. None when no row drafts."""
+    the target's token after them), within the step's STEP_TOKENS; none in a batch of more
+    than `drafting_batch` rows. None when no row drafts."""
     budget = STEP_TOKENS - len(states)
-    if budget <= 0:
+    if budget <= 0 or len(states) > drafting_batch:
         return None
     rows: list[int] = []
     tokens: list[list[int]] = []

@@ -24,7 +24,7 @@ from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
-from pytgi_shard.engine.drafting import Drafts
+from pytgi_shard.engine.drafting import DRAFTING_BATCH, Drafts
 from pytgi_shard.engine.encoder_decoder_batch import (
     Encoding,
     decoder_inputs,
@@ -101,6 +101,8 @@ class Engine:
         # for an encoder-decoder (its decoder's steps are not the varlen path verification
         # takes).
         self.speculate = 0 if self.encoder_decoder else settings.speculate
+        # The largest batch that drafts (drafting.DRAFTING_BATCH; tests raise it).
+        self.drafting_batch = DRAFTING_BATCH
         # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
         # Not while speculating: a step's drafts come from its previous step's tokens, which
         # the look-ahead would queue a forward without (so every step would lose its drafts).
@@ -296,7 +298,7 @@ class Engine:
             last, timer = ahead
             clock.no_forward()
         elif self.speculate and batch.drafting and (
-            drafts := step_drafts(batch, self.speculate)
+            drafts := step_drafts(batch, self.speculate, self.drafting_batch)
         ) is not None:
             return self._verify_step(batch, drafts, start)
         else:

@@ -26,7 +26,7 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch, RequestState
-from pytgi_shard.engine.drafting import STEP_TOKENS, Drafts, plan_drafts
+from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS, Drafts, plan_drafts
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE
@@ -34,13 +34,15 @@ from pytgi_shard.sample.chooser import top_tokens
 from pytgi_shard.speculative.acceptance import verify_greedy
 
 
-def step_drafts(batch: Batch, speculate: int) -> Drafts | None:
+def step_drafts(
+    batch: Batch, speculate: int, drafting_batch: int = DRAFTING_BATCH
+) -> Drafts | None:
     """The decode step's drafts (shard/engine/drafting.py), within the KV slots each row holds;
     None (at once, for a batch too large to draft) when no row drafts.
 
     The drafting rows' indexes are fed here, from the batch's token history, with what the
     rows emitted since they were last fed: steps that cannot draft cost nothing."""
-    if len(batch) >= STEP_TOKENS:
+    if len(batch) > drafting_batch or len(batch) >= STEP_TOKENS:
         return None
     requests = batch.requests
     for row, state in batch.drafting:
@@ -50,7 +52,7 @@ def step_drafts(batch: Batch, speculate: int) -> Drafts | None:
             state.index.extend(batch.all_ids[row, length - behind : length].tolist())
     states = [r.draft for r in requests]
     left = [r.stopping.max_new_tokens - r.text.generated for r in requests]
-    return plan_drafts(states, batch.room(), left, speculate)
+    return plan_drafts(states, batch.room(), left, speculate, drafting_batch)
 
 
 @dataclass(frozen=True, slots=True)

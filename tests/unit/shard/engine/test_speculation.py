@@ -14,6 +14,7 @@ import torch
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.batch import Batch, BatchContext
 from pytgi_shard.engine.drafting import (
+    DRAFTING_BATCH,
     MISSES_TO_PAUSE,
     STEP_TOKENS,
     Drafts,
@@ -104,7 +105,7 @@ def test_kept_drafts_then_the_targets_token_and_a_rejection_s_correction(
     assert [n - batch.steps for n in batch.stops.left] == [16, 19, 18]
     assert response.drafted_tokens == 5 and response.drafted_rows == 2
     # The next step that may draft first catches the indexes up with the tokens emitted.
-    step_drafts(batch, SPECULATE)
+    step_drafts(batch, SPECULATE, len(batch))
     assert [s.index.tokens for _, s in batch.drafting] == [
         [5, 6, 7, a, b, c, d], [8, 9, d], [10, 11, a, b]]
     # The next plain step reads the right positions.
@@ -171,8 +172,13 @@ def test_plan_respects_room_tokens_left_the_step_budget_and_back_off() -> None:
     assert plan_drafts([state], [5], [3], 4) == Drafts([0], [[3, 4]])  # max_new_tokens
     assert plan_drafts([state], [5], [1], 4) is None
     assert plan_drafts([None, state], [0, 5], [1, 9], 4) == Drafts([1], [[3, 4, 1, 2]])
-    # A batch as large as the step's token budget drafts nothing.
-    assert plan_drafts([state] * STEP_TOKENS, [5] * STEP_TOKENS, [9] * STEP_TOKENS, 4) is None
+    # A batch larger than the drafting cap, or as large as the step's token budget, drafts
+    # nothing.
+    big = DRAFTING_BATCH + 1
+    assert plan_drafts([state] * big, [5] * big, [9] * big, 4) is None
+    assert plan_drafts([state] * big, [5] * big, [9] * big, 4, big) is not None
+    assert plan_drafts([state] * STEP_TOKENS, [5] * STEP_TOKENS, [9] * STEP_TOKENS, 4,
+                       STEP_TOKENS) is None
     # Missing proposals pause the request, for longer each time; a kept draft resets it.
     for _ in range(MISSES_TO_PAUSE):
         state.record(4, 0)
@@ -196,6 +202,8 @@ def build(model: Path, speculate: int) -> Engine:
         model_path=model, block_size=4, overlap=False, attention="reference", speculate=speculate
     ))
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
+    # Every batch here drafts (the default cap is what the CPU measured to pay).
+    engine.drafting_batch = 64
     return engine
 
 
