@@ -104,9 +104,10 @@ class Engine:
         # The largest batch that drafts (drafting.DRAFTING_BATCH; tests raise it).
         self.drafting_batch = DRAFTING_BATCH
         # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
-        # Not while speculating: a step's drafts come from its previous step's tokens, which
-        # the look-ahead would queue a forward without (so every step would lose its drafts).
-        self.overlap = not self.encoder_decoder and not self.speculate and (
+        # While speculating, only for batches too large to draft (_sample): a step's drafts
+        # come from the previous step's tokens, which a look-ahead queues its forward without
+        # (a step with a look-ahead takes the plain path).
+        self.overlap = not self.encoder_decoder and (
             settings.overlap if settings.overlap is not None else dist.caps.async_forward
         )
         # Constrained requests' matchers and their grammars' cache; the vocabulary is prepared
@@ -344,7 +345,7 @@ class Engine:
         with self._span("sample"):
             choice = choose_tokens(batch, last, prefill)
             clock.chosen = time.perf_counter_ns()
-            if self.overlap:
+            if self.overlap and (not self.speculate or len(batch) > self.drafting_batch):
                 self._look_ahead(batch)
             clock.ahead = time.perf_counter_ns()
             # The step's one wait on the device, timed apart from the host work after it.

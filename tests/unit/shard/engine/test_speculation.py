@@ -314,3 +314,24 @@ def stop_inside_a_kept_run(
                     return text[-length:], end
         at += n
     raise AssertionError("no step kept 2 drafts after a fresh text: the fixture changed")
+
+
+def test_overlap_runs_for_batches_too_large_to_draft(
+    pair: tuple[Engine, Engine], tiny_model: object
+) -> None:
+    """With the overlap scheduler on, a batch above the drafting cap looks ahead and one at or
+    below it drafts; as requests finish the batch moves from one to the other, and the tokens
+    stay those of the plain engine."""
+    plain, _ = pair
+    engine = load_engine(ShardSettings(
+        model_path=tiny_model("llama"),  # type: ignore[operator]
+        block_size=4, overlap=True, attention="reference", speculate=SPECULATE,
+    ))
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
+    engine.drafting_batch = 1
+    reqs = [greedy(i, prompt_of(10, 3) * 3, 8 + 8 * i) for i in range(3)]
+    expected, _ = serve(plain, reqs)
+    got, _ = serve(engine, reqs)
+    assert got.tokens == expected.tokens
+    kept = sum(len(g.tokens.ids) - 1 for g in got.generations[2])
+    assert kept > 0, "the last request alone drafts"
