@@ -36,7 +36,8 @@ _VALUED: list[tuple[str, Any, str]] = [
      "tokens of a bfloat16 cache (default: the model's dtype)"),
     ("--speculate", int, "draft up to N tokens per sequence and step by n-gram (prompt) lookup, "
      "verified by the model in one forward: greedy rows give exactly the tokens they give without "
-     "it; sampling, penalised, watermarked and grammar rows do not draft (default 0: off)"),
+     "it; only batches of at most 2 sequences draft, and sampling, penalised, watermarked and "
+     "grammar rows never do (0..16; default 0: off)"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
      "unless --rope-factor)"),
     ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),
