@@ -168,10 +168,11 @@ class Batch:
         chooser.skip_draws([r.resumed if r.complete else 0 for r in requests], ctx.vocab_size)
         grammar = _grammar(pb, [r.complete for r in requests], ctx)
         if ctx.speculate:
-            for r, sequence, p, rpb in zip(requests, sequences, params, pb.requests, strict=True):
+            for r, p, rpb in zip(requests, params, pb.requests, strict=True):
                 constrained = rpb.parameters.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE
                 if r.complete and may_draft(p, constrained):
-                    r.draft = DraftState.start(sequence)
+                    # Empty: indexed from the batch's history when a step may draft.
+                    r.draft = DraftState.start(())
         return cls(
             batch_id=pb.id,
             requests=requests,
