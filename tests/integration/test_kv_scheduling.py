@@ -35,13 +35,16 @@ MAX_NEW = 24
 ROOMY, TIGHT = 4096, 128
 # A family only the transformers fallback serves (tests/tiny_models.py).
 FALLBACK = "phi"
-# (ranks, prefix caching, chunk size = max_batch_prefill_tokens, KV budget)
-CASES = [
-    (1, caching, chunk, budget)
+# (prefix caching, chunk size = max_batch_prefill_tokens, KV budget) on one rank, and on two.
+# The ranks are parametrized apart from the rest so that pytest keeps one shard group per model
+# and rank count (a tuple with the ranks in it made a new group for every case: ~15 s each).
+ONE_RANK = [
+    (caching, chunk, budget)
     for caching in (True, False)
     for chunk in (1, 7, 16, 64)
     for budget in (ROOMY, TIGHT)
-] + [(2, True, 7, TIGHT), (2, False, 64, ROOMY), (2, True, 16, ROOMY)]
+]
+TWO_RANKS = [(True, 7, TIGHT), (False, 64, ROOMY), (True, 16, ROOMY)]
 
 
 def sliding_qwen2(path: Path) -> Path:
@@ -128,13 +131,32 @@ async def serve(
         await client.close()
 
 
-@pytest.mark.parametrize(("shards", "caching", "chunk", "budget"), CASES, indirect=["shards"])
+@pytest.mark.parametrize("shards", [1], indirect=True)
+@pytest.mark.parametrize(("caching", "chunk", "budget"), ONE_RANK)
 def test_tokens_equal_transformers(
     request: pytest.FixtureRequest, shards: ShardProcesses, prompts: list[list[int]],
     expected: list[list[int]], caching: bool, chunk: int, budget: int,
 ) -> None:
     if request.node.callspec.params["model"] == "phi-fallback" and chunk in (1, 16):
         pytest.skip("chunks of 7 and 64 cover the fallback")
+    check(shards, prompts, expected, caching, chunk, budget)
+
+
+@pytest.mark.parametrize("shards", [2], indirect=True)
+@pytest.mark.parametrize(("caching", "chunk", "budget"), TWO_RANKS)
+def test_tokens_equal_transformers_on_two_ranks(
+    shards: ShardProcesses, prompts: list[list[int]], expected: list[list[int]],
+    caching: bool, chunk: int, budget: int,
+) -> None:
+    check(shards, prompts, expected, caching, chunk, budget)
+
+
+def check(
+    shards: ShardProcesses, prompts: list[list[int]], expected: list[list[int]],
+    caching: bool, chunk: int, budget: int,
+) -> None:
+    """Greedy tokens equal transformers', blocks come back, and the metrics say the cache was
+    (or was not) used and requests were preempted where the budget forces it."""
     got, metrics = asyncio.run(serve(shards, prompts, caching, chunk, budget))
     assert got == expected
     sample = metrics.registry.get_sample_value
