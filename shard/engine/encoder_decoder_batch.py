@@ -31,7 +31,8 @@ from pytgi_proto import generate_pb2
 from pytgi_shard.attention.encoder_decoder import EncoderDecoderMetadata, EncoderInputs, table_slots
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.engine.batch import Batch, BatchContext, RequestState
+from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.request_state import BatchContext, RequestState
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel

@@ -21,7 +21,7 @@ from opentelemetry import trace
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.device.distributed import Dist
-from pytgi_shard.engine.batch import Batch, BatchContext
+from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, Drafts
@@ -41,6 +41,7 @@ from pytgi_shard.engine.generation import (
 from pytgi_shard.engine.info import info_response
 from pytgi_shard.engine.model_runner import ModelRunner
 from pytgi_shard.engine.prefill_ladder import resolve_prefill
+from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline

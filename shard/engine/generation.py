@@ -18,7 +18,8 @@ import torch
 from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
 from pytgi_proto import generate_pb2
-from pytgi_shard.engine.batch import Batch, RequestState
+from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.request_state import RequestState
 from pytgi_shard.engine.step_inputs import ForwardInputs, predicted_count
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.output.stopping import STOP_SEQUENCE

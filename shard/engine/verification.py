@@ -25,8 +25,9 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.engine.batch import Batch, RequestState
+from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS, Drafts, plan_drafts
+from pytgi_shard.engine.request_state import RequestState
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine.batch import Batch, BatchContext
+from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.sample.chooser import Watermark
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine.batch import Batch, BatchContext, ForwardInputs
+from pytgi_shard.engine.batch import Batch, ForwardInputs
 from pytgi_shard.engine.generation import (
     HostTransfer,
     choose_tokens,
@@ -20,6 +20,7 @@ from pytgi_shard.engine.generation import (
     prefill_tokens,
     unpack,
 )
+from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.wire import GenerationWriter
 from pytgi_shard.sample.chooser import Watermark

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine.batch import Batch, BatchContext
+from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.forward_timer import ForwardTimer
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
+from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.sample.chooser import Watermark
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine.batch import Batch, BatchContext
+from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.drafting import (
     DRAFTING_BATCH,
     MISSES_TO_PAUSE,
@@ -23,6 +23,7 @@ from pytgi_shard.engine.drafting import (
 )
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.generation import choose_tokens, emit_generations
+from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.output.wire import GenerationWriter
