@@ -40,7 +40,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("requires_padding", "dtype", "device_type", "window_size", "speculate", "support_chunking", "use_prefix_caching", "attention_impl", "block_size", "model_type", "world_size", "max_position_embeddings", "vocab_size", "quantize")
+    __slots__ = ("requires_padding", "dtype", "device_type", "window_size", "speculate", "support_chunking", "use_prefix_caching", "attention_impl", "block_size", "model_type", "world_size", "max_position_embeddings", "vocab_size", "quantize", "lora_adapters")
     REQUIRES_PADDING_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class InfoResponse(_message.Message):
     MAX_POSITION_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZE_FIELD_NUMBER: _ClassVar[int]
+    LORA_ADAPTERS_FIELD_NUMBER: _ClassVar[int]
     requires_padding: bool
     dtype: str
     device_type: str
@@ -69,7 +70,8 @@ class InfoResponse(_message.Message):
     max_position_embeddings: int
     vocab_size: int
     quantize: str
-    def __init__(self, requires_padding: _Optional[bool] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., window_size: _Optional[int] = ..., speculate: _Optional[int] = ..., support_chunking: _Optional[bool] = ..., use_prefix_caching: _Optional[bool] = ..., attention_impl: _Optional[str] = ..., block_size: _Optional[int] = ..., model_type: _Optional[str] = ..., world_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., vocab_size: _Optional[int] = ..., quantize: _Optional[str] = ...) -> None: ...
+    lora_adapters: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, requires_padding: _Optional[bool] = ..., dtype: _Optional[str] = ..., device_type: _Optional[str] = ..., window_size: _Optional[int] = ..., speculate: _Optional[int] = ..., support_chunking: _Optional[bool] = ..., use_prefix_caching: _Optional[bool] = ..., attention_impl: _Optional[str] = ..., block_size: _Optional[int] = ..., model_type: _Optional[str] = ..., world_size: _Optional[int] = ..., max_position_embeddings: _Optional[int] = ..., vocab_size: _Optional[int] = ..., quantize: _Optional[str] = ..., lora_adapters: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ServiceDiscoveryRequest(_message.Message):
     __slots__ = ()
@@ -142,7 +144,7 @@ class StoppingCriteriaParameters(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., stop_sequences: _Optional[_Iterable[str]] = ..., ignore_eos_token: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("id", "inputs", "truncate", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "input_ids", "blocks", "slots", "add_special_tokens", "cache_len", "chunk_len", "generated_ids")
+    __slots__ = ("id", "inputs", "truncate", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "input_ids", "blocks", "slots", "add_special_tokens", "cache_len", "chunk_len", "generated_ids", "adapter_index")
     ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +159,7 @@ class Request(_message.Message):
     CACHE_LEN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_LEN_FIELD_NUMBER: _ClassVar[int]
     GENERATED_IDS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_INDEX_FIELD_NUMBER: _ClassVar[int]
     id: int
     inputs: str
     truncate: int
@@ -171,7 +174,8 @@ class Request(_message.Message):
     cache_len: int
     chunk_len: int
     generated_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[str] = ..., truncate: _Optional[int] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., add_special_tokens: _Optional[bool] = ..., cache_len: _Optional[int] = ..., chunk_len: _Optional[int] = ..., generated_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    adapter_index: int
+    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[str] = ..., truncate: _Optional[int] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., add_special_tokens: _Optional[bool] = ..., cache_len: _Optional[int] = ..., chunk_len: _Optional[int] = ..., generated_ids: _Optional[_Iterable[int]] = ..., adapter_index: _Optional[int] = ...) -> None: ...
 
 class BlockGrant(_message.Message):
     __slots__ = ("request_id", "blocks")
