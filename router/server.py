@@ -161,6 +161,7 @@ class RouterServer:
             max_total_tokens=info.max_total_tokens,
             grammar_supported=not s.disable_grammar_support,
             grammar=GrammarLimits(max_bytes=s.max_grammar_bytes),
+            adapters=info.lora_adapters,
         )
         validator = Validator(tokenizer, limits, self._executor)
         self.state = AppState(

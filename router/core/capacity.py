@@ -41,6 +41,9 @@ class ShardInfo:
     # Up to this many draft tokens per sequence and decode step (the shards' --speculate): each
     # running sequence's blocks hold room for them (step_plan.kv_tokens).
     speculate: int = 0
+    # The LoRA adapters the shards serve (--lora-adapters), by name; adapter_index i > 0 is
+    # lora_adapters[i - 1].
+    lora_adapters: tuple[str, ...] = ()
 
 
 class InferStartError(RuntimeError):
@@ -130,6 +133,7 @@ def derive_info(
         use_prefix_caching=info.use_prefix_caching,
         quantize=info.quantize,
         speculate=info.speculate,
+        lora_adapters=tuple(info.lora_adapters),
     )
 
 

@@ -33,6 +33,8 @@ class ValidRequest:
     top_n_tokens: int = 0
     prefill_logprobs: bool = False
     add_special_tokens: bool = True
+    # The LoRA adapter it runs under: 0 the base model, i > 0 the shards' lora_adapters[i - 1].
+    adapter_index: int = 0
 
     @property
     def input_length(self) -> int:

@@ -63,6 +63,10 @@ class GenerateRequest:
     # Internal (TGI too): true for the generate routes, false for chat (the template adds BOS).
     add_special_tokens: bool = True
     stream: bool = False
+    # True when parameters.adapter_id is OpenAI's `model`, which names the served model or an
+    # adapter: a name that is neither then runs the base model (TGI's behaviour) instead of
+    # being refused as an unknown `adapter_id` is.
+    adapter_from_model: bool = False
 
 
 def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> GenerateParameters:

@@ -63,6 +63,8 @@ class ValidationLimits:
     # TGI's default; --disable-grammar-support turns it off.
     grammar_supported: bool = True
     grammar: GrammarLimits = GrammarLimits()
+    # The LoRA adapters the shards serve, in their order (adapter_index i > 0 is adapters[i-1]).
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -234,6 +236,7 @@ class Validator:
             top_n_tokens=top_n,
             prefill_logprobs=p.decoder_input_details,
             add_special_tokens=req.add_special_tokens,
+            adapter_index=self.adapter_index(p.adapter_id, req.adapter_from_model),
         )
         return ValidGenerateRequest(
             request=valid,
@@ -242,6 +245,22 @@ class Validator:
             decoder_input_details=p.decoder_input_details,
             return_full_text=bool(p.return_full_text),
         )
+
+    def adapter_index(self, adapter_id: str | None, from_model: bool = False) -> int:
+        """0 (the base model) or 1 + the adapter's place among the shards' adapters. An unknown
+        `adapter_id` is refused: running the base model instead would answer something the
+        client did not ask for. OpenAI's `model` may also name the served model (any name: TGI
+        serves one), so there an unknown name means the base model."""
+        adapters = self.limits.adapters
+        if adapter_id is None or adapter_id == "":
+            return 0
+        if adapter_id in adapters:
+            return adapters.index(adapter_id) + 1
+        if from_model:
+            return 0
+        loaded = (f"loaded adapters: {', '.join(adapters)}" if adapters
+                  else "no adapters are loaded (the server was started without --lora-adapters)")
+        raise ValidationError(f"`adapter_id` {adapter_id!r} is not a loaded adapter; {loaded}")
 
     def _best_of(self, p: GenerateParameters, stream: bool) -> int:
         best_of = 1 if p.best_of is None else p.best_of

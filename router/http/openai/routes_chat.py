@@ -75,7 +75,7 @@ class ChatRoutes:
         params.grammar = answer_grammar(
             self.state.reasoning, prompt, params.grammar, self.state.settings.max_grammar_bytes
         )
-        return GenerateRequest(prompt, params, add_special_tokens=False)
+        return GenerateRequest(prompt, params, add_special_tokens=False, adapter_from_model=True)
 
     async def chat_tokenize(self, request: Request) -> Response:
         chat = parse_chat(await read_json(request))

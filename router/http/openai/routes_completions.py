@@ -54,7 +54,8 @@ class CompletionRoutes:
             model=comp.fields.model or self.state.model_id,
             system_fingerprint=self.state.system_fingerprint,
         )
-        requests = [GenerateRequest(p, comp.parameters()) for p in comp.prompts]
+        requests = [GenerateRequest(p, comp.parameters(), adapter_from_model=True)
+                    for p in comp.prompts]
         if comp.fields.stream:
             return await self._stream(request, requests, env, comp.fields.include_usage)
         group = StreamGroup()
