@@ -100,6 +100,8 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--max-shard-restarts", int, "restarts of the shard group after a shard dies, with backoff; "
      "the router stays up and reconnects (0: stop everything, as TGI; default 3)"),
     ("--graceful-termination-timeout", float, "seconds between SIGTERM and SIGKILL (default 90)"),
+    ("--drain-grace-seconds", float, "after SIGTERM, seconds the router's /health answers 503 while "
+     "it still admits requests, before the drain (default 5)"),
 ]
 _SWITCHES: list[tuple[str, str]] = [
     ("--trust-remote-code", "allow the model's own code from the Hub"),

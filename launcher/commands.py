@@ -106,6 +106,7 @@ def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
         "--max-grammar-bytes", str(s.max_grammar_bytes),
         "--responses-store-bytes", str(s.responses_store_bytes),
         "--graceful-termination-timeout", str(s.graceful_termination_timeout),
+        "--drain-grace-seconds", str(s.drain_grace_seconds),
         *_opt("--max-input-tokens", s.max_input_tokens),
         *_opt("--max-total-tokens", s.max_total_tokens),
         *_opt("--max-batch-prefill-tokens", s.max_batch_prefill_tokens),

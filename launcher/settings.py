@@ -111,6 +111,8 @@ class LauncherSettings:
     # Times the shard group is restarted after a shard dies (0: any death stops all, as TGI).
     max_shard_restarts: int = 3
     graceful_termination_timeout: float = 90.0
+    # The router's not-ready period after SIGTERM, before it stops admitting (its own flag).
+    drain_grace_seconds: float = 5.0
     env: bool = False
 
     def __post_init__(self) -> None:
@@ -181,6 +183,8 @@ class LauncherSettings:
             out.append("--shard-startup-timeout must be > 0")
         if self.graceful_termination_timeout < 0:
             out.append("--graceful-termination-timeout must be >= 0")
+        if not self.drain_grace_seconds >= 0:
+            out.append(f"--drain-grace-seconds must be >= 0, got {self.drain_grace_seconds}")
         return out
 
     def num_shards(self, visible_gpus: int) -> int:

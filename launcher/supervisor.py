@@ -8,8 +8,9 @@ makes the launcher restart the whole shard group (`--max-shard-restarts`, with b
 restart.py) while the router stays up and reconnects; a router that exits, or a shard death with
 no restart left, stops everything and the launcher exits 1, naming the child and quoting its last
 lines.
-SIGINT/SIGTERM: the router is sent SIGTERM first (it drains in-flight requests), then the shards;
-each gets `--graceful-termination-timeout` seconds before SIGKILL; the launcher exits 0. A second
+SIGINT/SIGTERM: the router is sent SIGTERM first (not ready for `--drain-grace-seconds`, then it
+drains in-flight requests), then the shards; the router gets both periods, the shards
+`--graceful-termination-timeout` seconds, before SIGKILL; the launcher exits 0. A second
 signal skips the waiting. Whatever happens, no child outlives the launcher.
 """
 
@@ -256,9 +257,11 @@ class Supervisor:
 
     def _shutdown(self) -> int:
         """The signal path: router first (it drains), then the shards; exit 0."""
-        grace = self.plan.settings.graceful_termination_timeout
+        s = self.plan.settings
+        grace = s.graceful_termination_timeout
         if self.router is not None:
-            self._stop_group([self.router], grace)
+            # The router's own not-ready period comes before its drain: both are its grace.
+            self._stop_group([self.router], s.drain_grace_seconds + grace)
         self._stop_group(self.shards, grace)
         self.log.info("all processes stopped")
         return 0

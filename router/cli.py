@@ -69,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
              f"{_default('--responses-store-bytes')})")
     add("-g", "--graceful-termination-timeout", type=float,
         help=f"drain seconds (default {_default('--graceful-termination-timeout'):g})")
+    add("--drain-grace-seconds", type=float,
+        help="after SIGTERM, seconds /health answers 503 while requests are still admitted, so "
+             "that load balancers stop sending before admission stops; then the drain "
+             f"(default {_default('--drain-grace-seconds'):g})")
     add("--shard-step-timeout", type=float,
         help="seconds one Prefill/Decode may take before its batch fails with 424 and the router "
              f"reconnects to the shards (default {_default('--shard-step-timeout'):g})")

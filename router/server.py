@@ -1,9 +1,11 @@
 """The router process's lifecycle: tokenizer, shards (connect + warmup), HTTP serving, drain.
 
-SIGTERM/SIGINT drain: /health and new requests answer 503 at once, in-flight requests finish
-(up to --graceful-termination-timeout), then the server closes and the process exits 0. A second
-signal stops at once. Shards that die or restart do not stop the router: its watchdog
-reconnects to the same addresses and re-warms them (see core/watchdog.py).
+SIGTERM/SIGINT drain, in two phases: first /health answers 503 (not ready) while every route still
+admits requests, for --drain-grace-seconds, so that load balancers and Kubernetes (whose endpoint
+removal races the signal) stop sending here before anything is refused; then new requests answer
+503 too, in-flight ones finish (up to --graceful-termination-timeout), the server closes and the
+process exits 0. A second signal stops at once. Shards that die or restart do not stop the
+router: its watchdog reconnects to the same addresses and re-warms them (see core/watchdog.py).
 
 The event loop: uvloop where it is installed (Linux, macOS), else asyncio's. uvloop cuts the
 router's CPU per streamed token by about a fifth (its socket writes, polling and callback dispatch
@@ -215,7 +217,8 @@ class RouterServer:
     def request_shutdown(self) -> None:
         """First call: drain, then stop. Second call: stop now."""
         if self._draining is None:
-            log.info("shutdown requested: draining in-flight requests")
+            log.info("shutdown requested: not ready for %gs (still admitting), then draining "
+                     "in-flight requests", self.settings.drain_grace_seconds)
             self._draining = asyncio.ensure_future(self._drain())
         else:
             log.info("second shutdown request: stopping now")
@@ -224,7 +227,11 @@ class RouterServer:
     async def _drain(self) -> None:
         state = self.state
         if state is not None:
+            state.not_ready = True
+            await asyncio.sleep(self.settings.drain_grace_seconds)
             state.draining = True
+            log.info("drain: no longer admitting; %d request(s) in flight",
+                     max(state.in_flight, state.infer.in_flight))
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.settings.graceful_termination_timeout
             while (state.in_flight or state.infer.in_flight) and loop.time() < deadline:

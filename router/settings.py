@@ -71,6 +71,9 @@ class RouterSettings:
     otlp_service_name: str = "pytgi.router"
     json_output: bool = False
     graceful_termination_timeout: float = 90.0
+    # After SIGTERM, seconds /health answers 503 (not ready) while every route still serves, so
+    # that load balancers and Kubernetes take the replica out before it stops admitting.
+    drain_grace_seconds: float = 5.0
     # The longest one shard call may take before its batch fails (a wedged shard).
     shard_step_timeout: float = SHARD_STEP_TIMEOUT_S
     # Value of the x-compute-type header (TGI reads COMPUTE_TYPE).
@@ -118,6 +121,8 @@ class RouterSettings:
             out.append(f"--responses-store-bytes must be >= 0, got {self.responses_store_bytes}")
         if self.graceful_termination_timeout < 0:
             out.append("--graceful-termination-timeout must be >= 0")
+        if not self.drain_grace_seconds >= 0:
+            out.append(f"--drain-grace-seconds must be >= 0, got {self.drain_grace_seconds}")
         if not self.shard_step_timeout > 0:
             out.append(f"--shard-step-timeout must be > 0, got {self.shard_step_timeout}")
         return out

@@ -79,3 +79,18 @@ class ShuttingDownError(InferError):
 
     def __init__(self) -> None:
         super().__init__("Server is shutting down")
+
+
+class NotReadyError(InferError):
+    """/health during the grace period after SIGTERM: the replica still serves what reaches it,
+    but balancers polling /health must take it out now, before it stops admitting."""
+
+    status_code = 503
+    error_type = "unhealthy"
+    metric_label = "unhealthy"
+
+    def __init__(self, grace_s: float) -> None:
+        super().__init__(
+            f"Server is shutting down: not ready, still serving requests for {grace_s:g} s "
+            "before it stops admitting them"
+        )

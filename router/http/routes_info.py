@@ -11,7 +11,7 @@ from starlette.routing import Route
 from tokenizers import Encoding
 
 from pytgi_router.core.errors import UnhealthyError
-from pytgi_router.http.http_errors import ShuttingDownError
+from pytgi_router.http.http_errors import NotReadyError, ShuttingDownError
 from pytgi_router.http.http_io import error_response, json_response, read_json
 from pytgi_router.http.openai.schemas import models_list
 from pytgi_router.http.schemas import parse_generate
@@ -101,9 +101,12 @@ class InfoRoutes:
         ]
 
     async def health(self, request: Request) -> Response:
-        """200 with an empty body when the shards answer, else 503 (also while draining)."""
+        """200 with an empty body when the shards answer, else 503 (also from SIGTERM on: first
+        not ready while still serving, then shutting down)."""
         if self.state.draining:
             return error_response(ShuttingDownError())
+        if self.state.not_ready:
+            return error_response(NotReadyError(self.state.settings.drain_grace_seconds))
         if await self.state.infer.health():
             return Response(status_code=200)
         return error_response(UnhealthyError("unhealthy"))

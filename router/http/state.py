@@ -41,7 +41,10 @@ class AppState:
     model_sha: str | None = None
     model_pipeline_tag: str | None = None
     version: str = field(default_factory=package_version)
-    # Set on SIGTERM: /health and new requests answer 503 while in-flight ones finish.
+    # Set on SIGTERM: /health answers 503 (not ready) while every route still serves, for the
+    # drain's grace period (--drain-grace-seconds), so that balancers stop sending first.
+    not_ready: bool = False
+    # Set when that grace ends: new requests answer 503 too while in-flight ones finish.
     draining: bool = False
     # HTTP requests currently being served by the generation routes.
     in_flight: int = 0

@@ -489,8 +489,9 @@ def test_overload_is_429(spare_shards: ShardProcesses, model: Path) -> None:
 def test_sigterm_drains_then_exits_zero(spare_shards: ShardProcesses, model: Path) -> None:
     """SIGTERM: /health and new requests answer 503 while the request in flight finishes, then
     the router exits 0. The shard stays frozen until the router is seen draining, so the long
-    request is still in flight then, however fast the model."""
-    router = RouterProcess(spare_shards.urls[0], model).start()
+    request is still in flight then, however fast the model. No grace: admission stops at once
+    (the grace period is the next test's)."""
+    router = RouterProcess(spare_shards.urls[0], model, "--drain-grace-seconds", "0").start()
     try:
         u = router.url
         body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 190, "details": True}}
@@ -507,6 +508,44 @@ def test_sigterm_drains_then_exits_zero(spare_shards: ShardProcesses, model: Pat
             finished = long.result(60)
         assert finished.status_code == 200, finished.text
         assert finished.json()["details"]["generated_tokens"] == 190
+        assert router.wait(30) == 0
+    finally:
+        router.kill()
+
+
+def test_sigterm_is_not_ready_first_then_drains(spare_shards: ShardProcesses, model: Path) -> None:
+    """With --drain-grace-seconds: SIGTERM turns /health 503 (not ready, TGI's error shape) while
+    generation is still admitted; only after the grace do new requests get 503; both requests in
+    flight (one from before the signal, one admitted during the grace) complete, and the router
+    exits 0. The shard stays frozen until then, so that nothing finishes early."""
+    grace = 3.0
+    router = RouterProcess(spare_shards.urls[0], model, "--drain-grace-seconds", str(grace)).start()
+    try:
+        u = router.url
+        body = {"inputs": "Hello world", "parameters": {"max_new_tokens": 50, "details": True}}
+        prefills = metric(u, "tgi_batch_inference_count", method="prefill")
+        with ThreadPoolExecutor(2) as pool:
+            with frozen(spare_shards.procs[0].pid):
+                before = pool.submit(post, u, "/generate", body)
+                _wait_for(lambda: metric(u, "tgi_batch_inference_count", method="prefill")
+                          == prefills + 1)
+                router.signal()
+                signalled = time.monotonic()
+                _wait_for(lambda: httpx.get(f"{u}/health").status_code == 503)
+                health = httpx.get(f"{u}/health").json()
+                assert health["error_type"] == "unhealthy" and "not ready" in health["error"]
+                during = pool.submit(post, u, "/generate", body)
+                _wait_for(lambda: metric(u, "tgi_queue_size") == 1)  # admitted, queued
+                assert time.monotonic() - signalled < grace, "too slow to check the grace"
+                # Not polled with requests: each one sent during the grace would be admitted.
+                _wait_for(lambda: "no longer admitting" in router.output)
+                assert time.monotonic() - signalled >= grace
+                refused = post(u, "/generate", {"inputs": "x"})
+                assert refused.json() == {"error": "Server is shutting down",
+                                          "error_type": "unhealthy"}
+            for finished in (before.result(60), during.result(60)):
+                assert finished.status_code == 200, finished.text
+                assert finished.json()["details"]["generated_tokens"] == 50
         assert router.wait(30) == 0
     finally:
         router.kill()

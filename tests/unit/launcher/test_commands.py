@@ -49,7 +49,7 @@ def test_router_command_is_understood_by_the_router() -> None:
                         "--cors-allow-origin", "http://a", "--cors-allow-origin", "http://b",
                         "--api-key", "k", "--disable-grammar-support", "--json-output",
                         "--otlp-service-name", "svc", "--graceful-termination-timeout", "5",
-                        "--prefix-caching", "false"],
+                        "--prefix-caching", "false", "--drain-grace-seconds", "2.5"],
                        environ={})
     argv = router_argv(s, MODEL)
     env = router_env(s, {}, "2-cpu")
@@ -66,6 +66,7 @@ def test_router_command_is_understood_by_the_router() -> None:
     assert r.cors_allow_origin == ("http://a", "http://b") and r.api_key == "k"
     assert r.disable_grammar_support and r.json_output and r.otlp_service_name == "svc"
     assert r.graceful_termination_timeout == 5 and r.compute_type == "2-cpu"
+    assert r.drain_grace_seconds == 2.5
     assert r.prefix_caching is False
     # On by default, and TGI's PREFIX_CACHING=0 turns it off through the launcher too.
     assert parse_router(router_argv(parse_settings([], environ={}), MODEL)[3:],

@@ -32,6 +32,7 @@ def test_defaults_are_tgi_defaults() -> None:
     assert s.otlp_service_name == "pytgi.router" and s.graceful_termination_timeout == 90
     assert s.shard_step_timeout == 300
     assert s.max_connections == 1024
+    assert s.drain_grace_seconds == 5
     # Left to the shards' Warmup (zero-config sizing), not TGI's 4096.
     assert s.max_batch_prefill_tokens is None and s.max_batch_total_tokens is None
     bounded = parse_settings(["--tokenizer-name", "/m", "--max-connections", "8"], environ={})
@@ -128,3 +129,14 @@ def test_environment_booleans_and_blanks_read_as_the_launcher_reads_them() -> No
     assert parse_settings([], environ={**base, "PORT": "  "}).port == 3000
     with pytest.raises(SystemExit):
         parse_settings([], environ={**base, "JSON_OUTPUT": "maybe"})
+
+
+def test_drain_grace_from_flag_or_environment() -> None:
+    """--drain-grace-seconds (env DRAIN_GRACE_SECONDS): 0 restores the immediate drain; < 0 is
+    refused with the flag's name."""
+    assert parse_settings(["--tokenizer-name", "/m", "--drain-grace-seconds", "0"],
+                          environ={}).drain_grace_seconds == 0
+    assert parse_settings(["--tokenizer-name", "/m"],
+                          environ={"DRAIN_GRACE_SECONDS": "12.5"}).drain_grace_seconds == 12.5
+    with pytest.raises(SystemExit):
+        parse_settings(["--tokenizer-name", "/m", "--drain-grace-seconds", "-1"], environ={})
