@@ -113,6 +113,18 @@ class Metrics:
             registry=r,
         )
         self.kv_blocks_total = Gauge("pytgi_kv_blocks_total", "KV-cache blocks", registry=r)
+        # For Kubernetes' inference gateway (its endpoint picker's --kv-cache-usage-percentage-metric
+        # and --cache-info-metric, vLLM's label names): a fraction, and the geometry as labels.
+        self.kv_cache_usage = Gauge(
+            "pytgi_kv_cache_usage_ratio",
+            "Fraction of KV-cache blocks held by live requests (0 to 1; cached prefixes no live "
+            "request holds count as free: they are evicted on demand)", registry=r,
+        )
+        self.cache_config_info = Gauge(
+            "pytgi_cache_config_info", "The KV cache's geometry (value 1): tokens per block, "
+            "usable blocks", ["block_size", "num_gpu_blocks"], registry=r,
+        )
+        self._kv_total = 0
         self.shard_reconnects = Counter(
             "pytgi_shard_reconnects", "Times the router re-connected to and re-warmed the shards",
             registry=r,
@@ -164,6 +176,21 @@ class Metrics:
             "Health RPCs sent to the shards (/health shares one and caches it; the watchdog's own)",
             registry=r,
         )
+
+    def kv_capacity(self, block_size: int, blocks: int) -> None:
+        """The KV cache's size, at every (re-)warm: a restarted shard group may size it anew, so
+        the info metric's old labels go rather than leave two geometries for a scraper to pick."""
+        self._kv_total = blocks
+        self.kv_blocks_total.set(blocks)
+        self.cache_config_info.clear()
+        self.cache_config_info.labels(block_size=str(block_size), num_gpu_blocks=str(blocks)).set(1)
+
+    def kv_free(self, free: int) -> None:
+        """Blocks no live request holds, and the usage fraction that follows: set together so
+        that a scrape never sees one without the other."""
+        self.kv_blocks_free.set(free)
+        total = self._kv_total
+        self.kv_cache_usage.set((total - free) / total if total > 0 else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -137,8 +137,8 @@ class Infer:
                                     self._release, self.settings.shard_step_timeout_s)
         self._info = info
         self.metrics.batch_max_total_tokens.set(info.max_batch_total_tokens)
-        self.metrics.kv_blocks_total.set(cache.total)
-        self.metrics.kv_blocks_free.set(cache.free_count)
+        self.metrics.kv_capacity(info.block_size, cache.total)
+        self.metrics.kv_free(cache.free_count)
         self._task = asyncio.get_running_loop().create_task(
             self._scheduler.run(), name="pytgi-batching"
         )
@@ -173,7 +173,7 @@ class Infer:
             self.metrics.queue_size.set(0)
             self.metrics.batch_current_size.set(0)
             self.metrics.batch_current_max_tokens.set(0)
-            self.metrics.kv_blocks_free.set(scheduler.cache.free_count)
+            self.metrics.kv_free(scheduler.cache.free_count)
 
     def submit(self, request: ValidRequest) -> RequestStream:
         """Admits `request` or raises: OverloadedError (429) when every permit is taken or the

@@ -220,6 +220,9 @@ class Scheduler:
         if self._prompt_tokens:
             metrics.prefix_cache_hit_ratio.set(self._cached_tokens / self._prompt_tokens)
         metrics.queue_size.set(len(queue))
+        # Their blocks are held from now, not from the step's answer (a long prefill): the
+        # gateway's picker reads the usage between steps.
+        metrics.kv_free(self.cache.free_count)
 
     async def _preempt(self, plan: StepPlan) -> None:
         """The planner released the victims' blocks: take them out of the live set and the
@@ -333,5 +336,5 @@ class Scheduler:
         metrics = self.metrics
         metrics.batch_current_size.set(len(self.running))
         metrics.batch_current_max_tokens.set(self.running.reserved_tokens)
-        metrics.kv_blocks_free.set(self.cache.free_count)
+        metrics.kv_free(self.cache.free_count)
         metrics.queue_size.set(len(self.queue))

@@ -529,6 +529,8 @@ def test_sigterm_is_not_ready_first_then_drains(spare_shards: ShardProcesses, mo
                 before = pool.submit(post, u, "/generate", body)
                 _wait_for(lambda: metric(u, "tgi_batch_inference_count", method="prefill")
                           == prefills + 1)
+                # The gateway's KV gauge sees the admitted request's blocks during its prefill.
+                assert 0 < metric(u, "pytgi_kv_cache_usage_ratio") < 1
                 router.signal()
                 signalled = time.monotonic()
                 _wait_for(lambda: httpx.get(f"{u}/health").status_code == 503)
