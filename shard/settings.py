@@ -99,6 +99,9 @@ class ShardSettings:
     # TGI's --speculate: up to N n-gram drafts per sequence and decode step, verified in one
     # forward (shard/engine/speculation.py); 0: off, every step as without it.
     speculate: int = 0
+    # TGI's --lora-adapters: `id`, `name=id` or `name=path`, comma-separated (shard/lora/spec.py);
+    # loaded at start-up, selected per request by the wire Request's adapter_index.
+    lora_adapters: str | None = None
     trust_remote_code: bool = False
     # None: the device's default (DeviceCapabilities.default_attention), resolved at start-up.
     attention: str | None = None

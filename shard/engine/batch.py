@@ -194,7 +194,16 @@ class Batch:
             max_seqlen_k=self.max_length,
             block_size=self.block_size,
         )
-        return ForwardInputs(self.last_ids, positions, meta, None, self.rows)
+        return ForwardInputs(self.last_ids, positions, meta, None, self.rows,
+                             adapters=self.row_adapters())
+
+    def row_adapters(self) -> torch.Tensor | None:
+        """Each row's LoRA adapter (None: all base), from its RequestState: filter and
+        concatenate keep it with the request."""
+        per_row = [r.adapter_index for r in self.requests]
+        if not any(per_row):
+            return None
+        return torch.tensor(per_row, dtype=torch.long).to(self.rows.device, non_blocking=True)
 
     def _slots(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.slot_table[rows, positions]

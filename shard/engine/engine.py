@@ -48,6 +48,7 @@ from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, 
 from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.lora.adapter_set import AdapterSet
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -73,9 +74,12 @@ class _Step(NamedTuple):
 
 class Engine:
     def __init__(
-        self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings
+        self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings,
+        adapters: AdapterSet | None = None,
     ) -> None:
         self.model = model
+        # The LoRA adapters attached to the model (--lora-adapters; shard/lora/).
+        self.adapters = adapters or AdapterSet()
         self.detokenizer = detokenizer
         # Each step's Generations, as wire bytes (shard/output/wire.py).
         self.writer = GenerationWriter(detokenizer.special_ids)
@@ -92,7 +96,7 @@ class Engine:
             StepTimeline() if settings.step_timeline is not None and dist.rank == 0 else None
         )
         # The model, its KV cache (block 0 only until Warmup), decode graphs and look-aheads.
-        self.runner = ModelRunner(model, dist, settings)
+        self.runner = ModelRunner(model, dist, settings, self.adapters.rows)
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
         self.encoder_decoder = isinstance(model, EncoderDecoderModel)
         # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
@@ -129,12 +133,15 @@ class Engine:
             watermark=self.watermark,
             grammars=self.grammars,
             speculate=self.speculate,
+            num_adapters=len(self.adapters.names),
         )
 
     def info(self) -> generate_pb2.InfoResponse:
-        return info_response(
+        out = info_response(
             self.model, self.settings, self.dist.world_size, self.block_size, self.encoder_decoder
         )
+        out.lora_adapters.extend(self.adapters.names)
+        return out
 
     def prepare_grammar(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
         """PrepareGrammar, compiled off the engine's thread (GrammarCompiler.prepare_request)."""

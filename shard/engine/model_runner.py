@@ -46,6 +46,7 @@ from pytgi_shard.engine.warmup import (
     warmup_batch,
 )
 from pytgi_shard.errors import OutOfMemory
+from pytgi_shard.lora.layer import RowAdapters
 from pytgi_shard.models.model import Model
 from pytgi_shard.settings import ShardSettings
 
@@ -56,8 +57,12 @@ RunBatch = Callable[[generate_pb2.Batch], None]
 
 
 class ModelRunner:
-    def __init__(self, model: Model, dist: Dist, settings: ShardSettings) -> None:
+    def __init__(self, model: Model, dist: Dist, settings: ShardSettings,
+                 lora_rows: RowAdapters | None = None) -> None:
         self.model = model
+        # The rows of each LoRA adapter, bound around every eager forward; the model's
+        # LoraLinear layers read it (shard/lora/layer.py). CUDA graphs are off with adapters.
+        self.lora_rows = lora_rows or RowAdapters()
         self.dist = dist
         self.settings = settings
         self.block_size = settings.block_size
@@ -92,16 +97,20 @@ class ModelRunner:
         are a view of the graph's output, which its next replay overwrites: the bool says so)."""
         timer = ForwardTimer(self.model.device)
         graphs = self.decode_graphs
-        if graphs is not None and graphs.takes(inputs, self.kv_cache):
+        if graphs is not None and inputs.adapters is None and graphs.takes(inputs, self.kv_cache):
             logits, graphed = graphs.forward(inputs, self.kv_cache), True
         else:
-            logits, graphed = self.model.forward(
-                inputs.input_ids,
-                inputs.positions,
-                self.kv_cache,
-                inputs.meta,
-                inputs.lm_head_indices,
-            ), False
+            self.lora_rows.bind(inputs.adapters)
+            try:
+                logits, graphed = self.model.forward(
+                    inputs.input_ids,
+                    inputs.positions,
+                    self.kv_cache,
+                    inputs.meta,
+                    inputs.lm_head_indices,
+                ), False
+            finally:
+                self.lora_rows.clear()
         timer.stop()
         return logits, timer, graphed
 

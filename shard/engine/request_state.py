@@ -15,6 +15,7 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.engine.drafting import DraftState
 from pytgi_shard.engine.request_validation import chunk_end, validate_request
+from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.output.detokenizer import TextStream
 from pytgi_shard.output.stopping import StoppingCriteria
 from pytgi_shard.sample.chooser import SamplingParams, Watermark
@@ -35,6 +36,8 @@ class BatchContext:
     grammars: GrammarCompiler | None = None
     # --speculate: the eligible requests keep an n-gram index (shard/engine/drafting.py).
     speculate: int = 0
+    # LoRA adapters served (--lora-adapters): a request's adapter_index is at most this.
+    num_adapters: int = 0
 
 
 @dataclass(slots=True)
@@ -60,6 +63,8 @@ class RequestState:
     encoder_length: int = 0
     # Its n-gram drafter when it may draft (--speculate, shard/engine/drafting.py), else None.
     draft: DraftState | None = None
+    # Its LoRA adapter: 0 the base model, i the shard's adapter i (Info.lora_adapters[i - 1]).
+    adapter_index: int = 0
 
     @property
     def length(self) -> int:
@@ -79,6 +84,9 @@ def request_state(
     the vocabulary (InvalidRequest otherwise)."""
     stop = pb.stopping_parameters
     validate_request(pb, sequence, ctx.vocab_size, ctx.block_size, ctx.num_blocks)
+    if pb.adapter_index > ctx.num_adapters:
+        raise InvalidRequest(f"request {pb.id}: adapter_index {pb.adapter_index} names no "
+                             f"loaded LoRA adapter ({ctx.num_adapters} loaded)")
     eos = () if stop.ignore_eos_token else ctx.eos_ids
     stopping = StoppingCriteria(stop.max_new_tokens, eos, list(stop.stop_sequences))
     stopping.generated = len(pb.generated_ids)
@@ -95,4 +103,5 @@ def request_state(
         chunk_end=chunk_end(pb, len(sequence)),
         sequence_length=len(sequence),
         resumed=len(pb.generated_ids),
+        adapter_index=pb.adapter_index,
     )

@@ -34,6 +34,8 @@ class ForwardInputs:
     # For prefill logprobs: logits rows and the sequence token each row predicts.
     prompt_rows: torch.Tensor | None = None
     prompt_targets: torch.Tensor | None = None
+    # Each flat token's LoRA adapter (0: the base model); None: every token runs the base model.
+    adapters: torch.Tensor | None = None
 
 
 class ChunkRow(Protocol):
@@ -49,6 +51,8 @@ class ChunkRow(Protocol):
     def prefill_logprobs(self) -> bool: ...
     @property
     def complete(self) -> bool: ...
+    @property
+    def adapter_index(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -104,7 +108,9 @@ def chunk_inputs(
         max_seqlen_k=max(ends),
         block_size=block_size,
     )
+    adapters = token_adapters([r.adapter_index for r in requests], q_lens_t, total)
     if decode is not None:
+        adapters = _joined_adapters(decode, adapters, total)
         input_ids = torch.cat([decode.input_ids, input_ids])
         positions = torch.cat([decode.positions, positions])
         meta = _after_decode(decode.meta, meta)
@@ -121,7 +127,31 @@ def chunk_inputs(
         tensor(rows.last),
         tensor(rows.prompt) if prompt else None,
         torch.cat(prompt) if prompt else None,
+        adapters,
     )
+
+
+def token_adapters(per_row: list[int], counts: torch.Tensor, total: int) -> torch.Tensor | None:
+    """Each flat token's adapter from its row's (`counts` tokens per row); None when every row
+    runs the base model, so that a batch without adapters costs nothing."""
+    if not any(per_row):
+        return None
+    rows = torch.tensor(per_row, dtype=torch.long, device=counts.device)
+    return torch.repeat_interleave(rows, counts, output_size=total)
+
+
+def _joined_adapters(
+    decode: ForwardInputs, chunks: torch.Tensor | None, chunk_tokens: int
+) -> torch.Tensor | None:
+    """The decode rows' adapters then the chunks' (zeros for a side without any)."""
+    if decode.adapters is None and chunks is None:
+        return None
+    device = decode.input_ids.device
+    first = decode.adapters if decode.adapters is not None else torch.zeros(
+        decode.input_ids.shape[0], dtype=torch.long, device=device)
+    second = chunks if chunks is not None else torch.zeros(
+        chunk_tokens, dtype=torch.long, device=device)
+    return torch.cat([first, second])
 
 
 def _logits_rows(

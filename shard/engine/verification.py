@@ -118,7 +118,9 @@ def verify_inputs(batch: Batch, drafts: Drafts) -> ForwardInputs:
         max_seqlen_k=max(batch.max_length, longest),
         block_size=batch.block_size,
     )
-    return ForwardInputs(input_ids, positions, meta, None, cu[:-1])
+    per_row = batch.row_adapters()
+    adapters = None if per_row is None else per_row[row_of_token]
+    return ForwardInputs(input_ids, positions, meta, None, cu[:-1], adapters=adapters)
 
 
 def _starts(counts: list[int], rows: list[int]) -> list[int]:

@@ -46,6 +46,7 @@ ENV_FALLBACKS = {
     "grammar_cache_bytes": ("GRAMMAR_CACHE_BYTES", int),
     "kv_cache_dtype": ("KV_CACHE_DTYPE", str),
     "speculate": ("SPECULATE", int),
+    "lora_adapters": ("LORA_ADAPTERS", str),
 }
 
 
@@ -83,6 +84,12 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="up to N n-gram drafts per greedy sequence and decode step, verified in one "
         "forward (env SPECULATE; default 0: off)",
+    )
+    p.add_argument(
+        "--lora-adapters",
+        help="LoRA adapters to serve: a comma list of `id`, `name=id` or `name=path` (PEFT "
+        "directories or Hub ids), for pytgi's Llama-family models on one shard (env "
+        "LORA_ADAPTERS)",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument(

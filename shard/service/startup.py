@@ -13,7 +13,9 @@ from pytgi_shard.device.capabilities import DeviceCapabilities, probe_capabiliti
 from pytgi_shard.device.distributed import Dist, init_distributed
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.kv_format import fp8_refusal
+from pytgi_shard.lora.adapter_set import AdapterSet, load_adapter_set
 from pytgi_shard.models import MODELS, get_model
+from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.quantization.resolution import resolve_quantization
@@ -86,6 +88,10 @@ def load_engine(settings: ShardSettings) -> Engine:
     # Before the process group: a refused quantization fails every rank at once, alike.
     quantization = resolve_quantization(settings.model_path, config.raw, settings.quantize)
     settings = dataclasses.replace(settings, quantize=quantization.method if quantization else "")
+    # Before the process group too: every rank refuses alike, none waits for the others.
+    lora_refusal = multi_rank_lora_refusal(settings)
+    if lora_refusal is not None:
+        raise StartupRefused(lora_refusal)
     device = choose_device(settings.rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -112,8 +118,29 @@ def load_engine(settings: ShardSettings) -> Engine:
     refusal = fp8_refusal(settings, model)
     if refusal is not None:
         raise StartupRefused(refusal)
+    adapters = load_lora(settings, model, dtype)
+    if adapters and settings.cuda_graphs:
+        # The per-row adapter grouping is read on the host each forward: not capturable.
+        log.info("CUDA graphs off: LoRA adapters are loaded")
+        settings = dataclasses.replace(settings, cuda_graphs=())
     detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
-    return Engine(model, detokenizer, dist, settings)
+    return Engine(model, detokenizer, dist, settings, adapters)
+
+
+def multi_rank_lora_refusal(settings: ShardSettings) -> str | None:
+    """LoRA on several ranks would need A/B sliced with each parallel layer: not implemented."""
+    if settings.world_size > 1 and settings.lora_adapters and settings.lora_adapters.strip():
+        return (f"--lora-adapters needs --num-shard 1: tensor-parallel LoRA is not implemented "
+                f"({settings.world_size} shards)")
+    return None
+
+
+def load_lora(settings: ShardSettings, model: Model, dtype: torch.dtype) -> AdapterSet:
+    """--lora-adapters read and attached, or StartupRefused in one line naming the adapter."""
+    try:
+        return load_adapter_set(settings.lora_adapters, model, dtype, settings.world_size)
+    except ValueError as e:
+        raise StartupRefused(str(e)) from e
 
 
 def peer_urls(settings: ShardSettings, dist: Dist) -> list[str]:

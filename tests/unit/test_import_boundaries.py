@@ -157,9 +157,10 @@ def test_relative_imports_resolve_inside_their_package() -> None:
 # sideways, between the step's helpers) is a cycle in the making.
 SHARD_BELOW = {
     "service": {"engine", "models", "weights", "device", "attention", "quantization", "output",
-                "sample", "structured_output", "layers"},
+                "sample", "structured_output", "layers", "lora"},
     "engine": {"models", "layers", "attention", "weights", "quantization", "device", "output",
-               "sample", "structured_output", "speculative"},
+               "sample", "structured_output", "speculative", "lora"},
+    "lora": {"models", "layers", "weights", "device"},
     "speculative": {"sample", "device"},
     "sample": {"structured_output", "device"},
     "structured_output": {"device"},

@@ -1,0 +1,121 @@
+"""Adapters attached to a loaded Llama-family model: each adapted projection's linear layer
+wrapped in a LoraLinear holding every adapter's (A, B) for it, fused as the layer is fused
+(q|k|v in one matmul, gate|up in another), checked against the base model's shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from pytgi_shard.layers.mlp import GatedMLP
+from pytgi_shard.lora.layer import LoraLinear, RowAdapters
+from pytgi_shard.lora.peft_adapter import AdapterRefused, PeftAdapter
+from pytgi_shard.models.llama.model import Llama, LlamaDecoderLayer
+
+# Each wrapped layer: (owner attribute, layer attribute, the projections fused in it, in order).
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+def attach_adapters(model: object, adapters: Sequence[PeftAdapter], world_size: int
+                    ) -> RowAdapters:
+    """Wraps the model's projections; returns the rows holder its ModelRunner binds per
+    forward. Raises AdapterRefused (one line) for a model or adapter that does not fit."""
+    rows = RowAdapters()
+    if not adapters:
+        return rows
+    first = adapters[0].name
+    if not isinstance(model, Llama):
+        raise AdapterRefused(f"LoRA adapter {first!r}: {type(model).__name__} "
+                             f"({getattr(model, 'model_type', '?')}) is not supported: LoRA "
+                             "runs on pytgi's own Llama-family models only")
+    if world_size > 1:
+        raise AdapterRefused(f"LoRA adapter {first!r}: --lora-adapters needs --num-shard 1 "
+                             f"(tensor-parallel LoRA is not implemented; {world_size} shards)")
+    for adapter in adapters:
+        layers = {layer for layer, _ in adapter.pairs}
+        if max(layers) >= len(model.layers):
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: adapts layer {max(layers)}, "
+                                 f"the model has {len(model.layers)}")
+    for i, layer in enumerate(model.layers):
+        assert isinstance(layer, LlamaDecoderLayer)
+        attn, mlp = layer.self_attn, layer.mlp
+        kv = attn.kv_size
+        plan: list[tuple[nn.Module, str, tuple[str, ...], list[int] | None]] = [
+            (attn, "qkv", QKV, [attn.q_size, kv, kv]), (attn, "o_proj", ("o_proj",), None)]
+        if isinstance(mlp, GatedMLP):
+            half = _dense(mlp.gate_up, adapters, i).shape[0] // 2
+            # The fused activation kernel reads gate_up's output as before.
+            plan += [(mlp, "gate_up", GATE_UP, [half, half]), (mlp, "down", ("down_proj",), None)]
+        elif any((i, m) in a.pairs for a in adapters for m in (*GATE_UP, "down_proj")):
+            raise AdapterRefused(f"LoRA adapter {_naming(adapters, i, GATE_UP)!r}: layer {i}'s "
+                                 "MLP is not a gate/up/down MLP (MoE or plain): not supported")
+        for owner, attr, modules, sizes in plan:
+            setattr(owner, attr, _wrap(getattr(owner, attr), adapters, i, modules, sizes, rows))
+    return rows
+
+
+def _naming(adapters: Sequence[PeftAdapter], layer: int, modules: Sequence[str]) -> str:
+    """The first adapter adapting one of `modules` at `layer` (the one a refusal names)."""
+    return next(a.name for a in adapters if any((layer, m) in a.pairs for m in modules))
+
+
+def _dense(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int) -> torch.Tensor:
+    weight = getattr(linear, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise AdapterRefused(f"LoRA adapter {adapters[0].name!r}: layer {layer}'s weights are "
+                             "quantized: LoRA runs on float weights only")
+    return weight
+
+
+def _wrap(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int,
+          modules: Sequence[str], sizes: list[int] | None, rows: RowAdapters) -> nn.Module:
+    """`linear` in a LoraLinear when any adapter adapts one of `modules` at `layer`; fused
+    layers' outputs are split by `sizes` (one per module)."""
+    if not any((layer, m) in a.pairs for a in adapters for m in modules):
+        return linear
+    weight = _dense(linear, adapters, layer)
+    out_features, in_features = weight.shape
+    sizes = sizes or [out_features]
+    if sum(sizes) != out_features:
+        raise AdapterRefused(f"LoRA adapter {adapters[0].name!r}: layer {layer} "
+                             f"{'/'.join(modules)} do not fuse as {sizes} ({out_features})")
+    a_list, b_list = [], []
+    for adapter in adapters:
+        a, b = _fused_pair(adapter, layer, modules, sizes, in_features, weight)
+        a_list.append(a)
+        b_list.append(b)
+    return LoraLinear(linear, a_list, b_list, rows)
+
+
+def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], sizes: list[int],
+                in_features: int, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stacked over the adapted pieces, B block-diagonal in the fused output rows (empty
+    when the adapter adapts none of them here)."""
+    pieces = [(m, start, size) for m, start, size in
+              zip(modules, _starts(sizes), sizes, strict=True) if (layer, m) in adapter.pairs]
+    total = sum(adapter.pairs[(layer, m)][0].shape[0] for m, _, _ in pieces)
+    a = weight.new_zeros(total, in_features)
+    b = weight.new_zeros(sum(sizes), total)
+    col = 0
+    for module, start, size in pieces:
+        pa, pb = adapter.pairs[(layer, module)]
+        if pa.shape[1] != in_features or pb.shape[0] != size:
+            raise AdapterRefused(
+                f"LoRA adapter {adapter.name!r}: layer {layer} {module} is {pb.shape[0]}×"
+                f"{pa.shape[1]}, the base model's is {size}×{in_features}")
+        r = pa.shape[0]
+        a[col:col + r] = pa.to(weight.device, weight.dtype)
+        b[start:start + size, col:col + r] = pb.to(weight.device, weight.dtype)
+        col += r
+    return a, b
+
+
+def _starts(sizes: list[int]) -> list[int]:
+    out, at = [], 0
+    for size in sizes:
+        out.append(at)
+        at += size
+    return out
