@@ -14,6 +14,10 @@ their KV is written (`commit`), never at admission. Unreferenced cached blocks s
 the free list runs short; then the least recently used leaf is evicted first (a child's key names
 its parent's id, which must not be reused while the child is cached).
 
+KV depends on the LoRA adapter a sequence runs under as well as on its tokens, so a first block's
+key names its adapter instead of a parent (`root_key`): None for the base model, -i for adapter
+i (block ids are positive), and the chains of different adapters never meet.
+
 A sequence computes a block equal to a cached one when its prompt repeats one whose last block
 was never a hit, or when it generates the tokens an earlier run did. Its table keeps its own copy
 (the shard has that table, and tables never change under the shard). When no table holds the
@@ -36,8 +40,19 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# (parent block id or None for a first block, the block's token ids)
+# (parent block id, or for a first block its root: None for the base model, -i for LoRA adapter
+# i; the block's token ids)
 BlockKey = tuple[int | None, tuple[int, ...]]
+
+
+def root_key(adapter: int) -> int | None:
+    """A first block's parent in its key: its adapter's root (None: the base model)."""
+    return None if adapter == 0 else -adapter
+
+
+def _is_block(parent: int | None) -> bool:
+    """Whether a key's parent is a block (not a root)."""
+    return parent is not None and parent > 0
 
 
 class PrefixCacheError(RuntimeError):
@@ -71,6 +86,8 @@ class _Sequence:
     # The cached block standing for each committed full block of the sequence: its own table
     # block, or the identical block cached first by someone else (then pinned).
     chain: list[int]
+    # Its first block's parent in the keys: its adapter's root (root_key).
+    root: int | None = None
 
 
 class PrefixCache:
@@ -148,17 +165,17 @@ class PrefixCache:
         can fetch just what `grow` appended)."""
         return tuple(self._sequence(seq_id).table[start:])
 
-    def cached_prefix(self, tokens: Sequence[int], reuse: bool = True) -> int:
+    def cached_prefix(self, tokens: Sequence[int], reuse: bool = True, adapter: int = 0) -> int:
         """The `cached_tokens` an admission of `tokens` would get now (changes nothing)."""
-        return len(self._match(tokens, reuse)) * self.block_size
+        return len(self._match(tokens, reuse, adapter)) * self.block_size
 
     def blocks_needed(
-        self, tokens: Sequence[int], reserve_tokens: int = 0, reuse: bool = True
+        self, tokens: Sequence[int], reserve_tokens: int = 0, reuse: bool = True, adapter: int = 0
     ) -> int:
         """How much `admit(tokens, reserve_tokens, reuse)` would take out of `free_count` now:
         fresh blocks plus the cache hits that are evictable today. It succeeds iff this is at
         most `free_count`."""
-        matched = self._match(tokens, reuse)
+        matched = self._match(tokens, reuse, adapter)
         lru = self._lru
         fresh = self.blocks_for(len(tokens) + reserve_tokens) - len(matched)
         return fresh + sum(1 for block in matched if block in lru)
@@ -176,7 +193,8 @@ class PrefixCache:
     # Life of a sequence
 
     def admit(
-        self, seq_id: int, tokens: Sequence[int], reserve_tokens: int = 0, reuse: bool = True
+        self, seq_id: int, tokens: Sequence[int], reserve_tokens: int = 0, reuse: bool = True,
+        adapter: int = 0,
     ) -> Admission | None:
         """Blocks for `tokens` plus `reserve_tokens` more, reusing the longest cached prefix of
         `tokens` except the block of its last token (its logits must be computed, and a shared
@@ -189,7 +207,7 @@ class PrefixCache:
             raise ValueError("cannot admit a sequence without tokens")
         if reserve_tokens < 0:
             raise ValueError(f"reserve_tokens must be >= 0, got {reserve_tokens}")
-        matched = self._match(tokens, reuse)
+        matched = self._match(tokens, reuse, adapter)
         fresh = self.blocks_for(len(tokens) + reserve_tokens) - len(matched)
         lru = self._lru
         evictable_hits = sum(1 for block in matched if block in lru)
@@ -201,7 +219,7 @@ class PrefixCache:
             refs[block] += 1
             lru.pop(block, None)
         table = matched + self._take(fresh)
-        self._seqs[seq_id] = _Sequence(table, list(matched))
+        self._seqs[seq_id] = _Sequence(table, list(matched), root_key(adapter))
         return Admission(tuple(table), len(matched) * self.block_size)
 
     def grow(self, seq_id: int, tokens: int) -> bool:
@@ -233,7 +251,7 @@ class PrefixCache:
         if not self.prefix_caching or full <= len(chain):
             return
         index = self._index
-        parent = chain[-1] if chain else None
+        parent = chain[-1] if chain else seq.root
         for position in range(len(chain), full):
             key = (parent, tuple(tokens[position * size:(position + 1) * size]))
             own = seq.table[position]
@@ -287,14 +305,15 @@ class PrefixCache:
             raise PrefixCacheError(f"sequence {seq_id} is not admitted")
         return seq
 
-    def _match(self, tokens: Sequence[int], reuse: bool = True) -> list[int]:
-        """The cached chain of `tokens`' full blocks, never including its last token's block."""
+    def _match(self, tokens: Sequence[int], reuse: bool = True, adapter: int = 0) -> list[int]:
+        """The cached chain of `tokens`' full blocks under `adapter`, never including its last
+        token's block."""
         if not (self.prefix_caching and reuse):
             return []
         size = self.block_size
         index = self._index
         matched: list[int] = []
-        parent: int | None = None
+        parent = root_key(adapter)
         for position in range((len(tokens) - 1) // size):
             block = index.get((parent, tuple(tokens[position * size:(position + 1) * size])))
             if block is None:
@@ -308,7 +327,7 @@ class PrefixCache:
         self._index[key] = block
         self._keys[block] = key
         parent = key[0]
-        if parent is not None:
+        if _is_block(parent):
             self._children.setdefault(parent, set()).add(block)
 
     def _unpin(self, block: int, seq_id: int) -> None:
@@ -328,7 +347,7 @@ class PrefixCache:
         key = self._keys.pop(copy)
         self._register(key, own)
         parent = key[0]
-        if parent is not None:
+        if _is_block(parent):
             self._children[parent].discard(copy)
         children = self._children.pop(copy, None)
         if children:
@@ -381,7 +400,7 @@ class PrefixCache:
         key = self._keys.pop(block)
         del self._index[key]
         parent = key[0]
-        if parent is not None:
+        if _is_block(parent):
             siblings = self._children[parent]
             siblings.discard(block)
             if not siblings:

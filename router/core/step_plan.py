@@ -241,14 +241,15 @@ def admit_newcomers(
             break
         tokens = entry.tokens
         reuse = not entry.pb.prefill_logprobs
+        adapter = entry.request.adapter_index
         reserve = kv_tokens(entry) - len(tokens)
-        if cache.blocks_needed(tokens, reserve, reuse) + watermark > cache.free_count:
+        if cache.blocks_needed(tokens, reserve, reuse, adapter) + watermark > cache.free_count:
             break
-        if not chunking and len(tokens) - cache.cached_prefix(tokens, reuse) > budget and (
+        if not chunking and len(tokens) - cache.cached_prefix(tokens, reuse, adapter) > budget and (
             chunks or len(tokens) == len(entry.request.input_ids)
         ):
             break
-        admission = cache.admit(entry.id, tokens, reserve, reuse)
+        admission = cache.admit(entry.id, tokens, reserve, reuse, adapter)
         if admission is None:  # blocks_needed said it fits: never, short of a bug
             break
         entry.blocks_held = len(admission.blocks)

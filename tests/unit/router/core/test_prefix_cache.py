@@ -318,3 +318,25 @@ def test_bookkeeping_errors_are_raised() -> None:
     with pytest.raises(ValueError):
         cache.admit(3, [1], -1)
     assert cache.free_count == cache.total
+
+
+def test_blocks_cached_under_one_adapter_are_never_hits_for_another() -> None:
+    """A prompt's KV depends on its LoRA adapter: the same tokens under adapter 1, adapter 2 and
+    the base model share nothing; under the same adapter again they hit."""
+    cache = PrefixCache(num_blocks=40, block_size=4)
+    prompt = list(range(13))
+    first = cache.admit(1, prompt, adapter=1)
+    assert first is not None and first.cached_tokens == 0
+    cache.commit(1, prompt)
+    for seq_id, adapter in ((2, 2), (3, 0)):
+        assert cache.cached_prefix(prompt, adapter=adapter) == 0
+        other = cache.admit(seq_id, prompt, adapter=adapter)
+        assert other is not None and other.cached_tokens == 0
+        assert not set(other.blocks) & set(first.blocks)
+        cache.commit(seq_id, prompt)
+    again = cache.admit(4, prompt, adapter=1)
+    assert again is not None and again.cached_tokens == 12
+    assert again.blocks[:3] == first.blocks[:3]
+    base = cache.admit(5, prompt)
+    assert base is not None and base.cached_tokens == 12
+    assert not set(base.blocks[:3]) & set(first.blocks)

@@ -20,10 +20,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pytgi_router.core.prefix_cache import PrefixCache, PrefixCacheSnapshot
+from pytgi_router.core.prefix_cache import PrefixCache, PrefixCacheSnapshot, root_key
 
 TOKENS = st.lists(st.integers(0, 2), min_size=1, max_size=10)
 PICK = st.integers(0, 1 << 16)
+# The LoRA adapter a sequence runs under (0: the base model): its KV depends on it.
+ADAPTER = st.sampled_from([0, 0, 1, 2])
 
 
 @dataclass
@@ -31,13 +33,16 @@ class ModelSequence:
     tokens: list[int]
     table: list[int]
     written: int  # tokens whose KV is in the blocks (and committed)
+    adapter: int = 0
 
 
 @dataclass
 class Model:
     live: dict[int, ModelSequence] = field(default_factory=dict)
-    preempted: list[list[int]] = field(default_factory=list)
-    # What the shard holds in each slot of each block: the token prefix its KV was computed from.
+    # (tokens, adapter) of each preempted sequence.
+    preempted: list[tuple[list[int], int]] = field(default_factory=list)
+    # What the shard holds in each slot of each block: (adapter, *the token prefix) its KV was
+    # computed from.
     stored: dict[int, list[tuple[int, ...] | None]] = field(default_factory=dict)
     # Every sequence committed, to draw new prompts sharing their prefixes.
     seen: list[list[int]] = field(default_factory=list)
@@ -66,12 +71,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     # Helpers
 
-    def _expected_hits(self, snap: PrefixCacheSnapshot, tokens: list[int]) -> list[int]:
-        """The cached chain of `tokens`, walked over the snapshot's index independently."""
+    def _expected_hits(
+        self, snap: PrefixCacheSnapshot, tokens: list[int], adapter: int
+    ) -> list[int]:
+        """The cached chain of `tokens` under `adapter`, walked over the snapshot's index
+        independently."""
         by_key = {key: block for block, key in snap.index.items()}
         size = self.cache.block_size
         hits: list[int] = []
-        parent: int | None = None
+        parent: int | None = root_key(adapter)
         for position in range((len(tokens) - 1) // size):
             block = by_key.get((parent, tuple(tokens[position * size:(position + 1) * size])))
             if block is None:
@@ -87,20 +95,20 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         evicted = [b for b in candidates if b not in after.index]
         assert evicted == candidates[:len(evicted)]
 
-    def _admit(self, tokens: list[int], reserve: int) -> None:
+    def _admit(self, tokens: list[int], reserve: int, adapter: int = 0) -> None:
         cache = self.cache
         before = cache.snapshot()
-        needed = cache.blocks_needed(tokens, reserve)
+        needed = cache.blocks_needed(tokens, reserve, adapter=adapter)
         free = cache.free_count
-        hits = self._expected_hits(before, tokens) if cache.prefix_caching else []
+        hits = self._expected_hits(before, tokens, adapter) if cache.prefix_caching else []
         seq_id = self.next_id
         self.next_id += 1
         self.admissions_since_restart += 1
-        admission = cache.admit(seq_id, tokens, reserve)
+        admission = cache.admit(seq_id, tokens, reserve, adapter=adapter)
         if admission is None:
             assert needed > free
             assert cache.snapshot() == before
-            self.model.preempted.append(tokens)
+            self.model.preempted.append((tokens, adapter))
             return
         size = cache.block_size
         assert needed <= free and cache.free_count == free - needed
@@ -109,13 +117,13 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert len(admission.blocks) == cache.blocks_for(len(tokens) + reserve)
         assert 0 not in admission.blocks
         for position, block in enumerate(hits):
-            # A hit holds exactly the KV this sequence would have computed.
+            # A hit holds exactly the KV this sequence would have computed, under its adapter.
             assert self.model.stored[block] == [
-                tuple(tokens[:position * size + slot + 1]) for slot in range(size)
+                (adapter, *tokens[:position * size + slot + 1]) for slot in range(size)
             ]
         self._check_lru_evictions(before, set(hits))
         self.model.live[seq_id] = ModelSequence(
-            list(tokens), list(admission.blocks), admission.cached_tokens)
+            list(tokens), list(admission.blocks), admission.cached_tokens, adapter)
 
     def _compute(self, seq_id: int) -> None:
         """The shard writes the KV of every pending token, then the router commits it."""
@@ -127,7 +135,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
             # Only a block this sequence alone holds, outside the index, is ever written.
             assert snap.refs[block] == 1 and block not in snap.pins and block not in snap.index
             slots = self.model.stored.setdefault(block, [None] * size)
-            slots[position % size] = tuple(seq.tokens[:position + 1])
+            slots[position % size] = (seq.adapter, *seq.tokens[:position + 1])
         seq.written = len(seq.tokens)
         self.cache.commit(seq_id, seq.tokens)
         self.model.seen.append(list(seq.tokens))
@@ -138,16 +146,20 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     # Rules
 
-    @rule(tokens=TOKENS, reserve=st.integers(0, 4))
-    def admit(self, tokens: list[int], reserve: int) -> None:
-        self._admit(tokens, reserve)
+    @rule(tokens=TOKENS, reserve=st.integers(0, 4), adapter=ADAPTER)
+    def admit(self, tokens: list[int], reserve: int, adapter: int) -> None:
+        self._admit(tokens, reserve, adapter)
 
     @precondition(lambda self: self.model.seen)
-    @rule(index=PICK, keep=st.integers(2, 12), suffix=TOKENS, reserve=st.integers(0, 4))
-    def admit_sharing(self, index: int, keep: int, suffix: list[int], reserve: int) -> None:
-        """A prompt starting like one computed before (a system prompt, a conversation)."""
+    @rule(index=PICK, keep=st.integers(2, 12), suffix=TOKENS, reserve=st.integers(0, 4),
+          adapter=ADAPTER)
+    def admit_sharing(
+        self, index: int, keep: int, suffix: list[int], reserve: int, adapter: int
+    ) -> None:
+        """A prompt starting like one computed before (a system prompt, a conversation),
+        under the same adapter or another one (then nothing may be shared)."""
         prompt = self.model.seen[index % len(self.model.seen)]
-        self._admit(prompt[:keep] + suffix, reserve)
+        self._admit(prompt[:keep] + suffix, reserve, adapter)
 
     @rule(length=st.integers(1, 16), reserve=st.integers(0, 4))
     def admit_unshared(self, length: int, reserve: int) -> None:
@@ -159,8 +171,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.preempted)
     @rule(index=PICK, reserve=st.integers(0, 2))
     def resume(self, index: int, reserve: int) -> None:
-        tokens = self.model.preempted.pop(index % len(self.model.preempted))
-        self._admit(tokens, reserve)
+        tokens, adapter = self.model.preempted.pop(index % len(self.model.preempted))
+        self._admit(tokens, reserve, adapter)
 
     @precondition(lambda self: any(s.written < len(s.tokens) for s in self.model.live.values()))
     @rule(index=PICK)
@@ -183,7 +195,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         if not cache.grow(seq_id, len(seq.tokens)):
             assert needed > cache.free_count
             assert cache.snapshot() == before
-            self.model.preempted.append(self._release(seq_id).tokens)
+            gone = self._release(seq_id)
+            self.model.preempted.append((gone.tokens, gone.adapter))
             return
         seq.table.extend(cache.table(seq_id, start=len(seq.table)))
         self._check_lru_evictions(before, set())
@@ -202,7 +215,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.live)
     @rule(index=PICK)
     def preempt(self, index: int) -> None:
-        self.model.preempted.append(self._release(pick(list(self.model.live), index)).tokens)
+        gone = self._release(pick(list(self.model.live), index))
+        self.model.preempted.append((gone.tokens, gone.adapter))
 
     @precondition(lambda self: any(s.written == len(s.tokens) for s in self.model.live.values()))
     @rule(index=PICK)
@@ -263,8 +277,8 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert len(set(snap.index.values())) == len(snap.index)
         for block, (parent, tokens) in snap.index.items():
             assert len(tokens) == size
-            if parent is None:
-                prefix: tuple[int, ...] = ()
+            if parent is None or parent < 0:  # a first block: its adapter's root
+                prefix: tuple[int, ...] = (0 if parent is None else -parent,)
             else:
                 assert parent in snap.index
                 last = self.model.stored[parent][-1]
@@ -278,7 +292,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         held = set(snap.refs) | set(snap.pins)
         order = {block: rank for rank, block in enumerate(snap.evictable)}
         for block, (parent, _) in snap.index.items():
-            if parent is None:
+            if parent is None or parent < 0:
                 continue
             if block in held:
                 assert parent in held
@@ -304,7 +318,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         size = self.cache.block_size
         pins: Counter[int] = Counter()
         for seq in self.model.live.values():
-            parent: int | None = None
+            parent: int | None = root_key(seq.adapter)
             for position in range(seq.written // size):
                 block = by_key[(parent, tuple(seq.tokens[position * size:(position + 1) * size]))]
                 if block != seq.table[position]:
