@@ -166,11 +166,14 @@ class RouterServer:
             adapters=info.lora_adapters,
         )
         validator = Validator(tokenizer, limits, self._executor)
+        config = files.read_json("config.json")
         self.state = AppState(
             settings=s, infer=infer, info=info, validator=validator, metrics=metrics,
             chat_template=template, reasoning=reasoning, tracing=self.tracing,
             model_sha=snapshot_sha(files.find("tokenizer.json")),
-            model_pipeline_tag=pipeline_tag(files.read_json("config.json")),
+            model_pipeline_tag=pipeline_tag(config),
+            architectures=tuple(a for a in (config or {}).get("architectures") or []
+                                if isinstance(a, str)),
         )
         self.sock = bind_socket(s.hostname, s.port)
         self._port = int(self.sock.getsockname()[1])

@@ -377,3 +377,19 @@ class Infer:
     @property
     def kv_blocks_total(self) -> int:
         return self._scheduler.cache.total if self._scheduler is not None else 0
+
+    @property
+    def running_count(self) -> int:
+        """Requests in the running batch (prefilling or decoding)."""
+        return len(self._scheduler.running) if self._scheduler is not None else 0
+
+    def flush_prefix_cache(self) -> bool:
+        """Forgets every cached prefix (SGLang's /flush_cache, which routers call on all their
+        workers), only while nothing is in flight: a live sequence's blocks cannot be dropped,
+        and the blocks themselves need no shard call (the router decides what they hold)."""
+        scheduler = self._scheduler
+        if scheduler is None or self._in_flight or len(scheduler.running) or len(scheduler.queue):
+            return False
+        scheduler.cache.clear()
+        self.metrics.kv_free(scheduler.cache.free_count)
+        return True

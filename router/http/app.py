@@ -39,6 +39,7 @@ from pytgi_router.http.openai.routes_responses import ResponsesRoutes
 from pytgi_router.http.openapi import DocsRoutes
 from pytgi_router.http.routes_generate import GenerateRoutes
 from pytgi_router.http.routes_info import InfoRoutes
+from pytgi_router.http.routes_workers import WorkerRoutes
 from pytgi_router.http.state import AppState
 
 log = logging.getLogger("pytgi.router")
@@ -215,6 +216,7 @@ def create_app(state: AppState) -> Starlette:
     comp = CompletionRoutes(state, flow)
     routes = [
         *InfoRoutes(state).routes(),
+        *WorkerRoutes(state).routes(),
         *gen.routes(),
         *chat.routes(),
         *comp.routes(),

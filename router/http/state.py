@@ -40,6 +40,8 @@ class AppState:
     # From the model's files (model_files.py): the resolved Hub revision, the pipeline tag.
     model_sha: str | None = None
     model_pipeline_tag: str | None = None
+    # config.json's `architectures`, which SGLang's routers read from a worker's /model_info.
+    architectures: tuple[str, ...] = ()
     version: str = field(default_factory=package_version)
     # Set on SIGTERM: /health answers 503 (not ready) while every route still serves, for the
     # drain's grace period (--drain-grace-seconds), so that balancers stop sending first.
@@ -101,6 +103,8 @@ class AppState:
             "max_batch_size": s.max_batch_size,
             # TGI's: drafts per sequence and decode step (the shards' --speculate), 0 when off.
             "speculate": i.speculate,
+            # pytgi's: the LoRA adapters served (--lora-adapters), what `adapter_id` may name.
+            "lora_adapters": list(i.lora_adapters),
             "router": "text-generation-router",
             "version": self.version,
             "sha": None,
