@@ -38,6 +38,9 @@ _VALUED: list[tuple[str, Any, str]] = [
      "verified by the model in one forward: greedy rows give exactly the tokens they give without "
      "it; only batches of at most 2 sequences draft, and sampling, penalised, watermarked and "
      "grammar rows never do (0..16; default 0: off)"),
+    ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
+     "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
+     "directories or Hub ids); pytgi's Llama-family models on one shard only"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
      "unless --rope-factor)"),
     ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),

@@ -46,6 +46,8 @@ class LauncherSettings:
     kv_cache_dtype: str | None = None
     # TGI's --speculate: n-gram drafts per sequence and decode step; 0: off.
     speculate: int = 0
+    # TGI's --lora-adapters: `id`, `name=id` or `name=path`, comma-separated; the shards load them.
+    lora_adapters: str | None = None
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
     max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS

@@ -118,7 +118,7 @@ class InfoRoutes:
         return Response(self.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
-        return json_response(models_list(self.state.model_id))
+        return json_response(models_list(self.state.model_id, self.state.infer.info.lora_adapters))
 
     async def tokenize(self, request: Request) -> Response:
         req = parse_generate(await read_json(request))

@@ -319,8 +319,12 @@ def completion(
     return out
 
 
-def models_list(model_id: str) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": model_id}],
-    }
+def models_list(model_id: str, adapters: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The served model, then each LoRA adapter with the model as its `parent` (vLLM's shape);
+    an adapter's id is what `model` selects it by."""
+    base: dict[str, Any] = {"id": model_id, "object": "model", "created": 0, "owned_by": model_id}
+    if adapters:
+        base["parent"] = None
+    lora = [{"id": name, "object": "model", "created": 0, "owned_by": model_id,
+             "parent": model_id} for name in adapters]
+    return {"object": "list", "data": [base, *lora]}

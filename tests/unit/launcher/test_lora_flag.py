@@ -1,0 +1,32 @@
+"""--lora-adapters (and its env form LORA_ADAPTERS) reaches the shards' settings unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytgi_launcher.cli import parse_settings
+from pytgi_launcher.commands import shard_argv, shard_env
+from pytgi_shard.service.cli import build_parser as shard_parser
+from pytgi_shard.service.cli import settings_from_args as shard_settings
+
+SPEC = "sql=/adapters/sql,org/chat-lora"
+
+
+@pytest.mark.parametrize(("argv", "environ"), [
+    (["--lora-adapters", SPEC], {}),
+    ([], {"LORA_ADAPTERS": SPEC}),
+])
+def test_the_adapters_reach_the_shard(argv: list[str], environ: dict[str, str]) -> None:
+    s = parse_settings(argv, environ=environ)
+    command = shard_argv(s, Path("/models/tiny"), rank=0, world_size=1, dtype="float32")
+    shard = shard_settings(shard_parser().parse_args(command[3:]), shard_env(s, {}, 0, 1))
+    assert shard.lora_adapters == SPEC
+
+
+def test_without_the_flag_the_shard_loads_none() -> None:
+    s = parse_settings([], environ={})
+    command = shard_argv(s, Path("/models/tiny"), rank=0, world_size=1, dtype="float32")
+    assert "--lora-adapters" not in command
+    assert shard_settings(shard_parser().parse_args(command[3:]), {}).lora_adapters is None
