@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -23,9 +26,15 @@ from pytgi_router.http.schemas import (
     stream_end_event,
     stream_token_event,
 )
+from pytgi_router.http.sglang_generate import (
+    SglangEncoder,
+    is_sglang,
+    parse_sglang,
+    sglang_response,
+)
 from pytgi_router.http.sse import EventStreamResponse
 from pytgi_router.http.state import AppState
-from pytgi_router.http.streaming import encode_generation
+from pytgi_router.http.streaming import encode_generation, merge
 
 # The status nginx uses for "client closed the request": nobody reads it, the logs do.
 CLIENT_CLOSED = 499
@@ -44,8 +53,37 @@ class GenerateRoutes:
         ]
 
     async def generate(self, request: Request) -> Response:
-        req = parse_generate(await read_json(request))
+        """TGI's body, or SGLang's (sglang_generate.py: what SGLang's router forwards)."""
+        body = await read_json(request)
+        if is_sglang(body):
+            return await self.sglang(request, parse_sglang(body))
+        req = parse_generate(body)
         return await self.respond(request, req, route="generate")
+
+    async def sglang(self, request: Request, req: GenerateRequest) -> Response:
+        """SGLang's answer shape (a JSON object, or SSE ending in `data: [DONE]`)."""
+        rid = uuid.uuid4().hex
+        started = time.monotonic()
+        if not req.stream:
+            group = StreamGroup()
+            with self.state.serving():
+                async with watching_disconnect(request.receive, group.cancel):
+                    try:
+                        result = await self.flow.generate(
+                            req, route="generate", headers=request.headers, group=group
+                        )
+                    except ClientDisconnected:
+                        return Response(status_code=CLIENT_CLOSED)
+            return json_response(sglang_response(rid, result.best, started))
+        group = StreamGroup()
+        submission = (await self.flow.admit(
+            req, stream=True, route="generate_stream", headers=request.headers, group=group
+        ))[0]
+        enc = SglangEncoder(rid, submission.valid.request.input_length)
+        events = merge([encode_generation(self.state, submission, group, enc)],
+                       trailer=b"data: [DONE]\n\n")
+        return EventStreamResponse(events, {"x-compute-type": self.state.settings.compute_type},
+                                   on_disconnect=group.cancel)
 
     async def generate_stream(self, request: Request) -> Response:
         req = parse_generate(await read_json(request))

@@ -6,6 +6,7 @@ cached it — measured by the replicas' own cached-token metrics against `round_
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
@@ -123,6 +124,19 @@ def test_through_the_gateway(replicas: list[str]) -> None:
             "messages": [{"role": "user", "content": "Hello"}]})
         assert chat.status_code == 200, chat.text
         assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+        # /generate: the gateway forwards SGLang's body (it drops TGI's `inputs`).
+        body = {"text": "Hello world", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+        answer = httpx.post(f"{g}/generate", timeout=60, json=body)
+        assert answer.status_code == 200, answer.text
+        meta = answer.json()["meta_info"]
+        assert meta["completion_tokens"] == 5 and meta["finish_reason"]["type"] == "length"
+        with httpx.stream("POST", f"{g}/generate", timeout=60,
+                          json={**body, "stream": True}) as streamed:
+            lines = [ln for ln in streamed.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]" and len(lines) == 6, lines
+        assert json.loads(lines[-2][6:])["text"] == answer.json()["text"]
+        tgi = httpx.post(f"{g}/generate", timeout=60, json={"inputs": "Hello world"})
+        assert tgi.status_code == 422 and "inputs" in tgi.json()["error"], tgi.text
     finally:
         gateway.stop()
 
