@@ -90,3 +90,24 @@ def test_a_mixed_batch_gives_each_request_its_solo_output(engine: Engine) -> Non
 def test_an_adapter_index_beyond_the_loaded_ones_is_refused(engine: Engine) -> None:
     with pytest.raises(InvalidRequest, match="adapter_index 3"):
         engine.prefill(pb.PrefillRequest(batch=batch_of(lora_request(30, PROMPTS[0], 3))))
+
+
+def test_drafts_and_look_aheads_run_under_each_rows_adapter(
+    engine: Engine, tiny_model: Callable[..., Path], adapters: dict[str, Path]
+) -> None:
+    """--speculate (verification forwards) and the overlap scheduler (look-ahead forwards) give
+    the tokens of the plain engine, row by row under its adapter; kept drafts prove the
+    verification path ran."""
+    spec = ",".join(f"{name}={path}" for name, path in adapters.items())
+    drafting = load_engine(ShardSettings(model_path=tiny_model("llama"), block_size=4,
+                                         lora_adapters=spec, speculate=3, overlap=True))
+    drafting.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
+    drafting.drafting_batch = 64
+    repeating = [12, 40, 77, 9] * 4
+    reqs = [request(40 + i, repeating, max_new=12, ignore_eos=True, adapter_index=i,
+                    blocks=list(range(1 + 10 * i, 11 + 10 * i))) for i in range(3)]
+    run = Run(drafting)
+    run.finish(run.prefill(batch_of(*reqs, batch_id=7)))
+    for r in reqs:
+        assert run.tokens[r.id] == solo(engine, r).tokens[r.id], r.adapter_index
+    assert any(len(g.tokens.ids) > 1 for gens in run.generations.values() for g in gens)
