@@ -191,8 +191,12 @@ def measure_rung(
             start = time.perf_counter()
             peak = max(peak, peak_bytes(model.device, lambda: run_batch(batch)))
             times.append(time.perf_counter() - start)
-            if sum(times) > policy.max_step_s * policy.repeats:
-                break  # too slow to be chosen (or this host too busy): measured enough
+            # Too slow to be chosen (or this host too busy): measured enough. Decided on the
+            # ranks' slowest, so that every rank runs the same prefills: a rank that stopped on
+            # its own clock left the others waiting in a forward's collective (two-rank
+            # launches timed out at Warmup on a loaded CI machine).
+            if _slowest(runner, [sum(times)])[0] > policy.max_step_s * policy.repeats:
+                break
     except (RuntimeError, MemoryError) as e:
         if not is_out_of_memory(e):
             raise

@@ -6,6 +6,7 @@ of one rank running every request whole. Their Warmup measures the prefill budge
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,4 +74,42 @@ def test_two_ranks_chunk_mix_grow_and_resume_like_one(
         for rid, lps in expected.logprobs.items():
             torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
     # The same rungs, throughputs (each the slowest rank's) and choice on both ranks.
+    assert len(sizings) == 1 and "prefill throughput measured at" in sizings.pop()
+
+
+def _slow_rank_main(rank: int, port: int, model: Path, out: Path) -> None:
+    """Rank 0 idles 1.6 s after the first timed prefill of the ladder (its second warmup
+    prefill: the first rung starts with an untimed one). On its own clock it would stop that
+    rung's repeats at once (1.6 s > 3 x 0.5 s), while rank 1, which waits for it only inside
+    the next prefill's collectives, has counted a few milliseconds and runs a second."""
+    torch.set_num_threads(1)
+    settings = ShardSettings(
+        model_path=model, block_size=BLOCK, rank=rank, world_size=2, master_port=port
+    )
+    engine = load_engine(settings)
+    try:
+        if rank == 0:
+            run, calls = engine._run_warmup_batch, itertools.count(1)
+
+            def slow(batch: pb.Batch) -> None:
+                run(batch)
+                if next(calls) == 2:
+                    time.sleep(1.6)
+
+            engine._run_warmup_batch = slow  # type: ignore[method-assign]
+        warmed = engine.warmup(pb.WarmupRequest(max_batch_total_tokens=1024))
+        torch.save(warmed.prefill_sizing, out / f"slow{rank}.pt")
+    finally:
+        engine.dist.close()
+
+
+def test_ranks_of_unequal_speed_run_the_same_ladder(
+    tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """Every rank stops a rung's repeats on the slowest rank's time, so they run the same
+    prefills (a rank stopping on its own clock left the other in a collective until gloo's
+    timeout)."""
+    model = tiny_model("llama", sharded=True)
+    mp.spawn(_slow_rank_main, args=(_free_port(), model, tmp_path), nprocs=2, join=True)
+    sizings = {torch.load(tmp_path / f"slow{rank}.pt") for rank in range(2)}
     assert len(sizings) == 1 and "prefill throughput measured at" in sizings.pop()
