@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 # (parent block id, or for a first block its root: None for the base model, -i for LoRA adapter
 # i; the block's token ids)
@@ -50,7 +51,7 @@ def root_key(adapter: int) -> int | None:
     return None if adapter == 0 else -adapter
 
 
-def _is_block(parent: int | None) -> bool:
+def _is_block(parent: int | None) -> TypeGuard[int]:
     """Whether a key's parent is a block (not a root)."""
     return parent is not None and parent > 0
 
