@@ -67,6 +67,9 @@ class GenerateRequest:
     # adapter: a name that is neither then runs the base model (TGI's behaviour) instead of
     # being refused as an unknown `adapter_id` is.
     adapter_from_model: bool = False
+    # A prompt already tokenized (SGLang's `input_ids`, sglang_generate.py): validated as ids,
+    # never re-tokenized; `inputs` is then empty.
+    input_ids: list[int] | None = None
 
 
 def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> GenerateParameters:

@@ -49,19 +49,22 @@ def is_sglang(body: Any) -> bool:
 
 
 def parse_sglang(body: dict[str, Any]) -> GenerateRequest:
-    """SGLang's GenerateReqInput (one prompt, as text) → TGI's GenerateRequest."""
+    """SGLang's GenerateReqInput (one prompt, as text or token ids) → TGI's GenerateRequest."""
     for key, value in body.items():
         if key in NEUTRAL_ONLY and value not in (None, False):
             raise ValidationError(f"`{key}` is not supported on SGLang's /generate by pytgi")
         if key not in NEUTRAL_ONLY and key not in IGNORED and key not in (
                 "text", "input_ids", "sampling_params", "stream"):
             raise ValidationError(f"unknown field `{key}` in SGLang's /generate body")
-    if body.get("input_ids") is not None:
-        raise ValidationError("`input_ids` is not supported by pytgi yet: send the prompt as "
-                              "`text`")
-    text = body.get("text")
-    if not isinstance(text, str):
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise ValidationError("send one of `text` and `input_ids`")
+    if text is not None and not isinstance(text, str):
         raise ValidationError("`text` must be one string (batches are not supported)")
+    if ids is not None and not (isinstance(ids, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise ValidationError("`input_ids` must be one list of token ids (batches are not "
+                              "supported)")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise ValidationError("`stream` must be a boolean")
@@ -69,8 +72,8 @@ def parse_sglang(body: dict[str, Any]) -> GenerateRequest:
     if not isinstance(sampling, dict):
         raise ValidationError("`sampling_params` must be an object")
     params = tgi_parameters(sampling)
-    return GenerateRequest(inputs=text, parameters=parse_parameters(params, "sampling_params."),
-                           stream=stream)
+    return GenerateRequest(inputs=text or "", input_ids=ids,
+                           parameters=parse_parameters(params, "sampling_params."), stream=stream)
 
 
 def tgi_parameters(sampling: dict[str, Any]) -> dict[str, Any]:

@@ -213,12 +213,17 @@ class Validator:
             raise ValidationError(
                 f"`top_n_tokens` must be >= 0 and <= {lim.max_top_n_tokens}. Given: {top_n}"
             )
-        if not req.inputs:
-            raise ValidationError("`inputs` cannot be empty")
         self._check_truncate(p.truncate)
-        self.refuse_by_length(req.inputs, p.truncate, p.max_new_tokens)
-        await self.refuse_by_head(req.inputs, req.add_special_tokens, p.truncate, p.max_new_tokens)
-        input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
+        if req.input_ids is not None:
+            input_ids = given_ids(req.input_ids, p.truncate)
+        else:
+            if not req.inputs:
+                raise ValidationError("`inputs` cannot be empty")
+            self.refuse_by_length(req.inputs, p.truncate, p.max_new_tokens)
+            await self.refuse_by_head(
+                req.inputs, req.add_special_tokens, p.truncate, p.max_new_tokens
+            )
+            input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
             grammar = await self._grammar(p.grammar)
@@ -360,3 +365,13 @@ def checked_sampling(p: GenerateParameters) -> dict[str, Any]:
             raise ValidationError(message)
         values[param.wire or param.name] = value
     return values
+
+
+def given_ids(ids: list[int], truncate: int | None) -> list[int]:
+    """A prompt given as token ids: non-empty, each a non-negative integer (the model's
+    vocabulary bounds them at submission), truncated on the left as TGI truncates text."""
+    if not ids:
+        raise ValidationError("`input_ids` cannot be empty")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ValidationError("`input_ids` must be a list of non-negative integers")
+    return ids[-truncate:] if truncate else list(ids)

@@ -135,6 +135,13 @@ def test_through_the_gateway(replicas: list[str]) -> None:
             lines = [ln for ln in streamed.iter_lines() if ln.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and len(lines) == 6, lines
         assert json.loads(lines[-2][6:])["text"] == answer.json()["text"]
+        ids = [t["id"] for t in httpx.post(f"{replicas[0]}/tokenize",
+                                            json={"inputs": "Hello world"}).json()]
+        by_ids = httpx.post(f"{g}/generate", timeout=60, json={
+            "input_ids": ids, "sampling_params": body["sampling_params"]})
+        assert by_ids.status_code == 200, by_ids.text
+        assert by_ids.json()["text"] == answer.json()["text"]
+        assert by_ids.json()["meta_info"]["prompt_tokens"] == len(ids)
         tgi = httpx.post(f"{g}/generate", timeout=60, json={"inputs": "Hello world"})
         assert tgi.status_code == 422 and "inputs" in tgi.json()["error"], tgi.text
     finally:

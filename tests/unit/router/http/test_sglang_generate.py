@@ -33,6 +33,11 @@ def test_the_forwarded_body_is_greedy_with_its_limit() -> None:
     assert p.max_new_tokens == 3 and not p.do_sample and p.details
 
 
+def test_token_ids_are_kept_as_given() -> None:
+    req = parse_sglang({"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}})
+    assert req.input_ids == [5, 6, 7] and req.inputs == ""
+
+
 def test_sampling_defaults_and_mapping() -> None:
     """SGLang samples at temperature 1 by default, 128 new tokens; its "off" values vanish."""
     p = parse_sglang({"text": "x"}).parameters
@@ -45,7 +50,8 @@ def test_sampling_defaults_and_mapping() -> None:
 
 
 @pytest.mark.parametrize(("body", "message"), [
-    ({"input_ids": [1, 2, 3]}, "`input_ids` is not supported"),
+    ({"text": "a", "input_ids": [1]}, "one of `text` and `input_ids`"),
+    ({"input_ids": [[1], [2]]}, "one list of token ids"),
     ({"text": ["a", "b"]}, "one string"),
     ({"text": "x", "return_logprob": True}, "`return_logprob` is not supported"),
     ({"text": "x", "foo": 1}, "unknown field `foo`"),
