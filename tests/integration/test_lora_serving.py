@@ -133,3 +133,19 @@ def test_openai_model_selects_an_adapter_or_keeps_the_base(url: str) -> None:
 
     assert completion("beta") == generate(url, "beta")["generated_text"]
     assert completion("some-other-name") == generate(url, None)["generated_text"]
+
+
+def test_chat_model_selects_an_adapter(url: str) -> None:
+    def chat(name: str | None) -> str:
+        body: dict[str, Any] = {"messages": [{"role": "user", "content": PROMPT}],
+                                "max_tokens": NEW, "temperature": 0}
+        if name is not None:
+            body["model"] = name
+        r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return str(r.json()["choices"][0]["message"]["content"])
+
+    base = chat(None)
+    assert chat("not-an-adapter") == base
+    assert chat("alpha") == chat("alpha") != base
+    assert chat("beta") not in (base, chat("alpha"))
