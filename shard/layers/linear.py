@@ -141,9 +141,14 @@ class RowParallelLinear(nn.Module):
         b = weights.get_tensor(f"{prefix}.bias") if bias else None
         return cls(weight, b, weights.dist)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's share before the all-reduce (a LoRA update on this rank's input slice is
+        added to it: the all-reduce then sums the update too)."""
         weight = self.weight
         if isinstance(weight, torch.Tensor):
-            return self.dist.all_reduce(F.linear(x, weight, self.bias))
+            return F.linear(x, weight, self.bias)
         y = weight(x)
-        return self.dist.all_reduce(y if self.bias is None else y + self.bias)
+        return y if self.bias is None else y + self.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dist.all_reduce(self.partial(x))

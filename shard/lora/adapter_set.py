@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pytgi_shard.device.distributed import Dist
 from pytgi_shard.lora.attach import attach_adapters
 from pytgi_shard.lora.layer import RowAdapters
 from pytgi_shard.lora.peft_adapter import read_adapter, resolve_adapter_dir
@@ -27,7 +28,7 @@ class AdapterSet:
 
 
 def load_adapter_set(text: str | None, model: object, dtype: torch.dtype,
-                     world_size: int) -> AdapterSet:
+                     dist: Dist) -> AdapterSet:
     """Every adapter of `text` read and attached to `model`, or AdapterRefused / ValueError in
     one line naming the adapter and the reason (the shard then refuses to start)."""
     specs = parse_lora_adapters(text)
@@ -40,5 +41,5 @@ def load_adapter_set(text: str | None, model: object, dtype: torch.dtype,
         log.info("LoRA adapter %s from %s: rank %d, scale %g, %d projections", spec.name,
                  directory, adapter.rank, adapter.scale, len(adapter.pairs))
         adapters.append(adapter)
-    rows = attach_adapters(model, adapters, world_size)
+    rows = attach_adapters(model, adapters, dist)
     return AdapterSet(tuple(s.name for s in specs), rows)

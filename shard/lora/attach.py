@@ -1,14 +1,24 @@
 """Adapters attached to a loaded Llama-family model: each adapted projection's linear layer
 wrapped in a LoraLinear holding every adapter's (A, B) for it, fused as the layer is fused
-(q|k|v in one matmul, gate|up in another), checked against the base model's shapes."""
+(q|k|v in one matmul, gate|up in another), checked against the base model's shapes.
+
+Tensor parallel: each rank keeps the slices that match its slice of the layer, as the weights
+are read (shard/weights/reader.py: equal parts). A column-parallel layer (q|k|v, gate|up) holds
+output part (index, count) of each projection: B's rows are sliced alike, A is whole. A
+row-parallel layer (o, down) holds input part (rank, world): A's columns are sliced alike, B is
+whole, and the update joins the partial sums before the all-reduce (layer.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from pytgi_shard.device.distributed import Dist
+from pytgi_shard.layers.linear import kv_head_partition
 from pytgi_shard.layers.mlp import GatedMLP
 from pytgi_shard.lora.layer import LoraLinear, RowAdapters
 from pytgi_shard.lora.peft_adapter import AdapterRefused, PeftAdapter
@@ -19,8 +29,7 @@ QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 
 
-def attach_adapters(model: object, adapters: Sequence[PeftAdapter], world_size: int
-                    ) -> RowAdapters:
+def attach_adapters(model: object, adapters: Sequence[PeftAdapter], dist: Dist) -> RowAdapters:
     """Wraps the model's projections; returns the rows holder its ModelRunner binds per
     forward. Raises AdapterRefused (one line) for a model or adapter that does not fit."""
     rows = RowAdapters()
@@ -31,9 +40,8 @@ def attach_adapters(model: object, adapters: Sequence[PeftAdapter], world_size: 
         raise AdapterRefused(f"LoRA adapter {first!r}: {type(model).__name__} "
                              f"({getattr(model, 'model_type', '?')}) is not supported: LoRA "
                              "runs on pytgi's own Llama-family models only")
-    if world_size > 1:
-        raise AdapterRefused(f"LoRA adapter {first!r}: --lora-adapters needs --num-shard 1 "
-                             f"(tensor-parallel LoRA is not implemented; {world_size} shards)")
+    mine = (dist.rank, dist.world_size)
+    kv_part = kv_head_partition(model.config.num_key_value_heads, dist)
     for adapter in adapters:
         layers = {layer for layer, _ in adapter.pairs}
         if max(layers) >= len(model.layers):
@@ -43,17 +51,19 @@ def attach_adapters(model: object, adapters: Sequence[PeftAdapter], world_size: 
         assert isinstance(layer, LlamaDecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
         kv = attn.kv_size
-        plan: list[tuple[nn.Module, str, tuple[str, ...], list[int] | None]] = [
-            (attn, "qkv", QKV, [attn.q_size, kv, kv]), (attn, "o_proj", ("o_proj",), None)]
+        plan: list[tuple[nn.Module, str, tuple[str, ...], Slicing]] = [
+            (attn, "qkv", QKV, Slicing([attn.q_size, kv, kv], [mine, kv_part, kv_part])),
+            (attn, "o_proj", ("o_proj",), Slicing(None, [mine], row=True))]
         if isinstance(mlp, GatedMLP):
             half = _dense(mlp.gate_up, adapters, i).shape[0] // 2
             # The fused activation kernel reads gate_up's output as before.
-            plan += [(mlp, "gate_up", GATE_UP, [half, half]), (mlp, "down", ("down_proj",), None)]
+            plan += [(mlp, "gate_up", GATE_UP, Slicing([half, half], [mine, mine])),
+                     (mlp, "down", ("down_proj",), Slicing(None, [mine], row=True))]
         elif any((i, m) in a.pairs for a in adapters for m in (*GATE_UP, "down_proj")):
             raise AdapterRefused(f"LoRA adapter {_naming(adapters, i, GATE_UP)!r}: layer {i}'s "
                                  "MLP is not a gate/up/down MLP (MoE or plain): not supported")
-        for owner, attr, modules, sizes in plan:
-            setattr(owner, attr, _wrap(getattr(owner, attr), adapters, i, modules, sizes, rows))
+        for owner, attr, modules, slicing in plan:
+            setattr(owner, attr, _wrap(getattr(owner, attr), adapters, i, modules, slicing, rows))
     return rows
 
 
@@ -70,42 +80,62 @@ def _dense(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int) -> to
     return weight
 
 
+@dataclass(frozen=True, slots=True)
+class Slicing:
+    """How a layer's rank-local weight relates to the checkpoint's projections: the local output
+    size of each fused piece (None: one piece, the whole output) and the part this rank holds of
+    each piece's output (column-parallel) or of the input (row-parallel, one piece)."""
+
+    sizes: list[int] | None
+    parts: list[tuple[int, int]]
+    row: bool = False
+
+
 def _wrap(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int,
-          modules: Sequence[str], sizes: list[int] | None, rows: RowAdapters) -> nn.Module:
-    """`linear` in a LoraLinear when any adapter adapts one of `modules` at `layer`; fused
-    layers' outputs are split by `sizes` (one per module)."""
+          modules: Sequence[str], slicing: Slicing, rows: RowAdapters) -> nn.Module:
+    """`linear` in a LoraLinear when any adapter adapts one of `modules` at `layer`."""
     if not any((layer, m) in a.pairs for a in adapters for m in modules):
         return linear
     weight = _dense(linear, adapters, layer)
-    out_features, in_features = weight.shape
-    sizes = sizes or [out_features]
+    out_features = weight.shape[0]
+    sizes = slicing.sizes or [out_features]
     if sum(sizes) != out_features:
         raise AdapterRefused(f"LoRA adapter {adapters[0].name!r}: layer {layer} "
                              f"{'/'.join(modules)} do not fuse as {sizes} ({out_features})")
     a_list, b_list = [], []
     for adapter in adapters:
-        a, b = _fused_pair(adapter, layer, modules, sizes, in_features, weight)
+        a, b = _fused_pair(adapter, layer, modules, dataclasses.replace(slicing, sizes=sizes),
+                           weight)
         a_list.append(a)
         b_list.append(b)
     return LoraLinear(linear, a_list, b_list, rows)
 
 
-def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], sizes: list[int],
-                in_features: int, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], slicing: Slicing,
+                weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A stacked over the adapted pieces, B block-diagonal in the fused output rows (empty
-    when the adapter adapts none of them here)."""
-    pieces = [(m, start, size) for m, start, size in
-              zip(modules, _starts(sizes), sizes, strict=True) if (layer, m) in adapter.pairs]
-    total = sum(adapter.pairs[(layer, m)][0].shape[0] for m, _, _ in pieces)
+    when the adapter adapts none of them here), each sliced to this rank's part."""
+    sizes = slicing.sizes or []
+    in_features = weight.shape[1]
+    pieces = [(m, start, size, part) for m, start, size, part in
+              zip(modules, _starts(sizes), sizes, slicing.parts, strict=True)
+              if (layer, m) in adapter.pairs]
+    total = sum(adapter.pairs[(layer, m)][0].shape[0] for m, _, _, _ in pieces)
     a = weight.new_zeros(total, in_features)
     b = weight.new_zeros(sum(sizes), total)
     col = 0
-    for module, start, size in pieces:
+    for module, start, size, (index, count) in pieces:
         pa, pb = adapter.pairs[(layer, module)]
-        if pa.shape[1] != in_features or pb.shape[0] != size:
+        full_out, full_in = (size, in_features * count) if slicing.row else (
+            size * count, in_features)
+        if pa.shape[1] != full_in or pb.shape[0] != full_out:
             raise AdapterRefused(
                 f"LoRA adapter {adapter.name!r}: layer {layer} {module} is {pb.shape[0]}×"
-                f"{pa.shape[1]}, the base model's is {size}×{in_features}")
+                f"{pa.shape[1]}, the base model's is {full_out}×{full_in}")
+        if slicing.row:
+            pa = pa[:, index * in_features:(index + 1) * in_features]
+        else:
+            pb = pb[index * size:(index + 1) * size]
         r = pa.shape[0]
         a[col:col + r] = pa.to(weight.device, weight.dtype)
         b[start:start + size, col:col + r] = pb.to(weight.device, weight.dtype)

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from pytgi_shard.layers.linear import RowParallelLinear
+
 
 @dataclass(slots=True)
 class RowAdapters:
@@ -42,8 +44,9 @@ class LoraLinear(nn.Module):
     `a[i]` is adapter i+1's down projection (rank_total × in), `b[i]` its up projection
     (out × rank_total) with the scale folded in; fused layers (q|k|v, gate|up) stack the pieces'
     A and place each piece's B in its own output rows, zeros elsewhere, so one shrink and one
-    expand serve the whole fused output. Only for a layer whose all-reduce (row-parallel) is the
-    identity: one rank (multi-rank LoRA is refused at start-up).
+    expand serve the whole fused output. On several ranks each holds the slices of A and B that
+    match its slice of the layer (shard/lora/attach.py); a row-parallel layer's update, computed
+    from this rank's input slice, is added before the all-reduce, which sums it with the others'.
     """
 
     def __init__(self, base: nn.Module, a: list[torch.Tensor], b: list[torch.Tensor],
@@ -55,7 +58,13 @@ class LoraLinear(nn.Module):
         self.rows = rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
+        base = self.base
+        if isinstance(base, RowParallelLinear):
+            return base.dist.all_reduce(self._add_updates(x, base.partial(x)))
+        return self._add_updates(x, base(x))
+
+    def _add_updates(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y plus each present adapter's update on its rows (in place)."""
         groups = self.rows.groups
         if not groups:
             return y

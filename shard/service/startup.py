@@ -88,10 +88,6 @@ def load_engine(settings: ShardSettings) -> Engine:
     # Before the process group: a refused quantization fails every rank at once, alike.
     quantization = resolve_quantization(settings.model_path, config.raw, settings.quantize)
     settings = dataclasses.replace(settings, quantize=quantization.method if quantization else "")
-    # Before the process group too: every rank refuses alike, none waits for the others.
-    lora_refusal = multi_rank_lora_refusal(settings)
-    if lora_refusal is not None:
-        raise StartupRefused(lora_refusal)
     device = choose_device(settings.rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -118,7 +114,7 @@ def load_engine(settings: ShardSettings) -> Engine:
     refusal = fp8_refusal(settings, model)
     if refusal is not None:
         raise StartupRefused(refusal)
-    adapters = load_lora(settings, model, dtype)
+    adapters = load_lora(settings, model, dtype, dist)
     if adapters and settings.cuda_graphs:
         # The per-row adapter grouping is read on the host each forward: not capturable.
         log.info("CUDA graphs off: LoRA adapters are loaded")
@@ -127,18 +123,12 @@ def load_engine(settings: ShardSettings) -> Engine:
     return Engine(model, detokenizer, dist, settings, adapters)
 
 
-def multi_rank_lora_refusal(settings: ShardSettings) -> str | None:
-    """LoRA on several ranks would need A/B sliced with each parallel layer: not implemented."""
-    if settings.world_size > 1 and settings.lora_adapters and settings.lora_adapters.strip():
-        return (f"--lora-adapters needs --num-shard 1: tensor-parallel LoRA is not implemented "
-                f"({settings.world_size} shards)")
-    return None
-
-
-def load_lora(settings: ShardSettings, model: Model, dtype: torch.dtype) -> AdapterSet:
-    """--lora-adapters read and attached, or StartupRefused in one line naming the adapter."""
+def load_lora(settings: ShardSettings, model: Model, dtype: torch.dtype, dist: Dist
+              ) -> AdapterSet:
+    """--lora-adapters read and attached, or StartupRefused in one line naming the adapter (on
+    every rank alike: each reads the same files and checks the same shapes)."""
     try:
-        return load_adapter_set(settings.lora_adapters, model, dtype, settings.world_size)
+        return load_adapter_set(settings.lora_adapters, model, dtype, dist)
     except ValueError as e:
         raise StartupRefused(str(e)) from e
 

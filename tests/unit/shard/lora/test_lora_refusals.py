@@ -27,9 +27,9 @@ def test_the_syntax_is_tgis() -> None:
             parse_lora_adapters(bad)
 
 
-def refusal(model: Path, spec: str, world_size: int = 1) -> str:
+def refusal(model: Path, spec: str) -> str:
     with pytest.raises(StartupRefused) as info:
-        load_engine(ShardSettings(model_path=model, lora_adapters=spec, world_size=world_size))
+        load_engine(ShardSettings(model_path=model, lora_adapters=spec))
     message = str(info.value)
     assert "\n" not in message
     return message
@@ -59,7 +59,6 @@ def test_adapters_that_do_not_fit_are_refused_naming_them(
               str(odd / "adapter_model.safetensors"))
     assert "'odd': tensor base_model.model.model.embed_tokens" in refusal(llama, f"odd={odd}")
     assert "'missing': directory ./nowhere does not exist" in refusal(llama, "missing=./nowhere")
-    assert "--lora-adapters needs --num-shard 1" in refusal(llama, f"good={good}", world_size=2)
 
 
 def test_a_model_without_lora_support_is_refused(
