@@ -40,7 +40,7 @@ _VALUED: list[tuple[str, Any, str]] = [
      "grammar rows never do (0..16; default 0: off)"),
     ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
      "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
-     "directories or Hub ids); pytgi's Llama-family models on one shard only"),
+     "directories or Hub ids); pytgi's Llama-family models with float weights"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
      "unless --rope-factor)"),
     ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),

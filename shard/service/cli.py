@@ -88,8 +88,7 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--lora-adapters",
         help="LoRA adapters to serve: a comma list of `id`, `name=id` or `name=path` (PEFT "
-        "directories or Hub ids), for pytgi's Llama-family models on one shard (env "
-        "LORA_ADAPTERS)",
+        "directories or Hub ids), for pytgi's Llama-family models (env LORA_ADAPTERS)",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument(
