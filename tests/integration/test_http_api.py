@@ -212,6 +212,11 @@ def test_openai_streams_over_http(url: str) -> None:
 # ---- continuous batching -----------------------------------------------------------------------
 
 
+def admitted(url: str) -> int:
+    """Requests the router holds, queued or running (SGLang's /get_load, which counts both)."""
+    return int(httpx.get(f"{url}/get_load", timeout=10).json()[0]["num_reqs"])
+
+
 def test_concurrent_streams_interleave_and_match_solo_runs(
     url: str, shards: ShardProcesses
 ) -> None:
@@ -238,8 +243,9 @@ def test_concurrent_streams_interleave_and_match_solo_runs(
         async with httpx.AsyncClient(timeout=120, limits=limits) as client:
             with frozen(shards.procs[0].pid):
                 tasks = [asyncio.create_task(one(client, i)) for i in range(16)]
-                # All but the one whose prefill may already be on the frozen shard wait.
-                while metric(url, "tgi_queue_size") < len(prompts) - 1:
+                # Every stream admitted: queued, or in the first prefill (which may hold
+                # several) waiting on the frozen shard.
+                while admitted(url) < len(prompts):
                     await asyncio.sleep(0.05)
             return list(await asyncio.gather(*tasks))
 
