@@ -133,6 +133,20 @@ class ChatOutputStream:
         return [Delta("content", text)] if text else []
 
 
+def read_whole(
+    stream: ChatOutputStream, tokens: list[TokenInfo], generated_text: str, finish_reason: str
+) -> tuple[list[Delta], ChatEnd]:
+    """A finished generation's tokens (the End's last among them) through `stream`, as a
+    streamed one is read: every delta, then the turn's end (ToolError as
+    `ChatOutputStream.end` raises it)."""
+    deltas: list[Delta] = []
+    for token in tokens[:-1]:
+        deltas += stream.token(token)
+    last = tokens[-1] if tokens else TokenInfo(0, "", 0.0, True)
+    deltas += stream.finish(last, generated_text)
+    return deltas, stream.end(finish_reason)
+
+
 def chat_answer(
     parser: ReasoningParser | None, prompt: str, offered: frozenset[str] | None,
     tokens: list[TokenInfo], generated_text: str, finish_reason: str,
@@ -141,12 +155,7 @@ def chat_answer(
     (the End's last among them) and the End's text and finish reason. Raises ToolError as
     `ChatOutputStream.end` does."""
     stream = ChatOutputStream(parser, prompt, offered)
-    deltas: list[Delta] = []
-    for token in tokens[:-1]:
-        deltas += stream.token(token)
-    last = tokens[-1] if tokens else TokenInfo(0, "", 0.0, True)
-    deltas += stream.finish(last, generated_text)
-    end = stream.end(finish_reason)
+    deltas, end = read_whole(stream, tokens, generated_text, finish_reason)
     reasoning = [d.text for d in deltas if d.kind == "reasoning"]
     content = [d.text for d in deltas if d.kind == "content"]
     return ChatAnswer(

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from pytgi_router.core.request_stream import TokenInfo
-from pytgi_router.http.openai.chat_output import ChatEnd, ChatOutputStream
+from pytgi_router.http.openai.chat_output import ChatEnd, ChatOutputStream, read_whole
 from pytgi_router.http.openai.tool_output import new_call_id
 from pytgi_router.http.openai.tool_stream import Delta
 
@@ -186,12 +186,7 @@ def whole_output(
     """The output items of a finished generation (its tokens, the End's last among them), read
     by the chat output stream and built by the builder a streamed response uses; and the
     turn's end (ToolError for a tool call that ended before it was whole)."""
-    deltas: list[Delta] = []
-    for token in tokens[:-1]:
-        deltas += stream.token(token)
-    last = tokens[-1] if tokens else TokenInfo(0, "", 0.0, True)
-    deltas += stream.finish(last, generated_text)
-    end = stream.end(finish_reason)
+    deltas, end = read_whole(stream, tokens, generated_text, finish_reason)
     builder = OutputBuilder()
     for delta in deltas:
         builder.feed(delta)
