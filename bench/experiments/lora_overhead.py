@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.lora.layer import LoraLinear, RowAdapters
+from pytgi_shard.lora.layer import TORCH_PATH, LoraLinear, RowAdapters
 
 IN, OUT = 4096, 6144
 
@@ -48,7 +48,7 @@ def _time(call: Callable[[], torch.Tensor], device: torch.device, repeat: int) -
 
 
 def measure(device: torch.device, dtype: torch.dtype, tokens: int, adapters: int, rank: int,
-            repeat: int) -> tuple[float, float]:
+            repeat: int, path: str = TORCH_PATH) -> tuple[float, float]:
     """(base ms, with-LoRA ms) for `tokens` rows spread over `adapters` adapters."""
     gen = torch.Generator().manual_seed(0)
     weight = (torch.randn(OUT, IN, generator=gen) * 0.02).to(device, dtype)
@@ -56,7 +56,10 @@ def measure(device: torch.device, dtype: torch.dtype, tokens: int, adapters: int
     a = [(torch.randn(rank, IN, generator=gen) * 0.02).to(device, dtype) for _ in range(n)]
     b = [(torch.randn(OUT, rank, generator=gen) * 0.02).to(device, dtype) for _ in range(n)]
     rows = RowAdapters()
-    layer = LoraLinear(_Dense(weight), a, b, rows)
+    layer = LoraLinear(_Dense(weight), rows, in_features=IN, out_features=OUT, slots=n + 1,
+                       max_rank=rank, dtype=dtype, device=device, path=path)
+    for i in range(n):
+        layer.set_slot(i + 1, a[i], b[i])
     x = torch.randn(tokens, IN, generator=gen).to(device, dtype)
     index = (torch.arange(tokens) % (adapters + 1)).to(device) if adapters else None
     with torch.inference_mode():

@@ -20,7 +20,7 @@ from torch import nn
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.layers.linear import kv_head_partition
 from pytgi_shard.layers.mlp import GatedMLP
-from pytgi_shard.lora.layer import LoraLinear, RowAdapters
+from pytgi_shard.lora.layer import TORCH_PATH, TRITON_PATH, LoraLinear, RowAdapters
 from pytgi_shard.lora.peft_adapter import AdapterRefused, PeftAdapter
 from pytgi_shard.models.llama.model import Llama, LlamaDecoderLayer
 
@@ -42,6 +42,8 @@ def attach_adapters(model: object, adapters: Sequence[PeftAdapter], dist: Dist) 
                              "runs on pytgi's own Llama-family models only")
     mine = (dist.rank, dist.world_size)
     kv_part = kv_head_partition(model.config.num_key_value_heads, dist)
+    # On CUDA with Triton the kernel pair reads the rows' slots on the device (layer.py).
+    path = TRITON_PATH if dist.caps.triton_kernels else TORCH_PATH
     for adapter in adapters:
         layers = {layer for layer, _ in adapter.pairs}
         if max(layers) >= len(model.layers):
@@ -63,7 +65,8 @@ def attach_adapters(model: object, adapters: Sequence[PeftAdapter], dist: Dist) 
             raise AdapterRefused(f"LoRA adapter {_naming(adapters, i, GATE_UP)!r}: layer {i}'s "
                                  "MLP is not a gate/up/down MLP (MoE or plain): not supported")
         for owner, attr, modules, slicing in plan:
-            setattr(owner, attr, _wrap(getattr(owner, attr), adapters, i, modules, slicing, rows))
+            setattr(owner, attr,
+                    _wrap(getattr(owner, attr), adapters, i, modules, slicing, rows, path))
     return rows
 
 
@@ -92,8 +95,10 @@ class Slicing:
 
 
 def _wrap(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int,
-          modules: Sequence[str], slicing: Slicing, rows: RowAdapters) -> nn.Module:
-    """`linear` in a LoraLinear when any adapter adapts one of `modules` at `layer`."""
+          modules: Sequence[str], slicing: Slicing, rows: RowAdapters,
+          path: str = TORCH_PATH) -> nn.Module:
+    """`linear` in a LoraLinear when any adapter adapts one of `modules` at `layer`, adapter
+    i's fused (A, B) written into slot i + 1 (its wire index) through LoraLinear.set_slot."""
     if not any((layer, m) in a.pairs for a in adapters for m in modules):
         return linear
     weight = _dense(linear, adapters, layer)
@@ -108,7 +113,13 @@ def _wrap(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int,
                            weight)
         a_list.append(a)
         b_list.append(b)
-    return LoraLinear(linear, a_list, b_list, rows)
+    lora = LoraLinear(linear, rows, in_features=weight.shape[1], out_features=out_features,
+                      slots=len(adapters) + 1, max_rank=max(1, *(a.shape[0] for a in a_list)),
+                      dtype=weight.dtype, device=weight.device, path=path)
+    for i, (a, b) in enumerate(zip(a_list, b_list, strict=True)):
+        if a.shape[0]:
+            lora.set_slot(i + 1, a, b)
+    return lora
 
 
 def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], slicing: Slicing,

@@ -1,10 +1,15 @@
 """LoRA applied per row: each adapted linear layer adds scale·(x·Aᵀ)·Bᵀ to the rows of each
 adapter present in the forward, the base model's rows untouched.
 
-The rows of one adapter are gathered (index_select), shrunk by A, expanded by B and added back
-(index_add_): the BGMV/SGMV idea with plain torch ops, one pair of small matmuls per adapter
-present rather than per row. The grouping (which rows belong to which adapter) is computed once
-per forward by `RowAdapters.bind` and read by every layer, not recomputed per layer.
+Every adapter's weights live in per-slot tensors of the layer (slot i = wire adapter index i,
+slot 0 the base model: zeros), `a` [slots, max_rank, in] and `bt` [slots, max_rank, out] (B
+transposed, so that a prefix of slots is contiguous for the dense path and a tile of one slot's
+output columns is contiguous for the kernel), written only through `LoraLinear.set_slot` — the
+one write path, used at start-up (attach.py) and by live load/unload. The rows say which slot
+each flat token uses through one index tensor (`RowAdapters.index`), so the update needs no
+host read of it: on CUDA a Triton shrink/expand kernel pair (triton_lora.py, the BGMV/SGMV idea
+of Punica/S-LoRA) reads it on the device, which lets decode steps with adapters run under CUDA
+graphs (the index is a graph input); elsewhere torch ops (torch_lora.py).
 """
 
 from __future__ import annotations
@@ -15,47 +20,106 @@ import torch
 from torch import nn
 
 from pytgi_shard.layers.linear import RowParallelLinear
+from pytgi_shard.lora import torch_lora
+
+# LoraLinear.path values: the Triton kernel pair (CUDA), or torch ops.
+TRITON_PATH = "triton"
+TORCH_PATH = "torch"
 
 
 @dataclass(slots=True)
 class RowAdapters:
-    """The current forward's rows of each adapter: shared by every LoraLinear of one model, set
-    by the ModelRunner around each forward (empty: every row runs the base model)."""
+    """The current forward's adapter slot of each flat token (None: every row runs the base
+    model): shared by every LoraLinear of one model, bound by the ModelRunner (or the decode
+    graphs' static buffer) around each forward."""
 
-    groups: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    index: torch.Tensor | None = None
+    # The rows of each slot present, read on the host once per forward, only by a path that
+    # asks for it (torch's grouped path on the CPU, where reading costs no device sync).
+    _groups: list[tuple[int, torch.Tensor]] | None = field(default=None, repr=False)
 
     def bind(self, adapters: torch.Tensor | None) -> None:
-        """`adapters`: one adapter index per flat token (0: base). One host read of the indices
-        present per forward (a device sync on a GPU; why CUDA graphs are off with adapters)."""
-        self.groups = []
-        if adapters is None:
-            return
-        for index in torch.unique(adapters).tolist():
-            if index != 0:
-                self.groups.append((int(index), torch.nonzero(adapters == index).flatten()))
+        """`adapters`: one slot index per flat token (0: base), kept as given (no host read)."""
+        self.index = adapters
+        self._groups = None
+
+    def groups(self) -> list[tuple[int, torch.Tensor]]:
+        """(slot, its rows) for each adapter slot present: one host read per forward, cached."""
+        if self._groups is None:
+            self._groups = [] if self.index is None else torch_lora.slot_groups(self.index)
+        return self._groups
 
     def clear(self) -> None:
-        self.groups = []
+        self.index = None
+        self._groups = None
 
 
 class LoraLinear(nn.Module):
-    """base(x) plus each adapter's low-rank update on its own rows.
+    """base(x) plus each row's adapter's low-rank update.
 
-    `a[i]` is adapter i+1's down projection (rank_total × in), `b[i]` its up projection
-    (out × rank_total) with the scale folded in; fused layers (q|k|v, gate|up) stack the pieces'
-    A and place each piece's B in its own output rows, zeros elsewhere, so one shrink and one
-    expand serve the whole fused output. On several ranks each holds the slices of A and B that
-    match its slice of the layer (shard/lora/attach.py); a row-parallel layer's update, computed
-    from this rank's input slice, is added before the all-reduce, which sums it with the others'.
+    Fused layers (q|k|v, gate|up) stack the pieces' A and place each piece's B in its own output
+    rows, zeros elsewhere, so one shrink and one expand serve the whole fused output; `max_rank`
+    is then the fused rank (the sum of the pieces'). On several ranks each holds the slices of A
+    and B that match its slice of the layer (shard/lora/attach.py); a row-parallel layer's
+    update, computed from this rank's input slice, is added before the all-reduce, which sums it
+    with the others'.
     """
 
-    def __init__(self, base: nn.Module, a: list[torch.Tensor], b: list[torch.Tensor],
-                 rows: RowAdapters) -> None:
+    def __init__(self, base: nn.Module, rows: RowAdapters, *, in_features: int,
+                 out_features: int, slots: int, max_rank: int, dtype: torch.dtype,
+                 device: torch.device, path: str = TORCH_PATH) -> None:
         super().__init__()
+        if slots < 2 or max_rank < 1:
+            raise ValueError(f"LoraLinear needs >= 2 slots and max_rank >= 1, got {slots}, "
+                             f"{max_rank}")
         self.base = base
-        self.a = a
-        self.b = b
         self.rows = rows
+        self.path = path
+        self.register_buffer("a", torch.zeros(slots, max_rank, in_features, dtype=dtype,
+                                              device=device), persistent=False)
+        self.register_buffer("bt", torch.zeros(slots, max_rank, out_features, dtype=dtype,
+                                               device=device), persistent=False)
+        # Each slot's rank (0: empty), on the host: the grouped path skips empty slots.
+        self.ranks = [0] * slots
+
+    @property
+    def slots(self) -> int:
+        return self.a.shape[0]
+
+    @property
+    def max_rank(self) -> int:
+        return self.a.shape[1]
+
+    def set_slot(self, index: int, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
+        """Writes adapter `index`'s (≥ 1, its wire index) A [rank, in] and B [out, rank] (scale
+        folded into B) into its slot, or clears the slot (both None: the rows of that index then
+        run the base model). In place: the slot tensors keep their addresses, so CUDA graphs
+        captured over them stay valid. Raises ValueError for an index or rank beyond the
+        capacity given at construction, or shapes that do not fit the layer."""
+        if not 1 <= index < self.slots:
+            raise ValueError(f"LoRA slot {index} is outside 1..{self.slots - 1}")
+        if a is None or b is None:
+            if a is not None or b is not None:
+                raise ValueError("set_slot: give both A and B, or neither to clear the slot")
+            self.a[index].zero_()
+            self.bt[index].zero_()
+            self.ranks[index] = 0
+            return
+        rank = a.shape[0]
+        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank:
+            raise ValueError(f"set_slot: A {tuple(a.shape)} and B {tuple(b.shape)} are not "
+                             "[rank, in] and [out, rank]")
+        if rank > self.max_rank:
+            raise ValueError(f"LoRA slot {index}: rank {rank} exceeds this layer's capacity "
+                             f"{self.max_rank}")
+        if a.shape[1] != self.a.shape[2] or b.shape[0] != self.bt.shape[2]:
+            raise ValueError(f"LoRA slot {index}: A {tuple(a.shape)} / B {tuple(b.shape)} do not "
+                             f"fit a {self.bt.shape[2]}×{self.a.shape[2]} layer")
+        self.a[index].zero_()
+        self.bt[index].zero_()
+        self.a[index, :rank].copy_(a)
+        self.bt[index, :rank].copy_(b.t())
+        self.ranks[index] = rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         base = self.base
@@ -64,16 +128,18 @@ class LoraLinear(nn.Module):
         return self._add_updates(x, base(x))
 
     def _add_updates(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """y plus each present adapter's update on its rows (in place)."""
-        groups = self.rows.groups
-        if not groups:
+        """y plus each row's adapter update (in place on y's storage)."""
+        index = self.rows.index
+        if index is None:
             return y
         flat = x.reshape(-1, x.shape[-1])
         out = y.reshape(-1, y.shape[-1])
-        for index, rows in groups:
-            a, b = self.a[index - 1], self.b[index - 1]
-            if a.shape[0] == 0:
-                continue  # this adapter does not target this layer
-            delta = (flat.index_select(0, rows) @ a.t()) @ b.t()
-            out.index_add_(0, rows, delta.to(out.dtype))
+        if self.path == TRITON_PATH:
+            from pytgi_shard.lora.triton_lora import add_lora
+
+            add_lora(out, flat, self.a, self.bt, index)
+        elif flat.device.type == "cpu":
+            torch_lora.add_grouped(out, flat, self.a, self.bt, self.ranks, self.rows.groups())
+        else:
+            torch_lora.add_dense(out, flat, self.a, self.bt, index)
         return y
