@@ -79,6 +79,16 @@ class TextGenerationServiceStub:
                 request_serializer=generate__pb2.PrepareGrammarRequest.SerializeToString,
                 response_deserializer=generate__pb2.PrepareGrammarResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/pytgi.generate.v1.TextGenerationService/LoadAdapter',
+                request_serializer=generate__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=generate__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/pytgi.generate.v1.TextGenerationService/UnloadAdapter',
+                request_serializer=generate__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=generate__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class TextGenerationServiceServicer:
@@ -149,6 +159,21 @@ class TextGenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Reads a PEFT LoRA adapter into a slot (--enable-lora-runtime-updates); INVALID_ARGUMENT
+        naming the reason when it does not fit the model (the checks of --lora-adapters).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Frees a slot: its rows, if any remain, finish first; new requests for it are refused at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TextGenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -196,6 +221,16 @@ def add_TextGenerationServiceServicer_to_server(servicer, server):
                     servicer.PrepareGrammar,
                     request_deserializer=generate__pb2.PrepareGrammarRequest.FromString,
                     response_serializer=generate__pb2.PrepareGrammarResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=generate__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=generate__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=generate__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=generate__pb2.UnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +476,60 @@ class TextGenerationService:
             '/pytgi.generate.v1.TextGenerationService/PrepareGrammar',
             generate__pb2.PrepareGrammarRequest.SerializeToString,
             generate__pb2.PrepareGrammarResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pytgi.generate.v1.TextGenerationService/LoadAdapter',
+            generate__pb2.LoadAdapterRequest.SerializeToString,
+            generate__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pytgi.generate.v1.TextGenerationService/UnloadAdapter',
+            generate__pb2.UnloadAdapterRequest.SerializeToString,
+            generate__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -102,6 +102,16 @@ class ShardSettings:
     # TGI's --lora-adapters: `id`, `name=id` or `name=path`, comma-separated (shard/lora/spec.py);
     # loaded at start-up, selected per request by the wire Request's adapter_index.
     lora_adapters: str | None = None
+    # LoadAdapter/UnloadAdapter served (--enable-lora-runtime-updates): every supported projection
+    # is wrapped at start-up, with room for --max-loras adapters of rank --max-lora-rank.
+    lora_runtime_updates: bool = False
+    # Adapters resident on the device at once (device slots); None: the start-up adapters' count,
+    # at least DEFAULT_MAX_LORAS (shard/lora/adapter_set.py). Past it the least recently used
+    # adapter with no rows is evicted to host memory and copied back when asked for.
+    max_loras: int | None = None
+    # The largest adapter rank accepted (slots are sized for it); None: the start-up adapters'
+    # largest with no runtime updates, else MAX_RANK.
+    max_lora_rank: int | None = None
     trust_remote_code: bool = False
     # None: the device's default (DeviceCapabilities.default_attention), resolved at start-up.
     attention: str | None = None

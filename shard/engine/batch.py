@@ -198,9 +198,9 @@ class Batch:
                              adapters=self.row_adapters())
 
     def row_adapters(self) -> torch.Tensor | None:
-        """Each row's LoRA adapter (None: all base), from its RequestState: filter and
-        concatenate keep it with the request."""
-        per_row = [r.adapter_index for r in self.requests]
+        """Each row's LoRA adapter's device slot (None: all base), from its RequestState:
+        filter and concatenate keep it with the request."""
+        per_row = [r.adapter_slot for r in self.requests]
         if not any(per_row):
             return None
         return torch.tensor(per_row, dtype=torch.long).to(self.rows.device, non_blocking=True)

@@ -48,7 +48,7 @@ from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, 
 from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.lora.adapter_set import AdapterSet
+from pytgi_shard.lora.adapter_set import AdapterSet, place_adapters
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -133,15 +133,35 @@ class Engine:
             watermark=self.watermark,
             grammars=self.grammars,
             speculate=self.speculate,
-            num_adapters=len(self.adapters.names),
+            loaded_adapters=self.adapters.loaded(),
         )
 
     def info(self) -> generate_pb2.InfoResponse:
         out = info_response(
             self.model, self.settings, self.dist.world_size, self.block_size, self.encoder_decoder
         )
-        out.lora_adapters.extend(self.adapters.names)
+        a = self.adapters
+        out.lora_adapters.extend(a.names)
+        out.max_loras, out.max_lora_rank = a.max_loras, a.max_rank
+        out.lora_runtime_updates = a.runtime_updates
         return out
+
+    def load_adapter(self, request: generate_pb2.LoadAdapterRequest
+                     ) -> generate_pb2.LoadAdapterResponse:
+        """LoadAdapter, between steps (InvalidRequest naming why an adapter does not fit)."""
+        try:
+            rank = self.adapters.load(request.name, request.source, request.index,
+                                      self.cache.adapters())
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from e
+        return generate_pb2.LoadAdapterResponse(rank=rank)
+
+    def unload_adapter(self, request: generate_pb2.UnloadAdapterRequest) -> None:
+        """UnloadAdapter: new requests for it are refused; its live rows finish first."""
+        try:
+            self.adapters.unload(request.index, self.cache.adapters())
+        except KeyError:
+            raise InvalidRequest(f"no LoRA adapter is loaded at index {request.index}") from None
 
     def prepare_grammar(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
         """PrepareGrammar, compiled off the engine's thread (GrammarCompiler.prepare_request)."""
@@ -156,6 +176,7 @@ class Engine:
         start = time.perf_counter_ns()
         self.clock.begin(start, PREFILL if not request.HasField("cached_batch") else MIXED)
         new, encoding = new_batch(request.batch, self.batch_context(), self.model)
+        place_adapters(self.adapters, new.requests, self.cache.adapters())
         cached_id = request.cached_batch.id if request.HasField("cached_batch") else None
         check_new_batch(
             new.batch_id, new.request_ids, cached_id,

@@ -36,8 +36,8 @@ class BatchContext:
     grammars: GrammarCompiler | None = None
     # --speculate: the eligible requests keep an n-gram index (shard/engine/drafting.py).
     speculate: int = 0
-    # LoRA adapters served (--lora-adapters): a request's adapter_index is at most this.
-    num_adapters: int = 0
+    # The wire indices of the LoRA adapters loaded (AdapterSet.loaded): what adapter_index may name.
+    loaded_adapters: frozenset[int] = frozenset()
 
 
 @dataclass(slots=True)
@@ -65,6 +65,9 @@ class RequestState:
     draft: DraftState | None = None
     # Its LoRA adapter: 0 the base model, i the shard's adapter i (Info.lora_adapters[i - 1]).
     adapter_index: int = 0
+    # The device slot holding that adapter's weights, which the forward's rows read (0: base):
+    # set by AdapterSet.place when the request joins (shard/lora/residency.py).
+    adapter_slot: int = 0
 
     @property
     def length(self) -> int:
@@ -84,9 +87,9 @@ def request_state(
     the vocabulary (InvalidRequest otherwise)."""
     stop = pb.stopping_parameters
     validate_request(pb, sequence, ctx.vocab_size, ctx.block_size, ctx.num_blocks)
-    if pb.adapter_index > ctx.num_adapters:
+    if pb.adapter_index and pb.adapter_index not in ctx.loaded_adapters:
         raise InvalidRequest(f"request {pb.id}: adapter_index {pb.adapter_index} names no "
-                             f"loaded LoRA adapter ({ctx.num_adapters} loaded)")
+                             f"loaded LoRA adapter ({len(ctx.loaded_adapters)} loaded)")
     eos = () if stop.ignore_eos_token else ctx.eos_ids
     stopping = StoppingCriteria(stop.max_new_tokens, eos, list(stop.stop_sequences))
     stopping.generated = len(pb.generated_ids)

@@ -52,7 +52,7 @@ class ChunkRow(Protocol):
     @property
     def complete(self) -> bool: ...
     @property
-    def adapter_index(self) -> int: ...
+    def adapter_slot(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -108,7 +108,7 @@ def chunk_inputs(
         max_seqlen_k=max(ends),
         block_size=block_size,
     )
-    adapters = token_adapters([r.adapter_index for r in requests], q_lens_t, total)
+    adapters = token_adapters([r.adapter_slot for r in requests], q_lens_t, total)
     if decode is not None:
         adapters = _joined_adapters(decode, adapters, total)
         input_ids = torch.cat([decode.input_ids, input_ids])

@@ -1,38 +1,189 @@
-"""The adapters a shard serves: parsed from --lora-adapters, read, attached to the model; their
-names are what Info reports (index i + 1 on the wire is names[i])."""
+"""The adapters a shard serves: read at start-up (--lora-adapters) or live (LoadAdapter), each kept
+in host memory and copied into a device slot while steps use it (shard/lora/residency.py).
+
+Wire indices: a Request's adapter_index i > 0 names the adapter loaded at index i; `names[i - 1]`
+is its name, "" for an index that is free (unloaded). The router picks the index of a live load,
+so that every rank uses the same. Device slots are another numbering (1..max_loras), the one the
+LoraLinear layers read per row: `place` maps a step's requests onto them.
+
+Unloading an adapter that still has rows in the live batches only stops new requests for it
+(they are refused at once); its weights go when its last row has left (`_purge`, at the next
+load, unload or placement).
+"""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from pytgi_shard.device.distributed import Dist
-from pytgi_shard.lora.attach import attach_adapters
+from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.lora.attach import Sites, attach_sites, fuse
 from pytgi_shard.lora.layer import RowAdapters
-from pytgi_shard.lora.peft_adapter import read_adapter, resolve_adapter_dir
-from pytgi_shard.lora.spec import parse_lora_adapters
+from pytgi_shard.lora.peft_adapter import (
+    MAX_RANK,
+    AdapterRefused,
+    PeftAdapter,
+    read_adapter,
+    resolve_adapter_dir,
+)
+from pytgi_shard.lora.residency import Move, Pairs, SlotsExhausted, SlotTable, write_slot
+from pytgi_shard.lora.spec import AdapterSpec, check_name, parse_lora_adapters
+from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
 
+# --max-loras with live loading and no flag: room for this many adapters at least.
+DEFAULT_MAX_LORAS = 4
+
+
+class Row(Protocol):
+    """A request as placement sees it (engine/request_state.py's RequestState)."""
+
+    adapter_index: int
+    adapter_slot: int
+
 
 @dataclass(slots=True)
+class HostAdapter:
+    """One loaded adapter: its fused pairs per wrapped layer, in host memory."""
+
+    name: str
+    rank: int
+    pairs: Pairs
+
+
 class AdapterSet:
-    names: tuple[str, ...] = ()
-    # Bound per forward by the ModelRunner; every LoraLinear reads it.
-    rows: RowAdapters = field(default_factory=RowAdapters)
+    def __init__(self, sites: Sites | None = None, max_loras: int = 0, max_rank: int = 0,
+                 runtime_updates: bool = False, dtype: torch.dtype = torch.float32) -> None:
+        self.sites = sites
+        # What live loads are read as: the model's dtype.
+        self.dtype = dtype
+        # Bound per forward by the ModelRunner; every LoraLinear reads it.
+        self.rows = sites.rows if sites is not None else RowAdapters()
+        self.max_loras = max_loras
+        self.max_rank = max_rank
+        self.runtime_updates = runtime_updates
+        self.table = SlotTable(max_loras)
+        self._host: dict[int, HostAdapter] = {}
+        # Unloaded while rows still used them: gone once they have left.
+        self._draining: set[int] = set()
+        # Adapters copied out of the device for another (since start).
+        self.evictions = 0
 
     def __bool__(self) -> bool:
-        return bool(self.names)
+        """Whether the model carries LoRA layers (adapters loaded or loadable)."""
+        return self.sites is not None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Info's list: names[i] is wire index i + 1, "" where none is loaded."""
+        top = max(self._host, default=0)
+        return tuple(self._host[i].name if i in self.loaded() else ""
+                     for i in range(1, top + 1))
+
+    def loaded(self) -> frozenset[int]:
+        """The wire indices a new request may name."""
+        return frozenset(i for i in self._host if i not in self._draining)
+
+    def add(self, index: int, adapter: PeftAdapter) -> None:
+        """Keeps `adapter` (read and checked) in host memory at wire index `index`; the device
+        gets it when a step needs it. AdapterRefused (one line) when it does not fit."""
+        if self.sites is None:
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: this server has no LoRA layers "
+                                 "(start it with --lora-adapters or --enable-lora-runtime-updates)")
+        if adapter.rank > self.max_rank:
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: rank r={adapter.rank} exceeds "
+                                 f"--max-lora-rank {self.max_rank}")
+        if index < 1 or index in self._host:
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: index {index} is taken")
+        if any(h.name == adapter.name for i, h in self._host.items() if i in self.loaded()):
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r} is already loaded")
+        self._host[index] = HostAdapter(adapter.name, adapter.rank, fuse(adapter, self.sites))
+
+    def load(self, name: str, source: str, index: int, busy: Collection[int]) -> int:
+        """LoadAdapter: reads the PEFT adapter at `source` (a directory or a Hub id) into index
+        `index`, copied to the device at once when a slot is free; its rank. AdapterRefused
+        naming the reason, the checks of start-up."""
+        if not self.runtime_updates:
+            raise AdapterRefused("LoRA runtime updates are off (--enable-lora-runtime-updates)")
+        check_name(name)
+        self._purge(busy)
+        spec = AdapterSpec(name, source)
+        adapter = read_adapter(name, resolve_adapter_dir(spec, None, None), self.dtype)
+        self.add(index, adapter)
+        if len(self.table.resident()) < self.max_loras:
+            self._apply(self.table.place([index], busy))
+        log.info("LoRA adapter %s loaded from %s at index %d: rank %d, %d projections", name,
+                 source, index, adapter.rank, len(adapter.pairs))
+        return adapter.rank
+
+    def unload(self, index: int, busy: Collection[int]) -> str:
+        """UnloadAdapter: new requests for `index` are refused from now on; its weights go once
+        no row in `busy` uses it. Its name; KeyError when nothing is loaded there."""
+        if index not in self.loaded():
+            raise KeyError(index)
+        self._draining.add(index)
+        name = self._host[index].name
+        self._purge(busy)
+        log.info("LoRA adapter %s at index %d unloaded%s", name, index,
+                 " (its live rows finish first)" if index in self._draining else "")
+        return name
+
+    def place(self, requests: Iterable[Row], busy: Collection[int]) -> None:
+        """Gives each request the device slot of its adapter, copying in (and evicting, least
+        recently used idle first) what this step needs. `busy`: the wire indices with rows in
+        the live batches, which stay. SlotsExhausted past --max-loras."""
+        rows = list(requests)
+        if self.sites is None:
+            return
+        self._purge(busy)
+        self._apply(self.table.place((r.adapter_index for r in rows), busy))
+        for r in rows:
+            r.adapter_slot = self.table.slot_of(r.adapter_index) or 0 if r.adapter_index else 0
+
+    def _apply(self, moves: Iterable[Move]) -> None:
+        """Carries out the table's moves: each adapter's host pairs into its slot."""
+        assert self.sites is not None
+        for move in moves:
+            index, slot, evicted = move.index, move.slot, move.evicted
+            write_slot(self.sites, slot, self._host[index].pairs)
+            if evicted is not None:
+                self.evictions += 1
+                log.debug("LoRA slot %d: %s evicted to host for %s", slot,
+                          self._host[evicted].name, self._host[index].name)
+
+    def _purge(self, busy: Collection[int]) -> None:
+        """Drops the unloaded adapters whose last row has left."""
+        for index in sorted(self._draining - set(busy)):
+            slot = self.table.drop(index)
+            if slot is not None and self.sites is not None:
+                write_slot(self.sites, slot, None)
+            del self._host[index]
+            self._draining.discard(index)
 
 
-def load_adapter_set(text: str | None, model: object, dtype: torch.dtype,
+def place_adapters(adapters: AdapterSet, requests: Iterable[Row], busy: Collection[int]) -> None:
+    """AdapterSet.place for a Prefill's new requests; a step past --max-loras is the caller's
+    mistake (InvalidRequest), never run with another adapter's weights."""
+    try:
+        adapters.place(requests, busy)
+    except SlotsExhausted as e:
+        raise InvalidRequest(str(e)) from e
+
+
+def load_adapter_set(settings: ShardSettings, model: object, dtype: torch.dtype,
                      dist: Dist) -> AdapterSet:
-    """Every adapter of `text` read and attached to `model`, or AdapterRefused / ValueError in
-    one line naming the adapter and the reason (the shard then refuses to start)."""
-    specs = parse_lora_adapters(text)
-    if not specs:
+    """--lora-adapters read and attached (with live loading, every projection wrapped), or
+    AdapterRefused / ValueError in one line naming the adapter and the reason (the shard then
+    refuses to start)."""
+    specs = parse_lora_adapters(settings.lora_adapters)
+    runtime = settings.lora_runtime_updates
+    if not specs and not runtime:
         return AdapterSet()
     adapters = []
     for spec in specs:
@@ -41,5 +192,22 @@ def load_adapter_set(text: str | None, model: object, dtype: torch.dtype,
         log.info("LoRA adapter %s from %s: rank %d, scale %g, %d projections", spec.name,
                  directory, adapter.rank, adapter.scale, len(adapter.pairs))
         adapters.append(adapter)
-    rows = attach_adapters(model, adapters, dist)
-    return AdapterSet(tuple(s.name for s in specs), rows)
+    max_rank = settings.max_lora_rank or (
+        MAX_RANK if runtime else max(a.rank for a in adapters))
+    if not 0 < max_rank <= MAX_RANK:
+        raise AdapterRefused(f"--max-lora-rank {max_rank} is not in 1..{MAX_RANK}")
+    max_loras = settings.max_loras or (
+        max(len(specs), DEFAULT_MAX_LORAS) if runtime else len(specs))
+    if max_loras < 1:
+        raise AdapterRefused(f"--max-loras {max_loras} must be >= 1")
+    sites = attach_sites(model, dist, adapters, every=runtime, slots=max_loras + 1,
+                         max_rank=max_rank)
+    out = AdapterSet(sites, max_loras, max_rank, runtime, dtype)
+    for index, adapter in enumerate(adapters, 1):
+        out.add(index, adapter)
+    out._apply(out.table.place(range(1, min(len(adapters), max_loras) + 1)))
+    log.info("LoRA: %d device slots of rank <= %d (%.1f MiB each, %.1f MiB in all, allocated "
+             "before Warmup sizes the KV cache), %d adapters loaded%s", max_loras, max_rank,
+             sites.slot_bytes() / 2**20, sites.slot_bytes() * (max_loras + 1) / 2**20,
+             len(adapters), ", runtime updates on" if runtime else "")
+    return out

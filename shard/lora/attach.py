@@ -6,13 +6,20 @@ Tensor parallel: each rank keeps the slices that match its slice of the layer, a
 are read (shard/weights/reader.py: equal parts). A column-parallel layer (q|k|v, gate|up) holds
 output part (index, count) of each projection: B's rows are sliced alike, A is whole. A
 row-parallel layer (o, down) holds input part (rank, world): A's columns are sliced alike, B is
-whole, and the update joins the partial sums before the all-reduce (layer.py)."""
+whole, and the update joins the partial sums before the all-reduce (layer.py).
+
+Two steps, so that adapters can come and go while the model serves: `attach_sites` wraps the
+layers once, at start-up (every supported projection when adapters may be loaded live, else those
+the start-up adapters adapt), each LoraLinear with `slots` device slots of `max_rank` per fused
+piece; `fuse` turns one adapter into its (A, B) per site, on the host, checked against the
+layers (the same checks at start-up and for a live load). Writing them into a device slot is
+shard/lora/residency.py's business."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -29,26 +36,51 @@ QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 
 
-def attach_adapters(model: object, adapters: Sequence[PeftAdapter], dist: Dist) -> RowAdapters:
-    """Wraps the model's projections; returns the rows holder its ModelRunner binds per
-    forward. Raises AdapterRefused (one line) for a model or adapter that does not fit."""
-    rows = RowAdapters()
-    if not adapters:
-        return rows
-    first = adapters[0].name
+@dataclass(frozen=True, slots=True)
+class Site:
+    """One wrapped linear layer: its decoder layer, the checkpoint projections fused in it (in
+    order), how this rank's weight slices them, and the LoraLinear holding the slots."""
+
+    layer: int
+    modules: tuple[str, ...]
+    slicing: Slicing
+    lora: LoraLinear
+
+
+@dataclass(slots=True)
+class Sites:
+    """Every wrapped layer of one model, and what a later adapter is checked against."""
+
+    rows: RowAdapters = field(default_factory=RowAdapters)
+    sites: list[Site] = field(default_factory=list)
+    num_layers: int = 0
+    # Layers whose MLP is not gate/up/down (MoE, plain): an adapter of gate/up/down there is refused.
+    plain_mlp: frozenset[int] = frozenset()
+
+    def slot_bytes(self) -> int:
+        """Device bytes of one slot over every wrapped layer (A and Bᵀ at full capacity): what
+        each of --max-loras costs beside the KV cache."""
+        return sum((s.lora.a[0].numel() + s.lora.bt[0].numel()) * s.lora.a.element_size()
+                   for s in self.sites)
+
+
+def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, every: bool,
+                 slots: int, max_rank: int) -> Sites:
+    """Wraps the model's projections in LoraLinear layers of `slots` device slots (slot 0: the
+    base model) and `max_rank` rank per fused piece: all of them when `every` (live loading),
+    else those some adapter of `adapters` adapts. Raises AdapterRefused (one line) for a model
+    that cannot take adapters."""
+    who = f"LoRA adapter {adapters[0].name!r}" if adapters else "LoRA runtime updates"
     if not isinstance(model, Llama):
-        raise AdapterRefused(f"LoRA adapter {first!r}: {type(model).__name__} "
+        raise AdapterRefused(f"{who}: {type(model).__name__} "
                              f"({getattr(model, 'model_type', '?')}) is not supported: LoRA "
                              "runs on pytgi's own Llama-family models only")
     mine = (dist.rank, dist.world_size)
     kv_part = kv_head_partition(model.config.num_key_value_heads, dist)
     # On CUDA with Triton the kernel pair reads the rows' slots on the device (layer.py).
     path = TRITON_PATH if dist.caps.triton_kernels else TORCH_PATH
-    for adapter in adapters:
-        layers = {layer for layer, _ in adapter.pairs}
-        if max(layers) >= len(model.layers):
-            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: adapts layer {max(layers)}, "
-                                 f"the model has {len(model.layers)}")
+    out = Sites(num_layers=len(model.layers))
+    plain = set()
     for i, layer in enumerate(model.layers):
         assert isinstance(layer, LlamaDecoderLayer)
         attn, mlp = layer.self_attn, layer.mlp
@@ -57,29 +89,67 @@ def attach_adapters(model: object, adapters: Sequence[PeftAdapter], dist: Dist) 
             (attn, "qkv", QKV, Slicing([attn.q_size, kv, kv], [mine, kv_part, kv_part])),
             (attn, "o_proj", ("o_proj",), Slicing(None, [mine], row=True))]
         if isinstance(mlp, GatedMLP):
-            half = _dense(mlp.gate_up, adapters, i).shape[0] // 2
+            half = _dense(mlp.gate_up, who, i).shape[0] // 2
             # The fused activation kernel reads gate_up's output as before.
             plan += [(mlp, "gate_up", GATE_UP, Slicing([half, half], [mine, mine])),
                      (mlp, "down", ("down_proj",), Slicing(None, [mine], row=True))]
-        elif any((i, m) in a.pairs for a in adapters for m in (*GATE_UP, "down_proj")):
-            raise AdapterRefused(f"LoRA adapter {_naming(adapters, i, GATE_UP)!r}: layer {i}'s "
-                                 "MLP is not a gate/up/down MLP (MoE or plain): not supported")
+        else:
+            plain.add(i)
         for owner, attr, modules, slicing in plan:
-            setattr(owner, attr,
-                    _wrap(getattr(owner, attr), adapters, i, modules, slicing, rows, path))
-    return rows
+            if not every and not any((i, m) in a.pairs for a in adapters for m in modules):
+                continue
+            linear = getattr(owner, attr)
+            weight = _dense(linear, who, i)
+            sizes = slicing.sizes or [weight.shape[0]]
+            if sum(sizes) != weight.shape[0]:
+                raise AdapterRefused(f"{who}: layer {i} {'/'.join(modules)} do not fuse as "
+                                     f"{sizes} ({weight.shape[0]})")
+            lora = LoraLinear(linear, out.rows, in_features=weight.shape[1],
+                              out_features=weight.shape[0], slots=slots,
+                              max_rank=max_rank * len(modules), dtype=weight.dtype,
+                              device=weight.device, path=path)
+            setattr(owner, attr, lora)
+            out.sites.append(Site(i, modules, dataclasses.replace(slicing, sizes=sizes), lora))
+    out.plain_mlp = frozenset(plain)
+    return out
 
 
-def _naming(adapters: Sequence[PeftAdapter], layer: int, modules: Sequence[str]) -> str:
-    """The first adapter adapting one of `modules` at `layer` (the one a refusal names)."""
-    return next(a.name for a in adapters if any((layer, m) in a.pairs for m in modules))
+def fuse(adapter: PeftAdapter, sites: Sites) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """The adapter's (A, B) for each site (None where it adapts none of the site's pieces), on
+    the host in the sites' dtype, sliced to this rank's part; AdapterRefused (one line) for an
+    adapter that does not fit the model's layers."""
+    layers = {layer for layer, _ in adapter.pairs}
+    if max(layers) >= sites.num_layers:
+        raise AdapterRefused(f"LoRA adapter {adapter.name!r}: adapts layer {max(layers)}, "
+                             f"the model has {sites.num_layers}")
+    for layer, module in adapter.pairs:
+        if layer in sites.plain_mlp and module in (*GATE_UP, "down_proj"):
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {layer}'s MLP is not a "
+                                 "gate/up/down MLP (MoE or plain): not supported")
+    covered = {(s.layer, m) for s in sites.sites for m in s.modules}
+    missing = sorted(set(adapter.pairs) - covered)
+    if missing:  # only without runtime updates, where every start-up adapter was planned for
+        raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {missing[0][0]} "
+                             f"{missing[0][1]} is not adapted in this server")
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
+    for site in sites.sites:
+        if not any((site.layer, m) in adapter.pairs for m in site.modules):
+            out.append(None)
+            continue
+        pair = _fused_pair(adapter, site.layer, site.modules, site.slicing, site.lora)
+        if pair[0].shape[0] > site.lora.max_rank:
+            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {site.layer} "
+                                 f"{'/'.join(site.modules)} has rank {pair[0].shape[0]}, above "
+                                 f"the {site.lora.max_rank} this server holds (--max-lora-rank)")
+        out.append(pair)
+    return out
 
 
-def _dense(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int) -> torch.Tensor:
+def _dense(linear: nn.Module, who: str, layer: int) -> torch.Tensor:
     weight = getattr(linear, "weight", None)
     if not isinstance(weight, torch.Tensor):
-        raise AdapterRefused(f"LoRA adapter {adapters[0].name!r}: layer {layer}'s weights are "
-                             "quantized: LoRA runs on float weights only")
+        raise AdapterRefused(f"{who}: layer {layer}'s weights are quantized: LoRA runs on float "
+                             "weights only")
     return weight
 
 
@@ -94,46 +164,19 @@ class Slicing:
     row: bool = False
 
 
-def _wrap(linear: nn.Module, adapters: Sequence[PeftAdapter], layer: int,
-          modules: Sequence[str], slicing: Slicing, rows: RowAdapters,
-          path: str = TORCH_PATH) -> nn.Module:
-    """`linear` in a LoraLinear when any adapter adapts one of `modules` at `layer`, adapter
-    i's fused (A, B) written into slot i + 1 (its wire index) through LoraLinear.set_slot."""
-    if not any((layer, m) in a.pairs for a in adapters for m in modules):
-        return linear
-    weight = _dense(linear, adapters, layer)
-    out_features = weight.shape[0]
-    sizes = slicing.sizes or [out_features]
-    if sum(sizes) != out_features:
-        raise AdapterRefused(f"LoRA adapter {adapters[0].name!r}: layer {layer} "
-                             f"{'/'.join(modules)} do not fuse as {sizes} ({out_features})")
-    a_list, b_list = [], []
-    for adapter in adapters:
-        a, b = _fused_pair(adapter, layer, modules, dataclasses.replace(slicing, sizes=sizes),
-                           weight)
-        a_list.append(a)
-        b_list.append(b)
-    lora = LoraLinear(linear, rows, in_features=weight.shape[1], out_features=out_features,
-                      slots=len(adapters) + 1, max_rank=max(1, *(a.shape[0] for a in a_list)),
-                      dtype=weight.dtype, device=weight.device, path=path)
-    for i, (a, b) in enumerate(zip(a_list, b_list, strict=True)):
-        if a.shape[0]:
-            lora.set_slot(i + 1, a, b)
-    return lora
-
-
 def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], slicing: Slicing,
-                weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stacked over the adapted pieces, B block-diagonal in the fused output rows (empty
-    when the adapter adapts none of them here), each sliced to this rank's part."""
+                lora: LoraLinear) -> tuple[torch.Tensor, torch.Tensor]:
+    """A stacked over the adapted pieces, B block-diagonal in the fused output rows, each
+    sliced to this rank's part; on the host (the copy kept while evicted from the device)."""
     sizes = slicing.sizes or []
-    in_features = weight.shape[1]
+    in_features = lora.a.shape[2]
+    dtype = lora.a.dtype
     pieces = [(m, start, size, part) for m, start, size, part in
               zip(modules, _starts(sizes), sizes, slicing.parts, strict=True)
               if (layer, m) in adapter.pairs]
     total = sum(adapter.pairs[(layer, m)][0].shape[0] for m, _, _, _ in pieces)
-    a = weight.new_zeros(total, in_features)
-    b = weight.new_zeros(sum(sizes), total)
+    a = torch.zeros(total, in_features, dtype=dtype)
+    b = torch.zeros(sum(sizes), total, dtype=dtype)
     col = 0
     for module, start, size, (index, count) in pieces:
         pa, pb = adapter.pairs[(layer, module)]
@@ -148,8 +191,8 @@ def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], slicin
         else:
             pb = pb[index * size:(index + 1) * size]
         r = pa.shape[0]
-        a[col:col + r] = pa.to(weight.device, weight.dtype)
-        b[start:start + size, col:col + r] = pb.to(weight.device, weight.dtype)
+        a[col:col + r] = pa.to(dtype)
+        b[start:start + size, col:col + r] = pb.to(dtype)
         col += r
     return a, b
 

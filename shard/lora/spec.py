@@ -17,6 +17,13 @@ class AdapterSpec:
     source: str
 
 
+def check_name(name: str) -> None:
+    """ValueError (one line) for a name that is not plain (letters, digits and . _ / -)."""
+    if not _NAME.match(name):
+        raise ValueError(f"LoRA adapter name {name!r}: use letters, digits and . _ / - "
+                         "(starting with a letter or digit)")
+
+
 def parse_lora_adapters(text: str | None) -> tuple[AdapterSpec, ...]:
     """The adapters of `text`, in order (their order is their wire index). Raises ValueError in
     one line for an empty item, a bad name or a name given twice."""

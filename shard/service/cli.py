@@ -47,6 +47,8 @@ ENV_FALLBACKS = {
     "kv_cache_dtype": ("KV_CACHE_DTYPE", str),
     "speculate": ("SPECULATE", int),
     "lora_adapters": ("LORA_ADAPTERS", str),
+    "max_loras": ("MAX_LORAS", int),
+    "max_lora_rank": ("MAX_LORA_RANK", int),
 }
 
 
@@ -89,6 +91,22 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         "--lora-adapters",
         help="LoRA adapters to serve: a comma list of `id`, `name=id` or `name=path` (PEFT "
         "directories or Hub ids), for pytgi's Llama-family models (env LORA_ADAPTERS)",
+    )
+    p.add_argument(
+        "--enable-lora-runtime-updates", action="store_true",
+        help="serve LoadAdapter/UnloadAdapter (the router's /v1/load_lora_adapter and "
+        "/v1/unload_lora_adapter); env ENABLE_LORA_RUNTIME_UPDATES",
+    )
+    p.add_argument(
+        "--max-loras", type=int,
+        help="LoRA adapters resident on the device at once; past it the least recently used "
+        "idle one is evicted to host memory (env MAX_LORAS; default: the start-up adapters, at "
+        "least 4)",
+    )
+    p.add_argument(
+        "--max-lora-rank", type=int,
+        help="the largest LoRA rank accepted, 1..64: device slots are sized for it (env "
+        "MAX_LORA_RANK; default 64 with runtime updates, else the start-up adapters' largest)",
     )
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument(
@@ -227,6 +245,9 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
         attention=args.attention,
         disable_custom_kernels=args.disable_custom_kernels or _env_switch(
             env, "DISABLE_CUSTOM_KERNELS"
+        ),
+        lora_runtime_updates=args.enable_lora_runtime_updates or _env_switch(
+            env, "ENABLE_LORA_RUNTIME_UPDATES"
         ),
         block_size=args.block_size,
         max_total_tokens=args.max_total_tokens,

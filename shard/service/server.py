@@ -1,4 +1,4 @@
-"""The shard's gRPC server: the nine RPCs of generate.proto, plus grpc.health.v1 and reflection.
+"""The shard's gRPC server: the RPCs of generate.proto, plus grpc.health.v1 and reflection.
 
 grpc.health.v1 follows the engine (shard/service/serving_state.py): NOT_SERVING until Warmup and after an
 unrecoverable error. Reflection is on for unix sockets, off over TCP unless --grpc-reflection;
@@ -116,6 +116,15 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
 
     async def Decode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._run(context, self.engine.decode, request)
+
+    async def LoadAdapter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Reads and checks the adapter on the engine thread, between steps: every rank gets the
+        same call from the router and loads it at the same index."""
+        return await self._run(context, self.engine.load_adapter, request)
+
+    async def UnloadAdapter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._run(context, self.engine.unload_adapter, request)
+        return generate_pb2.UnloadAdapterResponse()
 
     async def PrepareGrammar(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Compiles off the engine thread (shard/structured_output/compiler.py): steps run on meanwhile."""

@@ -128,7 +128,7 @@ def load_lora(settings: ShardSettings, model: Model, dtype: torch.dtype, dist: D
     """--lora-adapters read and attached, or StartupRefused in one line naming the adapter (on
     every rank alike: each reads the same files and checks the same shapes)."""
     try:
-        return load_adapter_set(settings.lora_adapters, model, dtype, dist)
+        return load_adapter_set(settings, model, dtype, dist)
     except ValueError as e:
         raise StartupRefused(str(e)) from e
 
