@@ -39,8 +39,10 @@ from pytgi_router.http.openai.routes_responses import ResponsesRoutes
 from pytgi_router.http.openapi import DocsRoutes
 from pytgi_router.http.routes_generate import GenerateRoutes
 from pytgi_router.http.routes_info import InfoRoutes
+from pytgi_router.http.routes_lora import LoraRoutes
 from pytgi_router.http.routes_workers import WorkerRoutes
 from pytgi_router.http.state import AppState
+from pytgi_router.http.vllm_render import VllmRoutes
 
 log = logging.getLogger("pytgi.router")
 
@@ -214,9 +216,12 @@ def create_app(state: AppState) -> Starlette:
     gen = GenerateRoutes(state, flow)
     chat = ChatRoutes(state, flow)
     comp = CompletionRoutes(state, flow)
+    info = InfoRoutes(state)
     routes = [
-        *InfoRoutes(state).routes(),
+        *VllmRoutes(state, chat, info).routes(),  # its /tokenize first: TGI's body goes to info
+        *info.routes(),
         *WorkerRoutes(state).routes(),
+        *LoraRoutes(state).routes(),
         *gen.routes(),
         *chat.routes(),
         *comp.routes(),

@@ -19,6 +19,9 @@ from pytgi_router.http.http_io import json_response
 
 # The paths whose errors (the guard's 401 and 413, a 404 or 405 included) take this shape.
 PATH_PREFIX = "/v1/responses"
+# vLLM's worker routes (vllm_render.py), whose callers (vLLM's router and clients) parse it too;
+# its /tokenize is TGI's route as well, so its shape follows the body, not the path.
+VLLM_PATHS = frozenset({"/v1/chat/completions/render", "/v1/completions/render", "/detokenize"})
 
 # OpenAI's `type` by status (424: the generation failed, not the request); anything else
 # under 500 is the client's request.
@@ -71,9 +74,9 @@ def _param(err: InferError) -> str | None:
 
 
 def owns(path: str) -> bool:
-    """Whether `path` is a Responses API route, whose errors from the HTTP guard and the
-    framework its clients parse in OpenAI's shape too."""
-    return path == PATH_PREFIX or path.startswith(PATH_PREFIX + "/")
+    """Whether `path` is a Responses API route (or one of vLLM's worker routes), whose errors
+    from the HTTP guard and the framework its clients parse in OpenAI's shape too."""
+    return path == PATH_PREFIX or path.startswith(PATH_PREFIX + "/") or path in VLLM_PATHS
 
 
 def openai_error_response(err: InferError, headers: Any = None) -> Response:
