@@ -99,6 +99,9 @@ class ShardSettings:
     # TGI's --speculate: up to N n-gram drafts per sequence and decode step, verified in one
     # forward (shard/engine/speculation.py); 0: off, every step as without it.
     speculate: int = 0
+    # A draft model's directory (--speculator-model): it proposes the --speculate drafts in
+    # place of the n-gram index (shard/engine/draft_model.py); None: n-gram drafts.
+    speculator_model: Path | None = None
     # TGI's --lora-adapters: `id`, `name=id` or `name=path`, comma-separated (shard/lora/spec.py);
     # loaded at start-up, selected per request by the wire Request's adapter_index.
     lora_adapters: str | None = None
@@ -179,6 +182,9 @@ class ShardSettings:
                        f"{self.kv_cache_dtype}")
         if not 0 <= self.speculate <= SPECULATE_MAX:
             out.append(f"--speculate must be in 0..{SPECULATE_MAX}, got {self.speculate}")
+        if self.speculator_model is not None and not self.speculate:
+            out.append("--speculator-model drafts --speculate N tokens per sequence and step: "
+                       f"give --speculate N (1..{SPECULATE_MAX})")
         if self.block_size < 1:
             out.append(f"--block-size must be >= 1, got {self.block_size}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:

@@ -1,4 +1,7 @@
-"""Which rows of a decode step carry drafts, and how many: the n-gram drafter's policy (--speculate N).
+"""Which rows of a decode step carry drafts, and how many (--speculate N): the policy every
+drafter shares (plan_asks), and the n-gram drafter's proposals (ngram_drafts). The draft model
+(--speculator-model) proposes for the same asks (shard/engine/draft_model.py); both speak
+shard/engine/drafter.py's Drafter.
 
 Each eligible request keeps its own n-gram index (shard/speculative/ngram.py) in its
 RequestState, empty when it joins the shard's batch and caught up from the batch's token history
@@ -68,6 +71,9 @@ class DraftState:
     paused: int = 0
     # Length of the next pause.
     pause: int = FIRST_PAUSE
+    # With a draft model (--speculator-model): the sequence's first positions whose KV this
+    # request's drafting wrote into the draft model's cache (shard/engine/draft_model.py).
+    written: int = 0
 
     @classmethod
     def start(cls, sequence: Sequence[int]) -> DraftState:
@@ -110,23 +116,23 @@ class Drafts:
         return sum(len(t) for t in self.tokens)
 
 
-def plan_drafts(
+def plan_asks(
     states: Sequence[DraftState | None],
     room: Sequence[int],
     left: Sequence[int],
     speculate: int,
     drafting_batch: int = DRAFTING_BATCH,
-) -> Drafts | None:
-    """The step's drafts: per row with a DraftState (None: the row does not draft), up to
-    `speculate` tokens proposed by its index, at most room[row] (KV slots held past its known
-    tokens: each draft writes one) and left[row] - 1 (max_new_tokens must hold the drafts and
-    the target's token after them), within the step's STEP_TOKENS; none in a batch of more
-    than `drafting_batch` rows. None when no row drafts."""
+) -> list[tuple[int, int]]:
+    """What the step asks the drafter for: (row, k) per row with a DraftState (None: the row
+    does not draft) that is not paused, k up to `speculate` tokens, at most room[row] (KV slots
+    held past its known tokens: each draft writes one) and left[row] - 1 (max_new_tokens must
+    hold the drafts and the target's token after them), within the step's STEP_TOKENS (each
+    ask reserves its k); none in a batch of more than `drafting_batch` rows. A paused row's
+    pause counts down here, once per step that may draft."""
     budget = STEP_TOKENS - len(states)
     if budget <= 0 or len(states) > drafting_batch:
-        return None
-    rows: list[int] = []
-    tokens: list[list[int]] = []
+        return []
+    asks: list[tuple[int, int]] = []
     for row, state in enumerate(states):
         if state is None:
             continue
@@ -136,12 +142,37 @@ def plan_drafts(
         k = min(speculate, budget, room[row], left[row] - 1)
         if k <= 0:
             continue
+        asks.append((row, k))
+        budget -= k
+        if budget <= 0:
+            break
+    return asks
+
+
+def plan_drafts(
+    states: Sequence[DraftState | None],
+    room: Sequence[int],
+    left: Sequence[int],
+    speculate: int,
+    drafting_batch: int = DRAFTING_BATCH,
+) -> Drafts | None:
+    """The step's n-gram drafts: plan_asks' rows, each proposed by its index (indexes fed by
+    the caller). None when no row drafts."""
+    return ngram_drafts(states, plan_asks(states, room, left, speculate, drafting_batch))
+
+
+def ngram_drafts(
+    states: Sequence[DraftState | None], asks: Sequence[tuple[int, int]]
+) -> Drafts | None:
+    """Each asked row's n-gram proposal (a row whose index has no earlier occurrence of its
+    suffix proposes nothing); None when no row proposed anything."""
+    rows: list[int] = []
+    tokens: list[list[int]] = []
+    for row, k in asks:
+        state = states[row]
+        assert state is not None
         proposal = state.index.propose(k)
         if proposal:
             rows.append(row)
             tokens.append(proposal)
-            budget -= len(proposal)
-            if budget <= 0:
-                break
     return Drafts(rows, tokens) if rows else None
-

@@ -24,6 +24,8 @@ from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
+from pytgi_shard.engine.draft_model import DraftModel
+from pytgi_shard.engine.drafter import Drafter, NgramDrafter
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, Drafts
 from pytgi_shard.engine.encoder_decoder_batch import (
     Encoding,
@@ -75,7 +77,7 @@ class _Step(NamedTuple):
 class Engine:
     def __init__(
         self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings,
-        adapters: AdapterSet | None = None,
+        adapters: AdapterSet | None = None, draft: DraftModel | None = None,
     ) -> None:
         self.model = model
         # The LoRA adapters attached to the model (--lora-adapters; shard/lora/).
@@ -96,7 +98,9 @@ class Engine:
             StepTimeline() if settings.step_timeline is not None and dist.rank == 0 else None
         )
         # The model, its KV cache (block 0 only until Warmup), decode graphs and look-aheads.
-        self.runner = ModelRunner(model, dist, settings, self.adapters.rows)
+        self.runner = ModelRunner(model, dist, settings, self.adapters.rows, draft)
+        # Who proposes the drafts: the draft model (--speculator-model), else the n-gram index.
+        self.drafter: Drafter = draft if draft is not None else NgramDrafter()
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
         self.encoder_decoder = isinstance(model, EncoderDecoderModel)
         # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
@@ -328,7 +332,7 @@ class Engine:
             last, timer = ahead
             clock.no_forward()
         elif self.speculate and batch.drafting and (
-            drafts := step_drafts(batch, self.speculate, self.drafting_batch)
+            drafts := step_drafts(batch, self.speculate, self.drafting_batch, self.drafter)
         ) is not None:
             return self._verify_step(batch, drafts, start)
         else:

@@ -25,6 +25,7 @@ from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+from pytgi_shard.engine.draft_model import DraftModel, draft_share_line
 from pytgi_shard.engine.forward_timer import ForwardTimer
 from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
@@ -58,8 +59,11 @@ RunBatch = Callable[[generate_pb2.Batch], None]
 
 class ModelRunner:
     def __init__(self, model: Model, dist: Dist, settings: ShardSettings,
-                 lora_rows: RowAdapters | None = None) -> None:
+                 lora_rows: RowAdapters | None = None, draft: DraftModel | None = None) -> None:
         self.model = model
+        # The draft model (--speculator-model): its KV cache has the target's blocks, sized
+        # and resized with it (shard/engine/draft_model.py).
+        self.draft = draft
         # The rows of each LoRA adapter, bound around every eager forward; the model's
         # LoraLinear layers read it (shard/lora/layer.py). CUDA graphs are off with adapters.
         self.lora_rows = lora_rows or RowAdapters()
@@ -89,8 +93,12 @@ class ModelRunner:
         wrote into the old cache."""
         self.lookaheads.clear()
         self.kv_cache = self.allocate_kv_cache(1)
+        if self.draft is not None:
+            self.draft.resize(1)
         if num_blocks > 1:
             self.kv_cache = self.allocate_kv_cache(num_blocks)
+            if self.draft is not None:
+                self.draft.resize(num_blocks)
 
     def forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
         """The model's logits for `inputs`, through a CUDA graph when one fits (then the logits
@@ -149,6 +157,9 @@ class ModelRunner:
         hold the old cache and their memory pool."""
         self.release_graphs()
         model = self.model
+        if self.draft is not None:
+            # Its catch-up forward peaks below the prefill measured here (a draft no larger).
+            self.draft.catch_up_tokens = max(limits.max_prefill_tokens, 1)
         lengths = prompt_lengths(limits, model.max_position_embeddings)
         batch = warmup_batch(lengths, model.vocab_size, self.block_size)
         blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
@@ -159,7 +170,11 @@ class ModelRunner:
         graph_room = (
             graph_bytes(model, self.kv_cache, self.block_size, buckets, longest) if buckets else 0
         )
-        mine = cache_blocks(limits, model, self.block_size, self.settings, peak + graph_room)
+        # A draft model's cache has a block for every block id of the target's: each id costs
+        # both models' bytes (shard/engine/draft_model.py).
+        draft_bytes = self.draft.bytes_per_token() if self.draft is not None else 0
+        mine = cache_blocks(limits, model, self.block_size, self.settings, peak + graph_room,
+                            draft_bytes)
         num_blocks = agree(self.dist, model.device, mine)
         if num_blocks < 2:
             raise no_cache_room()
@@ -188,6 +203,8 @@ class ModelRunner:
                 raise
             raise allocation_failure(size.num_blocks) from e
         log.info(capacity_line(self.kv_format, self.model, size.num_blocks, self.block_size))
+        if self.draft is not None:
+            log.info(draft_share_line(self.draft, self.kv_cache, size.num_blocks))
 
     def release_graphs(self) -> None:
         """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""

@@ -26,7 +26,8 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch
-from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS, Drafts, plan_drafts
+from pytgi_shard.engine.drafter import Drafter, NgramDrafter
+from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS, Drafts, plan_asks
 from pytgi_shard.engine.request_state import RequestState
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
@@ -36,24 +37,25 @@ from pytgi_shard.speculative.acceptance import verify_greedy
 
 
 def step_drafts(
-    batch: Batch, speculate: int, drafting_batch: int = DRAFTING_BATCH
+    batch: Batch, speculate: int, drafting_batch: int = DRAFTING_BATCH,
+    drafter: Drafter | None = None,
 ) -> Drafts | None:
-    """The decode step's drafts (shard/engine/drafting.py), within the KV slots each row holds;
-    None (at once, for a batch too large to draft) when no row drafts.
-
-    The drafting rows' indexes are fed here, from the batch's token history, with what the
-    rows emitted since they were last fed: steps that cannot draft cost nothing."""
+    """The decode step's drafts: the rows that may draft and how many (drafting.plan_asks),
+    within the KV slots each row holds, proposed by `drafter` (shard/engine/drafter.py; None:
+    the n-gram index); None (at once, for a batch too large to draft) when no row drafts."""
     if len(batch) > drafting_batch or len(batch) >= STEP_TOKENS:
         return None
     requests = batch.requests
-    for row, state in batch.drafting:
-        length = requests[row].length
-        behind = length - len(state.index.tokens)
-        if behind:
-            state.index.extend(batch.all_ids[row, length - behind : length].tolist())
     states = [r.draft for r in requests]
     left = [r.stopping.max_new_tokens - r.text.generated for r in requests]
-    return plan_drafts(states, batch.room(), left, speculate, drafting_batch)
+    asks = plan_asks(states, batch.room(), left, speculate, drafting_batch)
+    if not asks:
+        return None
+    return (drafter or NGRAM).propose(batch, asks)
+
+
+# The drafter of --speculate alone.
+NGRAM = NgramDrafter()
 
 
 @dataclass(frozen=True, slots=True)

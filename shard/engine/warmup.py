@@ -309,14 +309,17 @@ def is_out_of_memory(e: BaseException) -> bool:
 
 
 def cache_blocks(
-    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int
+    limits: Limits, model: Model, block_size: int, settings: ShardSettings, peak: int,
+    draft_per_token: int = 0,
 ) -> int:
     """KV blocks for this rank, block 0 included, keeping `peak` bytes free for the forward.
     Sized in bytes of the cache's dtype (--kv-cache-dtype: an FP8 cache holds twice the blocks
-    of a bfloat16 one)."""
+    of a bfloat16 one). `draft_per_token`: a draft model's cache bytes per token, whose cache
+    has a block for each of the target's (shard/engine/draft_model.py): a block id costs both."""
     m = model
     kv_dtype = kv_cache_dtype(settings.kv_cache_dtype, m.dtype)
     per_token = KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, kv_dtype)
+    per_token += draft_per_token
     block = per_token * block_size
     budget_blocks = (
         math.ceil(limits.max_batch_total_tokens / block_size) + 1

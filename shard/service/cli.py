@@ -46,6 +46,7 @@ ENV_FALLBACKS = {
     "grammar_cache_bytes": ("GRAMMAR_CACHE_BYTES", int),
     "kv_cache_dtype": ("KV_CACHE_DTYPE", str),
     "speculate": ("SPECULATE", int),
+    "speculator_model": ("SPECULATOR_MODEL", Path),
     "lora_adapters": ("LORA_ADAPTERS", str),
     "max_loras": ("MAX_LORAS", int),
     "max_lora_rank": ("MAX_LORA_RANK", int),
@@ -86,6 +87,13 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="up to N n-gram drafts per greedy sequence and decode step, verified in one "
         "forward (env SPECULATE; default 0: off)",
+    )
+    p.add_argument(
+        "--speculator-model",
+        type=Path,
+        help="a draft model's directory (a model of the registry with the same tokenizer): it "
+        "proposes the --speculate drafts, from its own share of the KV memory (env "
+        "SPECULATOR_MODEL; default: n-gram drafts)",
     )
     p.add_argument(
         "--lora-adapters",

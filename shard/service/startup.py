@@ -19,6 +19,7 @@ from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.quantization.resolution import resolve_quantization
+from pytgi_shard.service.speculator import SpeculatorRefused, load_draft_model
 from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,11 @@ def load_engine(settings: ShardSettings) -> Engine:
         log.info("CUDA graphs off: LoRA adapters are loaded")
         settings = dataclasses.replace(settings, cuda_graphs=())
     detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
-    return Engine(model, detokenizer, dist, settings, adapters)
+    try:
+        draft = load_draft_model(settings, model, detokenizer, dtype, dist)
+    except SpeculatorRefused as e:
+        raise StartupRefused(str(e)) from e
+    return Engine(model, detokenizer, dist, settings, adapters, draft)
 
 
 def load_lora(settings: ShardSettings, model: Model, dtype: torch.dtype, dist: Dist

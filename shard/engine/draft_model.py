@@ -1,0 +1,203 @@
+"""The draft model (--speculator-model): a model of the target's tokenizer proposes each asked
+row's k drafts autoregressively, from a paged KV cache of its own.
+
+Its cache has the target cache's blocks: the same number, the same ids, so a row's block and
+slot tables index both, and the router's allocator, grants, prefix cache and preemption need
+nothing new. Each block id holds a block in both caches; the memory rule
+(ModelRunner.size_kv_cache, warmup.cache_blocks) divides the KV memory by the two models'
+bytes per token added together.
+
+What the draft cache holds for a sequence is written lazily, by the request's own drafting:
+DraftState.written counts the sequence's first positions whose KV this request wrote there. A
+drafting step's first forward feeds positions [written, length) (the catch-up: the whole prompt
+on a request's first drafting step, then the one to k + 1 tokens kept since) and takes the
+first draft from its last position's logits; k - 1 one-token forwards then feed each draft to
+get the next. Drafts' KV goes to the slots after the known tokens (the router holds k of them
+per row for the verification); after the step `written` is the length the step started from:
+the next catch-up writes the kept drafts' slots again with the same tokens, and rejected ones
+are overwritten, as in the target's cache.
+
+Why lazily, rather than alongside every forward of the target:
+- a request that hits the prefix cache joins with its cached blocks' KV written in the target's
+  cache by whichever request computed them, which may never have drafted (a batch too large to
+  draft, a sampling row), so the draft cache's copy of those blocks cannot be trusted: each
+  request writes its own. Rewriting a shared block that another live request reads writes the
+  same tokens at the same positions: the KV differs at most by float rounding, which only that
+  request's drafts can see, never its output (verification is exact);
+- batches too large to draft, and rows that never draft, never pay a draft forward;
+- chunked prefill, preemption and resume need nothing: a resumed request is a new
+  RequestState, written 0.
+Its cost: a request's first drafting step runs its sequence through the draft model, at most
+`catch_up_tokens` per step (the prefill budget Warmup measured the peak with: a draft model no
+larger than the target peaks below it); a longer sequence is caught up over several steps and
+drafts once it is.
+
+Draft forwards run eagerly (the decode CUDA graphs are the target's) and choose the argmax of
+the draft's logits over the vocabulary both models share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.drafting import Drafts
+from pytgi_shard.models.model import Model
+
+# Catch-up tokens per step until Warmup sets the prefill budget.
+CATCH_UP_TOKENS = 512
+
+
+class DraftModel:
+    """A draft model and its KV cache, sized by the ModelRunner with the target's."""
+
+    name = "draft-model"
+
+    def __init__(self, model: Model, target_vocab: int, block_size: int) -> None:
+        self.model = model
+        # The ids both vocabularies have (a checkpoint may pad its embedding past the tokenizer).
+        self.vocab = min(model.vocab_size, target_vocab)
+        self.block_size = block_size
+        self.catch_up_tokens = CATCH_UP_TOKENS
+        self.kv_cache = self._allocate(1)
+
+    def bytes_per_token(self) -> int:
+        """Bytes of this rank's draft cache per token of context (in the draft's dtype)."""
+        m = self.model
+        return KVCache.bytes_per_token(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype)
+
+    def _allocate(self, num_blocks: int) -> KVCache:
+        m = self.model
+        return KVCache.allocate(
+            m.num_layers, num_blocks, self.block_size, m.num_kv_heads, m.head_dim, m.dtype,
+            m.device,
+        )
+
+    def resize(self, num_blocks: int) -> None:
+        """The cache at `num_blocks` blocks (the target's count); the old one goes first."""
+        self.kv_cache = self._allocate(1)
+        if num_blocks > 1:
+            self.kv_cache = self._allocate(num_blocks)
+
+    @torch.inference_mode()
+    def propose(self, batch: Batch, asks: Sequence[tuple[int, int]]) -> Drafts | None:
+        """The asked rows caught up (within catch_up_tokens) and, for those caught up, k
+        drafts each; one read back to the host at the end."""
+        feed, drafting = self._plan(batch, asks)
+        if not feed:
+            return None
+        first = self._catch_up(batch, feed, [i for i, _ in drafting])
+        for (row, _, end) in feed:
+            draft = batch.requests[row].draft
+            assert draft is not None
+            draft.written = end
+        if not drafting:
+            return None
+        rows = [feed[i][0] for i, _ in drafting]
+        ks = [k for _, k in drafting]
+        tokens = self._continue(batch, rows, [feed[i][2] for i, _ in drafting], ks, first)
+        return Drafts(rows, tokens)
+
+    def _plan(
+        self, batch: Batch, asks: Sequence[tuple[int, int]]
+    ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+        """The rows fed by the catch-up forward, as (row, start, end) positions, and the ones
+        that draft, as (index into the feed, k): a row drafts once its catch-up fits what is
+        left of catch_up_tokens; the first that does not fit takes what is left."""
+        budget = self.catch_up_tokens
+        feed: list[tuple[int, int, int]] = []
+        drafting: list[tuple[int, int]] = []
+        for row, k in asks:
+            r = batch.requests[row]
+            assert r.draft is not None, "plan_asks asks only rows with a DraftState"
+            start, length = r.draft.written, r.length
+            if length - start <= budget:
+                drafting.append((len(feed), k))
+                feed.append((row, start, length))
+                budget -= length - start
+            elif budget > 0:
+                feed.append((row, start, start + budget))
+                budget = 0
+        return feed, drafting
+
+    def _catch_up(
+        self, batch: Batch, feed: list[tuple[int, int, int]], drafting: list[int]
+    ) -> torch.Tensor:
+        """One varlen forward over each fed row's positions [start, end) (written into the
+        draft cache), with logits at the last position of the drafting ones: their first
+        drafts, [len(drafting)] on the device."""
+        device = batch.lengths.device
+        counts = [end - start for _, start, end in feed]
+        total = sum(counts)
+        rows = torch.tensor([row for row, _, _ in feed], dtype=torch.long, device=device)
+        q_lens = torch.tensor(counts, dtype=torch.long, device=device)
+        cu = torch.nn.functional.pad(torch.cumsum(q_lens, 0), (1, 0))
+        fed = torch.repeat_interleave(torch.arange(len(feed), device=device), q_lens,
+                                      output_size=total)
+        starts = torch.tensor([start for _, start, _ in feed], dtype=torch.long, device=device)
+        positions = starts[fed] + torch.arange(total, device=device) - cu[:-1][fed]
+        row_of_token = rows[fed]
+        meta = AttentionMetadata(
+            is_prefill=max(counts) > 1,
+            cu_seqlens_q=cu.to(torch.int32),
+            seqlens_k=(starts + q_lens).to(torch.int32),
+            slot_mapping=batch.slot_table[row_of_token, positions],
+            block_tables=batch.block_tables[rows],
+            max_seqlen_q=max(counts),
+            max_seqlen_k=max(end for _, _, end in feed),
+            block_size=self.block_size,
+        )
+        ends = [sum(counts[: i + 1]) - 1 for i in drafting]
+        last = torch.tensor(ends or [total - 1], dtype=torch.long, device=device)
+        logits = self.model.forward(
+            batch.all_ids[row_of_token, positions], positions, self.kv_cache, meta, last
+        )
+        return logits[:, : self.vocab].argmax(dim=-1)
+
+    def _continue(
+        self, batch: Batch, rows: list[int], lengths: list[int], ks: list[int],
+        first: torch.Tensor,
+    ) -> list[list[int]]:
+        """Drafts 2..k of each drafting row: one-token forwards, each feeding the rows' latest
+        draft at its position (its KV into the slot after the previous one), for the rows whose
+        k goes that far."""
+        device = first.device
+        out = torch.zeros(len(rows), max(ks), dtype=torch.long, device=device)
+        out[:, 0] = first
+        row_t = torch.tensor(rows, dtype=torch.long, device=device)
+        length_t = torch.tensor(lengths, dtype=torch.long, device=device)
+        for i in range(1, max(ks)):
+            active = [j for j, k in enumerate(ks) if k > i]
+            at = torch.tensor(active, dtype=torch.long, device=device)
+            these = row_t[at]
+            positions = length_t[at] - 1 + i
+            meta = AttentionMetadata(
+                is_prefill=False,
+                cu_seqlens_q=torch.arange(len(active) + 1, dtype=torch.int32, device=device),
+                seqlens_k=(positions + 1).to(torch.int32),
+                slot_mapping=batch.slot_table[these, positions],
+                block_tables=batch.block_tables[these],
+                max_seqlen_q=1,
+                max_seqlen_k=max(lengths[j] for j in active) + i,
+                block_size=self.block_size,
+            )
+            logits = self.model.forward(out[at, i - 1], positions, self.kv_cache, meta, None)
+            out[at, i] = logits[:, : self.vocab].argmax(dim=-1)
+        return [row[:k] for row, k in zip(out.tolist(), ks, strict=True)]
+
+
+def draft_share_line(draft: DraftModel, target: KVCache, num_blocks: int) -> str:
+    """Warmup's word on the memory rule: each block id holds a block in both caches, so the
+    KV memory splits between them in proportion to their bytes per token."""
+    k = target.keys[0]
+    target_bytes = 2 * len(target.keys) * k[0, 0].numel() * k.element_size()
+    draft_bytes = draft.bytes_per_token()
+    share = draft_bytes / (draft_bytes + target_bytes)
+    return (
+        f"draft model KV cache: {num_blocks} blocks beside the target's, {draft_bytes} bytes "
+        f"per token against the target's {target_bytes}: {share:.0%} of the KV memory"
+    )

@@ -1,0 +1,88 @@
+"""--speculator-model at start-up: the draft model loaded beside the target, or refused in one
+line.
+
+The draft is loaded by the target's loading code (shard/models: get_model), on the same ranks,
+in the same dtype, with the same attention backend: a tensor-parallel draft is sharded like the
+target, and every rank runs its forwards in the same order (its collectives line up). Its own
+checkpoint's quantization is detected as any model's (--quantize is the target's).
+
+Refused: a draft whose tokenizer differs from the target's (a draft's token id would mean
+another text: its drafts would be verified exactly but almost never kept, which is a
+configuration error to say, not a slow server to discover), an encoder-decoder on either side
+(their decoders do not take the varlen steps drafting and verification run), a draft with a
+learned position table shorter than the target's context, and anything the loader refuses.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from pytgi_shard.device.distributed import Dist
+from pytgi_shard.engine.draft_model import DraftModel
+from pytgi_shard.models import get_model
+from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
+from pytgi_shard.models.model import Model
+from pytgi_shard.models.model_config import ModelConfig
+from pytgi_shard.output.detokenizer import Detokenizer
+from pytgi_shard.settings import ShardSettings
+
+log = logging.getLogger(__name__)
+
+
+class SpeculatorRefused(ValueError):
+    """A --speculator-model this target cannot draft with: one line, naming why."""
+
+
+def load_draft_model(
+    settings: ShardSettings, target: Model, detokenizer: Detokenizer, dtype: torch.dtype,
+    dist: Dist,
+) -> DraftModel | None:
+    """The draft model of --speculator-model; None without the flag."""
+    path = settings.speculator_model
+    if path is None:
+        return None
+    flag = f"--speculator-model {path}"
+    if isinstance(target, EncoderDecoderModel):
+        raise SpeculatorRefused(f"{flag}: {target.model_type} is an encoder-decoder, which "
+                                "does not speculate")
+    try:
+        config = ModelConfig.read(path)
+        theirs = Detokenizer.from_model_dir(path, config.raw)
+    except (ValueError, OSError) as e:
+        raise SpeculatorRefused(f"{flag}: {e}") from e
+    difference = vocabulary_difference(detokenizer, theirs)
+    if difference is not None:
+        raise SpeculatorRefused(f"{flag}: its tokenizer is not the target's ({difference})")
+    try:
+        draft = get_model(
+            config, dtype=dtype, dist=dist, trust_remote_code=settings.trust_remote_code,
+            attention=settings.attention or "reference",
+        )
+    except (ValueError, OSError, NotImplementedError, KeyError) as e:
+        raise SpeculatorRefused(f"{flag}: {e}") from e
+    if isinstance(draft, EncoderDecoderModel):
+        raise SpeculatorRefused(f"{flag}: {draft.model_type} is an encoder-decoder; a draft "
+                                "model is a decoder")
+    if draft.learned_positions and draft.max_position_embeddings < target.max_position_embeddings:
+        raise SpeculatorRefused(
+            f"{flag}: its learned position table ({draft.max_position_embeddings}) is shorter "
+            f"than the target's context ({target.max_position_embeddings})"
+        )
+    log.info("draft model %s (%s, %d layers) proposes up to %d tokens per sequence and step",
+             path, draft.model_type, draft.num_layers, settings.speculate)
+    return DraftModel(draft, target.vocab_size, settings.block_size)
+
+
+def vocabulary_difference(ours: Detokenizer, theirs: Detokenizer) -> str | None:
+    """Why two tokenizers do not map the same texts to the same ids (None: they do): their
+    vocabularies, added tokens included, compared id for id."""
+    a = ours.tokenizer.get_vocab(with_added_tokens=True)
+    b = theirs.tokenizer.get_vocab(with_added_tokens=True)
+    if a == b:
+        return None
+    if len(a) != len(b):
+        return f"{len(b)} tokens against the target's {len(a)}"
+    differ = sum(1 for token, i in a.items() if b.get(token) != i)
+    return f"{differ} of its {len(b)} tokens have other ids"

@@ -1,0 +1,230 @@
+"""The draft model (--speculator-model): greedy tokens served with its drafts equal those served
+without speculation, for a draft that agrees with the target (the target itself: every draft
+kept, which also proves its KV cache right) and one that does not (another family's random
+weights: few kept), across chunked prefill, a prefix-cache hit on blocks no draft ever wrote, a
+resumed request and two tensor-parallel ranks; the memory rule; the start-up refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.engine import warmup
+from pytgi_shard.engine.draft_model import DraftModel
+from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.warmup import Limits, cache_blocks
+from pytgi_shard.service.startup import StartupRefused, load_engine
+from pytgi_shard.settings import ShardSettings
+from tests.tiny_models import build_model, train_tokenizer, write_tokenizer
+from tests.unit.shard.engine.test_engine import Run
+from tests.unit.shard.engine.test_speculation import SpeculatingRouter, greedy
+from tests.unit.shard.models.test_models import _free_port
+from tests.unit.shard.router_steps import prompt_of
+
+SPECULATE = 3
+BLOCK = 4
+
+
+def build(model: Path, speculate: int = 0, draft: Path | None = None, **fields: object) -> Engine:
+    engine = load_engine(ShardSettings(
+        model_path=model, block_size=BLOCK, overlap=False, attention="reference",
+        speculate=speculate, speculator_model=draft, **fields,  # type: ignore[arg-type]
+    ))
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
+    engine.drafting_batch = 64
+    return engine
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model: Callable[..., Path]) -> Iterator[dict[str, Engine]]:
+    target = tiny_model("llama")
+    yield {
+        "plain": build(target),
+        "self": build(target, SPECULATE, target),
+        "other": build(target, SPECULATE, tiny_model("qwen2")),
+    }
+
+
+class Served:
+    """A run through SpeculatingRouter with the drafts proposed and kept counted."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.router = SpeculatingRouter(engine)
+        self.drafted = self.kept = 0
+
+    @property
+    def run(self) -> Run:
+        return self.router.run
+
+    def prefill(self, batch_id: int, r: pb.Request, start: int, size: int) -> None:
+        self.router.prefill(batch_id, [self.router.chunk(r, start, size)])
+
+    def finish(self) -> None:
+        while self.router.cached is not None:
+            response = self.router.decode()
+            self.drafted += response.drafted_tokens
+            self.kept += sum(len(g.tokens.ids) - 1 for g in response.generations)
+
+
+def serve(engine: Engine, reqs: list[pb.Request], chunk: int = 0,
+          prefix: dict[int, list[int]] | None = None) -> Served:
+    """Each request prefilled (in chunks of `chunk` tokens when given; after `prefix[id]`'s
+    blocks, cached, when given), all decoded together to the end."""
+    served = Served(engine)
+    for r in reqs:
+        total = len(r.input_ids) + len(r.generated_ids)
+        start = 0
+        if prefix and r.id in prefix:
+            served.router.blocks[r.id] = list(prefix[r.id])
+            served.router.next_block = max(served.router.next_block, max(prefix[r.id]) + 1)
+            start = len(prefix[r.id]) * BLOCK
+        size = chunk or total
+        while start < total:
+            served.prefill(100 + r.id * 50 + start, r, start, size)
+            start += size
+    served.finish()
+    return served
+
+
+def assert_same(got: Run, expected: Run) -> None:
+    assert got.tokens == expected.tokens
+    for rid, lps in expected.logprobs.items():
+        torch.testing.assert_close(got.logprobs[rid], lps, rtol=1e-4, atol=1e-4)
+        assert got.finals[rid].text == expected.finals[rid].text
+        assert got.finals[rid].finish_reason == expected.finals[rid].finish_reason
+
+
+def requests() -> list[pb.Request]:
+    sampling = pb.NextTokenChooserParameters(do_sample=True, seed=5, top_k=20)
+    return [
+        greedy(0, prompt_of(12, 0) * 2, 24),
+        greedy(1, prompt_of(11, 1), 21, top_n_tokens=2),
+        greedy(2, prompt_of(9, 2), 12, parameters=sampling),
+    ]
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_served_greedy_tokens_equal_those_without_speculation(
+    engines: dict[str, Engine], draft: str
+) -> None:
+    expected = serve(engines["plain"], requests())
+    got = serve(engines[draft], requests())
+    assert_same(got.run, expected.run)
+    assert got.drafted > 0
+    if draft == "self":
+        # The target drafting for itself agrees with itself: every draft is kept.
+        assert got.kept == got.drafted
+    else:
+        assert got.kept < got.drafted / 2, "another model's random weights rarely agree"
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_chunked_prefill_and_a_resumed_request(engines: dict[str, Engine], draft: str) -> None:
+    whole = serve(engines["plain"], [greedy(0, prompt_of(10, 3) * 2, 30)]).run.tokens[0]
+    reqs = [greedy(1, prompt_of(10, 3) * 2, 30),
+            greedy(2, prompt_of(10, 3) * 2, 30, generated_ids=whole[:11])]
+    expected = serve(engines["plain"], reqs, chunk=7)
+    got = serve(engines[draft], reqs, chunk=7)
+    assert_same(got.run, expected.run)
+    assert got.run.tokens[2] == whole[11:]
+    if draft == "self":
+        assert got.drafted > 0 and got.kept == got.drafted
+
+
+def test_a_prefix_cache_hit_on_blocks_no_draft_wrote(engines: dict[str, Engine]) -> None:
+    """A sampling request (which never drafts) computes a prompt's blocks in the target's
+    cache only; a greedy request reusing them as a prefix-cache hit writes its own draft KV
+    for them (DraftState.written starts at 0): its self-drafts are all kept. With the draft
+    cache's copy of those blocks trusted, the draft would read KV never written, and miss."""
+    engine = engines["self"]
+    prompt = prompt_of(10, 4) * 2
+    sampling = pb.NextTokenChooserParameters(do_sample=True, seed=9)
+    first = serve(engine, [greedy(7, prompt, 4, parameters=sampling)])
+    assert first.drafted == 0
+    cached = first.router.blocks[7][: len(prompt) // BLOCK - 1]
+    # The draft cache is wiped: only the request's own writes can make its drafts right.
+    assert engine.runner.draft is not None
+    with torch.inference_mode():
+        for t in engine.runner.draft.kv_cache.keys + engine.runner.draft.kv_cache.values:
+            t.normal_()
+    hit = greedy(8, prompt, 24)
+    expected = serve(engines["plain"], [hit])
+    got = serve(engine, [hit], prefix={8: cached})
+    assert_same(got.run, expected.run)
+    assert got.drafted > 0 and got.kept == got.drafted
+
+
+def test_the_draft_cache_has_the_target_s_blocks_and_the_memory_rule(
+    engines: dict[str, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = engines["other"].runner
+    assert isinstance(runner.draft, DraftModel)
+    assert runner.draft.kv_cache.num_blocks == runner.kv_cache.num_blocks > 1
+    # The catch-up takes at most the prefill budget Warmup measured with.
+    assert runner.draft.catch_up_tokens == 128
+    # Without a budget, the KV memory is shared: a block id costs both caches' bytes.
+    monkeypatch.setattr(warmup, "_available_ram", lambda: 2**24)
+    model, settings = runner.model, runner.settings
+    limits = Limits(128, 0, 0, 0, 0)
+    alone = cache_blocks(limits, model, BLOCK, settings, 0)
+    target_bytes = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 4
+    draft_bytes = runner.draft.bytes_per_token()
+    shared = cache_blocks(limits, model, BLOCK, settings, 0, draft_bytes)
+    assert shared == pytest.approx(alone * target_bytes / (target_bytes + draft_bytes), rel=0.01)
+
+
+def test_start_up_refusals(tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    target = tiny_model("llama")
+    with pytest.raises(ValueError, match="give --speculate N"):
+        ShardSettings(model_path=target, speculator_model=target)
+    # Another tokenizer: the same model's weights, a vocabulary trained on other text.
+    other = build_model(tmp_path / "other", "llama")
+    write_tokenizer(other, train_tokenizer(["entirely different words here"] * 3), 256)
+    with pytest.raises(StartupRefused, match="its tokenizer is not the target's"):
+        load_engine(ShardSettings(model_path=target, speculate=2, speculator_model=other))
+    with pytest.raises(StartupRefused, match="encoder-decoder"):
+        load_engine(ShardSettings(model_path=target, speculate=2,
+                                  speculator_model=tiny_model("t5")))
+    with pytest.raises(StartupRefused, match="no config.json"):
+        load_engine(ShardSettings(model_path=target, speculate=2, speculator_model=tmp_path))
+
+
+def _rank_main(rank: int, port: int, target: Path, draft: Path, out: Path) -> None:
+    torch.set_num_threads(1)
+    engine = load_engine(ShardSettings(
+        model_path=target, block_size=BLOCK, rank=rank, world_size=2, master_port=port,
+        speculate=SPECULATE, speculator_model=draft, attention="reference",
+    ))
+    try:
+        engine.warmup(pb.WarmupRequest(max_prefill_tokens=64, max_batch_total_tokens=1024))
+        engine.drafting_batch = 64
+        served = serve(engine, requests(), chunk=6)
+        torch.save((served.run.tokens, served.run.logprobs, served.drafted, served.kept),
+                   out / f"rank{rank}-{draft.name}.pt")
+    finally:
+        engine.dist.close()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_two_ranks_draft_like_one(
+    tiny_model: Callable[..., Path], tmp_path: Path, engines: dict[str, Engine], family: str
+) -> None:
+    """Target and draft both sharded over two gloo ranks: every rank serves the one-rank
+    plain engine's tokens; the target as its own draft keeps every draft."""
+    target = tiny_model("llama", sharded=True)
+    draft = target if family == "llama" else tiny_model(family)
+    mp.spawn(_rank_main, args=(_free_port(), target, draft, tmp_path), nprocs=2, join=True)
+    expected = serve(engines["plain"], requests(), chunk=6).run
+    for rank in range(2):
+        tokens, logprobs, drafted, kept = torch.load(tmp_path / f"rank{rank}-{draft.name}.pt")
+        assert tokens == expected.tokens
+        for rid, lps in expected.logprobs.items():
+            torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
+        assert drafted > 0
+        if family == "llama":
+            assert kept == drafted
