@@ -38,6 +38,9 @@ _VALUED: list[tuple[str, Any, str]] = [
      "verified by the model in one forward: greedy rows give exactly the tokens they give without "
      "it; only batches of at most 2 sequences draft, and sampling, penalised, watermarked and "
      "grammar rows never do (0..16; default 0: off)"),
+    ("--speculator-model", str, "a draft model's directory (a model of the registry with the "
+     "model's tokenizer, e.g. a smaller one of its family): it proposes the --speculate drafts "
+     "in place of n-gram lookup, with its own KV cache taking its share of the KV memory"),
     ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
      "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
      "directories or Hub ids); pytgi's Llama-family models with float weights"),

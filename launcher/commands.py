@@ -40,6 +40,7 @@ def shard_argv(
         *_opt("--quantize", s.quantize),
         *_opt("--kv-cache-dtype", s.kv_cache_dtype),
         *_opt("--speculate", s.speculate or None),
+        *_opt("--speculator-model", s.speculator_model),
         *_opt("--lora-adapters", s.lora_adapters),
         *_opt("--instance-id", instance_id),
         "--cuda-memory-fraction", str(s.cuda_memory_fraction),

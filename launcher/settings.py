@@ -46,6 +46,8 @@ class LauncherSettings:
     kv_cache_dtype: str | None = None
     # TGI's --speculate: n-gram drafts per sequence and decode step; 0: off.
     speculate: int = 0
+    # A draft model's directory (--speculator-model): the shards draft with it; None: n-gram.
+    speculator_model: str | None = None
     # TGI's --lora-adapters: `id`, `name=id` or `name=path`, comma-separated; the shards load them.
     lora_adapters: str | None = None
     trust_remote_code: bool = False
@@ -139,6 +141,9 @@ class LauncherSettings:
                        f"{self.kv_cache_dtype}")
         if not 0 <= self.speculate <= SPECULATE_MAX:
             out.append(f"--speculate must be in 0..{SPECULATE_MAX}, got {self.speculate}")
+        if self.speculator_model is not None and not self.speculate:
+            out.append("--speculator-model drafts --speculate N tokens per sequence and step: "
+                       f"give --speculate N (1..{SPECULATE_MAX})")
         positive = {
             "max-concurrent-requests": self.max_concurrent_requests,
             "max-best-of": self.max_best_of,

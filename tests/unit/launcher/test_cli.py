@@ -119,6 +119,7 @@ def test_legacy_max_input_length() -> None:
         ([], {"KV_CACHE_DTYPE": "int8"}, "KV_CACHE_DTYPE='int8' is not valid for --kv-cache-dtype"),
         (["--speculate", "-1"], {}, "--speculate must be in 0..16, got -1"),
         ([], {"SPECULATE": "17"}, "--speculate must be in 0..16, got 17"),
+        (["--speculator-model", "/models/draft"], {}, "give --speculate N (1..16)"),
     ],
 )
 def test_bad_input_is_a_usage_error(

@@ -19,7 +19,7 @@ def test_shard_command_is_understood_by_the_shard() -> None:
                         "--json-output", "--otlp-endpoint", "http://c:4317",
                         "--watermark-gamma", "0.4", "--step-timeline", "/tmp/t.jsonl",
                         "--kv-cache-dtype", "fp8_e5m2", "--speculate", "3"],
-                       environ={})
+                       environ={"SPECULATOR_MODEL": "/models/draft"})
     argv = shard_argv(s, MODEL, rank=1, world_size=2, dtype="float32")
     assert argv[1:3] == ["-m", "pytgi_shard.service.cli"]
     env = shard_env(s, {"LOG_LEVEL": "debug", "KEEP": "1"}, rank=1, world_size=2)
@@ -32,7 +32,7 @@ def test_shard_command_is_understood_by_the_shard() -> None:
     assert shard.watermark_gamma == 0.4
     assert shard.step_timeline == Path("/tmp/t.jsonl")
     assert shard.kv_cache_dtype == "fp8_e5m2"
-    assert shard.speculate == 3
+    assert shard.speculate == 3 and shard.speculator_model == Path("/models/draft")
     assert env["RANK"] == "1" and env["WORLD_SIZE"] == "2" and env["KEEP"] == "1"
     assert "LOG_LEVEL" not in env
 
