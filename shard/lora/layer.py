@@ -34,24 +34,28 @@ class RowAdapters:
     graphs' static buffer) around each forward."""
 
     index: torch.Tensor | None = None
-    # The rows of each slot present, read on the host once per forward, only by a path that
-    # asks for it (torch's grouped path on the CPU, where reading costs no device sync).
-    _groups: list[tuple[int, torch.Tensor]] | None = field(default=None, repr=False)
+    # The rows of each slot as padded segments, built on the first request of a forward, only
+    # by the path that asks for it (torch's segmented path on the CPU, where the host read
+    # costs no device sync), and shared by the forward's layers.
+    _segments: torch_lora.Segments | None = field(default=None, repr=False)
 
     def bind(self, adapters: torch.Tensor | None) -> None:
         """`adapters`: one slot index per flat token (0: base), kept as given (no host read)."""
         self.index = adapters
-        self._groups = None
+        self._segments = None
 
-    def groups(self) -> list[tuple[int, torch.Tensor]]:
-        """(slot, its rows) for each adapter slot present: one host read per forward, cached."""
-        if self._groups is None:
-            self._groups = [] if self.index is None else torch_lora.slot_groups(self.index)
-        return self._groups
+    def segments(self, slots: int, dtype: torch.dtype) -> torch_lora.Segments:
+        """The bound rows' segments over `slots` slots (built once per forward; every layer of
+        one model has the same slot count)."""
+        assert self.index is not None
+        seg = self._segments
+        if seg is None or seg.keep.shape[0] != slots - 1 or seg.keep.dtype != dtype:
+            seg = self._segments = torch_lora.segments(self.index, slots, dtype)
+        return seg
 
     def clear(self) -> None:
         self.index = None
-        self._groups = None
+        self._segments = None
 
 
 class LoraLinear(nn.Module):
@@ -79,7 +83,7 @@ class LoraLinear(nn.Module):
                                               device=device), persistent=False)
         self.register_buffer("bt", torch.zeros(slots, max_rank, out_features, dtype=dtype,
                                                device=device), persistent=False)
-        # Each slot's rank (0: empty), on the host: the grouped path skips empty slots.
+        # Each slot's rank (0: empty), on the host, for the adapters' owners (live load/unload).
         self.ranks = [0] * slots
 
     @property
@@ -139,7 +143,8 @@ class LoraLinear(nn.Module):
 
             add_lora(out, flat, self.a, self.bt, index)
         elif flat.device.type == "cpu":
-            torch_lora.add_grouped(out, flat, self.a, self.bt, self.ranks, self.rows.groups())
+            seg = self.rows.segments(self.slots, self.a.dtype)
+            torch_lora.add_segmented(out, flat, self.a, self.bt, seg)
         else:
             torch_lora.add_dense(out, flat, self.a, self.bt, index)
         return y

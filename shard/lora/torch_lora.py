@@ -2,38 +2,63 @@
 `bt` [slots, rank, out], slot 0 zeros) and one slot index per flat token.
 
 Two ways, each where it is the faster or the only one allowed:
-- grouped: per slot present, gather its rows, shrink, expand, add back (index_select, two small
-  matmuls, index_add_). Work only for the rows of each adapter, but one host read of the slots
-  present per forward (a device sync on a GPU) and four ops per adapter present.
-- dense: every row shrunk by every slot's A in one matmul, the other slots' ranks zeroed by a
-  one-hot mask of the row's slot, one expand over all slots. No host read (capturable in a CUDA
-  graph), a fixed handful of ops, but the work of every slot for every row.
+- segmented (the CPU's): the rows of each slot gathered into padded segments (built once per
+  forward, one host read: the longest segment), then two batched matmuls over all slots: a fixed
+  five ops per layer whatever the number of adapters, the work of the (padded) rows only. It
+  replaced the first version's gather/shrink/expand/scatter per adapter present (four ops per
+  adapter: at 8 adapters on the demo model several times slower: lora_overhead.py).
+- dense (CUDA without Triton): every row shrunk by every slot's A in one matmul, the other
+  slots' ranks zeroed by a one-hot mask of the row's slot, one expand over all slots. No host
+  read (capturable in a CUDA graph), a fixed handful of ops, but every slot's work per row.
 Measured on the CPU by bench/experiments/lora_overhead.py (its numbers: /tmp/docs/lora-kernel.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
-def slot_groups(index: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-    """(slot, the flat rows using it) for every non-zero slot in `index` (a host read)."""
-    groups = []
-    for slot in torch.unique(index).tolist():
-        if slot != 0:
-            groups.append((int(slot), torch.nonzero(index == slot).flatten()))
-    return groups
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """A forward's rows grouped by slot and padded to equal length: row `gather[s - 1, j]` is
+    slot s's j-th row (any row where `keep` is 0: padding), for slots 1..S-1, present or not."""
+
+    gather: torch.Tensor  # [(S - 1) * length] int64
+    keep: torch.Tensor  # [S - 1, length, 1] the dtype of the update: 1 real row, 0 padding
+    length: int
 
 
-def add_grouped(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
-                ranks: list[int], groups: list[tuple[int, torch.Tensor]]) -> None:
-    """out[rows of s] += (x[rows of s] · A[s]ᵀ) · Bᵀ[s] for each (s, rows) of `groups`."""
-    for slot, rows in groups:
-        rank = ranks[slot]
-        if rank == 0:
-            continue  # this adapter does not target this layer (or was cleared)
-        delta = (x.index_select(0, rows) @ a[slot, :rank].t()) @ bt[slot, :rank]
-        out.index_add_(0, rows, delta.to(out.dtype))
+def segments(index: torch.Tensor, slots: int, dtype: torch.dtype) -> Segments:
+    """`index`'s rows per slot (one host read: the longest segment), built once per forward
+    and shared by every layer of that forward."""
+    tokens = index.shape[0]
+    order = torch.argsort(index, stable=True)
+    ordered = index[order]
+    counts = torch.bincount(index, minlength=slots)
+    starts = torch.cumsum(counts, 0) - counts
+    length = max(1, int(counts[1:].max()) if slots > 1 else 1)
+    position = torch.arange(tokens, device=index.device) - starts[ordered]
+    adapted = ordered > 0
+    where = (ordered[adapted] - 1) * length + position[adapted]
+    gather = torch.zeros((slots - 1) * length, dtype=torch.long, device=index.device)
+    gather[where] = order[adapted]
+    keep = torch.zeros((slots - 1) * length, dtype=dtype, device=index.device)
+    keep[where] = 1
+    return Segments(gather, keep.view(slots - 1, length, 1), length)
+
+
+def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+                  seg: Segments) -> None:
+    """out += each row's update, as two batched matmuls over slots 1..S-1: the rows of each
+    slot gathered into its padded segment, shrunk by its A, padding zeroed, expanded by its B,
+    added back. Five ops whatever the number of adapters, the work of the padded rows only."""
+    slots, rank, n = bt.shape
+    rows = x.index_select(0, seg.gather).view(slots - 1, seg.length, -1)
+    shrunk = torch.bmm(rows, a[1:].transpose(1, 2)) * seg.keep
+    delta = torch.bmm(shrunk, bt[1:]).view(-1, n)
+    out.index_add_(0, seg.gather, delta.to(out.dtype))
 
 
 def add_dense(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,

@@ -1,0 +1,125 @@
+"""Every LoRA compute path against the row-by-row float32 reference (torch_lora.reference_update):
+torch's grouped and dense updates, and the Triton kernel pair (under Triton's interpreter on the
+CPU, tests/conftest.py; compiled on CUDA when a GPU is present), over random slot tensors with
+empty, cleared and partial-rank slots and rows of every slot including the base model's."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pytgi_shard.lora import torch_lora
+from pytgi_shard.lora.layer import LoraLinear, RowAdapters
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else (
+    torch.device("cuda") if torch.cuda.is_available() else None)
+
+
+class _Zero(torch.nn.Module):
+    """A base layer whose output is zeros, so the update alone is compared."""
+
+    def __init__(self, out: int) -> None:
+        super().__init__()
+        self.out = out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.new_zeros(*x.shape[:-1], self.out)
+
+
+def layer_with(slots: int, rank: int, k: int, n: int, dtype: torch.dtype, device: torch.device,
+               seed: int, path: str = "torch") -> LoraLinear:
+    """A LoraLinear with slot 1 at full rank, slot 2 at rank-2 (partial), the last slot empty
+    (never set), the others full and one of them set then cleared (when there are enough)."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = LoraLinear(_Zero(n), RowAdapters(), in_features=k, out_features=n, slots=slots,
+                       max_rank=rank, dtype=dtype, device=device, path=path)
+    for s in range(1, slots - 1):
+        r = rank if s != 2 else max(1, rank - 2)
+        a = torch.randn(r, k, generator=gen) * 0.5
+        b = torch.randn(n, r, generator=gen) * 0.5
+        layer.set_slot(s, a.to(device, dtype), b.to(device, dtype))
+    if slots > 4:
+        layer.set_slot(3, None, None)
+    return layer
+
+
+def rows_of(tokens: int, slots: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, slots, (tokens,), generator=gen)
+
+
+def check(layer: LoraLinear, tokens: int, slots: int, seed: int, tol: float) -> None:
+    gen = torch.Generator().manual_seed(seed + 100)
+    device, dtype = layer.a.device, layer.a.dtype
+    x = torch.randn(tokens, layer.a.shape[2], generator=gen).to(device, dtype)
+    index = rows_of(tokens, slots, seed).to(device)
+    layer.rows.bind(index)
+    got = layer(x).float().cpu()
+    want = torch_lora.reference_update(x.cpu(), layer.a.cpu(), layer.bt.cpu(), index.cpu())
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    base_rows = (index == 0).cpu()
+    if slots > 4:
+        base_rows |= (index == 3).cpu()  # the cleared slot runs the base model
+    assert torch.equal(got[base_rows], torch.zeros_like(got[base_rows]))
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 64, 77])
+@pytest.mark.parametrize("slots", [2, 4, 9])
+def test_torch_paths_match_the_reference(tokens: int, slots: int) -> None:
+    layer = layer_with(slots, 8, 40, 24, torch.float32, torch.device("cpu"), seed=tokens + slots)
+    check(layer, tokens, slots, seed=tokens, tol=1e-4)
+    # The dense path (the one CUDA without Triton takes) on the same layer and rows.
+    x = torch.randn(tokens, 40)
+    index = rows_of(tokens, slots, tokens + 1)
+    out = torch.zeros(tokens, 24)
+    torch_lora.add_dense(out, x, layer.a, layer.bt, index)
+    want = torch_lora.reference_update(x, layer.a, layer.bt, index)
+    torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(KERNEL_DEVICE is None, reason="no GPU and TRITON_INTERPRET is not set")
+@pytest.mark.parametrize(("tokens", "slots", "rank", "k", "n"), [
+    (1, 2, 4, 32, 16),     # one decode row, one adapter
+    (16, 9, 16, 48, 40),   # a decode tile of eight adapters and the base model
+    (70, 5, 12, 64, 100),  # prefill-sized: several row tiles, uneven n
+    (33, 4, 48, 40, 24),   # a fused rank above one tile's 16
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_kernel_pair_matches_the_reference(tokens: int, slots: int, rank: int, k: int,
+                                                  n: int, dtype: torch.dtype) -> None:
+    pytest.importorskip("triton")
+    assert KERNEL_DEVICE is not None
+    layer = layer_with(slots, rank, k, n, dtype, KERNEL_DEVICE, seed=tokens, path="triton")
+    check(layer, tokens, slots, seed=tokens, tol=1e-4 if dtype == torch.float32 else 3e-2)
+
+
+def test_set_slot_refuses_what_does_not_fit() -> None:
+    layer = LoraLinear(_Zero(6), RowAdapters(), in_features=4, out_features=6, slots=3,
+                       max_rank=2, dtype=torch.float32, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="outside 1..2"):
+        layer.set_slot(3, torch.zeros(1, 4), torch.zeros(6, 1))
+    with pytest.raises(ValueError, match="outside"):
+        layer.set_slot(0, torch.zeros(1, 4), torch.zeros(6, 1))
+    with pytest.raises(ValueError, match="rank 3 exceeds"):
+        layer.set_slot(1, torch.zeros(3, 4), torch.zeros(6, 3))
+    with pytest.raises(ValueError, match="do not fit"):
+        layer.set_slot(1, torch.zeros(2, 5), torch.zeros(6, 2))
+    with pytest.raises(ValueError, match="both"):
+        layer.set_slot(1, torch.zeros(2, 4), None)
+
+
+def test_set_slot_rewrites_in_place() -> None:
+    """A smaller rank after a larger one leaves no trace of the old one; the tensors keep their
+    addresses (CUDA graphs captured over them stay valid)."""
+    layer = LoraLinear(_Zero(6), RowAdapters(), in_features=4, out_features=6, slots=2,
+                       max_rank=3, dtype=torch.float32, device=torch.device("cpu"))
+    address = layer.a.data_ptr(), layer.bt.data_ptr()
+    layer.set_slot(1, torch.ones(3, 4), torch.ones(6, 3))
+    layer.set_slot(1, torch.full((1, 4), 2.0), torch.full((6, 1), 3.0))
+    layer.rows.bind(torch.tensor([1, 0]))
+    got = layer(torch.ones(2, 4))
+    assert torch.equal(got, torch.tensor([[24.0] * 6, [0.0] * 6]))
+    assert (layer.a.data_ptr(), layer.bt.data_ptr()) == address
