@@ -44,6 +44,11 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
      "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
      "directories or Hub ids); pytgi's Llama-family models with float weights"),
+    ("--max-loras", int, "LoRA adapters on the device at once (one step never mixes more); "
+     "past it the least recently used idle adapter is evicted to host memory and copied back "
+     "when asked for (default: the --lora-adapters count; with runtime updates at least 4)"),
+    ("--max-lora-rank", int, "largest LoRA rank accepted, 1..64; the device slots are sized for "
+     "it (default 64 with runtime updates, else the --lora-adapters' largest)"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "
      "unless --rope-factor)"),
     ("--rope-factor", float, "RoPE scaling factor (alone: linear scaling)"),
@@ -112,6 +117,8 @@ _VALUED: list[tuple[str, Any, str]] = [
 _SWITCHES: list[tuple[str, str]] = [
     ("--trust-remote-code", "allow the model's own code from the Hub"),
     ("--disable-grammar-support", "reject `grammar` / `response_format`"),
+    ("--enable-lora-runtime-updates", "serve vLLM's POST /v1/load_lora_adapter and "
+     "/v1/unload_lora_adapter (behind --api-key when set): load and unload LoRA adapters live"),
     ("--json-output", "JSON log lines (launcher, router and shards)"),
     ("--disable-custom-kernels", "shards run plain PyTorch only: reference attention, no Triton "
      "norm/rotary/activation/MoE/dequantize kernels"),

@@ -50,6 +50,11 @@ class LauncherSettings:
     speculator_model: str | None = None
     # TGI's --lora-adapters: `id`, `name=id` or `name=path`, comma-separated; the shards load them.
     lora_adapters: str | None = None
+    # LoRA device slots and their rank (the shards' --max-loras, --max-lora-rank; None: theirs),
+    # and live loading (the router serves /v1/load_lora_adapter when the shards do).
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
+    enable_lora_runtime_updates: bool = False
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).
     max_concurrent_requests: int = c.MAX_CONCURRENT_REQUESTS

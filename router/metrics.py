@@ -5,6 +5,9 @@ One `Metrics` object per router process, on its own registry (no process-global 
 
 from __future__ import annotations
 
+import contextlib
+import time
+
 from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 # Only ever incremented: a counter under the exact name TGI exposes.
@@ -176,6 +179,43 @@ class Metrics:
             "Health RPCs sent to the shards (/health shares one and caches it; the watchdog's own)",
             registry=r,
         )
+
+        # LoRA (issue 31): per loaded adapter (the label's values are the loaded adapters' names
+        # only: an unloaded adapter's series go), and vLLM's info gauge that Kubernetes'
+        # inference gateway reads to route by adapter (its --lora-info-metric).
+        self.lora_requests = Counter(
+            "pytgi_lora_requests_total", "Requests that ended successfully under a LoRA adapter",
+            ["adapter"], registry=r,
+        )
+        self.lora_generated_tokens = Counter(
+            "pytgi_lora_generated_tokens_total", "Tokens generated under a LoRA adapter",
+            ["adapter"], registry=r,
+        )
+        self.lora_requests_info = Gauge(
+            "vllm:lora_requests_info", "LoRA adapters of the running and the waiting requests "
+            "(comma lists) and --max-loras; the value is when it was read (Unix time, s), as "
+            "vLLM's", ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=r,
+        )
+
+    def adapter_served(self, name: str, generated_tokens: int) -> None:
+        """A request under adapter `name` (still loaded) ended successfully."""
+        self.lora_requests.labels(adapter=name).inc()
+        self.lora_generated_tokens.labels(adapter=name).inc(generated_tokens)
+
+    def forget_adapter(self, name: str) -> None:
+        """An unloaded adapter's series go (bounded label values: loaded adapters only)."""
+        for metric in (self.lora_requests, self.lora_generated_tokens):
+            with contextlib.suppress(KeyError):
+                metric.remove(name)
+
+    def lora_info(self, running: list[str], waiting: list[str], max_lora: int) -> None:
+        """vllm:lora_requests_info now: one series (the previous one goes), valued at the time,
+        as vLLM sets it; a reader takes the series with the latest value."""
+        self.lora_requests_info.clear()
+        self.lora_requests_info.labels(
+            running_lora_adapters=",".join(running), waiting_lora_adapters=",".join(waiting),
+            max_lora=str(max_lora),
+        ).set(time.time())
 
     def kv_capacity(self, block_size: int, blocks: int) -> None:
         """The KV cache's size, at every (re-)warm: a restarted shard group may size it anew, so

@@ -165,7 +165,7 @@ class RouterServer:
             grammar=GrammarLimits(max_bytes=s.max_grammar_bytes),
             adapters=info.lora_adapters,
         )
-        validator = Validator(tokenizer, limits, self._executor)
+        validator = Validator(tokenizer, limits, self._executor, adapters=infer.adapters)
         config = files.read_json("config.json")
         self.state = AppState(
             settings=s, infer=infer, info=info, validator=validator, metrics=metrics,

@@ -44,6 +44,10 @@ class ShardInfo:
     # The LoRA adapters the shards serve (--lora-adapters), by name; adapter_index i > 0 is
     # lora_adapters[i - 1].
     lora_adapters: tuple[str, ...] = ()
+    # Distinct adapters one step may carry (--max-loras: the shards' device slots; 0: none), and
+    # whether /v1/load_lora_adapter and /v1/unload_lora_adapter are served.
+    max_loras: int = 0
+    lora_runtime_updates: bool = False
 
 
 class InferStartError(RuntimeError):
@@ -134,6 +138,8 @@ def derive_info(
         quantize=info.quantize,
         speculate=info.speculate,
         lora_adapters=tuple(info.lora_adapters),
+        max_loras=info.max_loras,
+        lora_runtime_updates=info.lora_runtime_updates,
     )
 
 

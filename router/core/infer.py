@@ -19,6 +19,7 @@ from itertools import count
 from opentelemetry import trace
 
 from pytgi_proto import generate_pb2
+from pytgi_router.core.adapter_cap import live_adapters
 from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.capacity import (
     ShardInfo,
@@ -36,6 +37,8 @@ from pytgi_router.core.errors import (
     ValidationError,
 )
 from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.lora_adapters import AdapterTable
+from pytgi_router.core.lora_updates import replay_loads
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
@@ -81,10 +84,14 @@ class Infer:
         self._preparing: dict[asyncio.Task[None], Entry] = {}
         # /health's Health RPC: one in flight at a time, its answer reused for health_cache_s.
         self._probe = ShardProbe(self._health_rpc, settings.health_cache_s)
+        # The LoRA adapters served, by name (the shards' Info at start; live loads and unloads).
+        self.adapters = AdapterTable()
 
     async def start(self) -> ShardInfo:
         """Info, ClearCache, Warmup; sizes budgets and KV blocks; starts the batching task."""
         info = await self._handshake(self.settings)
+        self.adapters = AdapterTable(info.lora_adapters, info.max_loras,
+                                     info.lora_runtime_updates)
         self._install(info)
         logger.info("inference ready: %s", info)
         return info
@@ -107,6 +114,7 @@ class Infer:
             self.client = await self._connect()
         # The validator was built for the limits already served: the group must take them.
         info = await self._handshake(pinned_settings(self.settings, self.info), explain=False)
+        await replay_loads(self.client, self.adapters, self.settings.shard_step_timeout_s)
         self._install(info)
         self._probe.forget()
         self._down = False
@@ -202,6 +210,7 @@ class Infer:
             entry.trace_context = span_context
         self._in_flight += 1
         self._idle.clear()
+        self.adapters.enter(request.adapter_index)
         if pb.parameters.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE:
             task = asyncio.get_running_loop().create_task(self._prepare_then_queue(entry))
             self._preparing[task] = entry
@@ -299,6 +308,7 @@ class Infer:
             return
         entry.holds_permit = False
         entry.stream.detach()
+        self.adapters.leave(entry.request.adapter_index)
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
@@ -363,6 +373,18 @@ class Infer:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    def adapter_activity(self) -> tuple[set[int], set[int]]:
+        """(adapters of the waiting requests, adapters of the admitted ones), by wire index:
+        what vllm:lora_requests_info reports."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return set(), set()
+        waiting = {e.request.adapter_index for e in scheduler.queue}
+        waiting |= {e.request.adapter_index for e in self._preparing.values()}
+        running = live_adapters([*scheduler.running.entries.values(),
+                                 *scheduler.running.prefilling.values()])
+        return waiting - {0}, running
 
     @property
     def queue_size(self) -> int:

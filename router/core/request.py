@@ -35,6 +35,11 @@ class ValidRequest:
     add_special_tokens: bool = True
     # The LoRA adapter it runs under: 0 the base model, i > 0 the shards' lora_adapters[i - 1].
     adapter_index: int = 0
+    # That adapter's load key (core/lora_adapters.py), which the prefix cache keys its blocks by:
+    # unique per load, so an adapter loaded later under the same name or index never shares them.
+    adapter_key: int = 0
+    # That adapter's name ("" for the base model): the per-adapter metrics' label.
+    adapter_name: str = ""
 
     @property
     def input_length(self) -> int:

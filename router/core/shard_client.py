@@ -49,6 +49,11 @@ class GrammarRefused(ShardCallError):
     """A shard refused a grammar in PrepareGrammar (INVALID_ARGUMENT): the request's 422."""
 
 
+class AdapterRefused(ShardCallError):
+    """A shard refused a LoRA adapter in LoadAdapter (INVALID_ARGUMENT): the message names the
+    reason, as the shards' start-up refusal would."""
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, grpc.aio.AioRpcError):
         return err.details() or err.code().name.lower()
@@ -221,6 +226,27 @@ class ShardClient:
                 raise GrammarRefused(cause.details() or "invalid grammar") from cause
             raise
         return bool(response.cached)
+
+    async def load_adapter(self, name: str, source: str, index: int,
+                           timeout: float | None = None) -> int:
+        """Every rank reads the PEFT adapter at `source` into wire index `index`; its rank.
+        AdapterRefused when a rank refuses it (the others may have loaded it: unload_adapter
+        the index on all to roll back)."""
+        request = generate_pb2.LoadAdapterRequest(name=name, source=source, index=index)
+        try:
+            response = await self._all("LoadAdapter", request, timeout)
+        except ShardCallError as err:
+            cause = err.__cause__
+            if isinstance(cause, grpc.aio.AioRpcError) and (
+                cause.code() == grpc.StatusCode.INVALID_ARGUMENT
+            ):
+                raise AdapterRefused(cause.details() or "adapter refused") from cause
+            raise
+        return int(response.rank)
+
+    async def unload_adapter(self, index: int, timeout: float | None = None) -> None:
+        """Every rank frees wire index `index` (its rows in flight, if any, finish first)."""
+        await self._all("UnloadAdapter", generate_pb2.UnloadAdapterRequest(index=index), timeout)
 
     async def close(self) -> None:
         await asyncio.gather(*(c.close() for c in self._channels), return_exceptions=True)

@@ -41,6 +41,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from pytgi_proto import contracts as c
+from pytgi_router.core.adapter_cap import fits_adapter_cap, live_adapters
 from pytgi_router.core.capacity import ShardInfo
 from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.prefix_cache import PrefixCache
@@ -61,6 +62,8 @@ class Budgets:
     chunking: bool = True
     # Draft tokens a running sequence may feed per decode step (the shards' --speculate).
     speculate: int = 0
+    # Distinct LoRA adapters one step may carry (the shards' --max-loras; 0: no adapters).
+    max_loras: int = 0
 
     @classmethod
     def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
@@ -74,6 +77,7 @@ class Budgets:
             max_waiting_tokens=settings.max_waiting_tokens,
             chunking=served.support_chunking,
             speculate=served.speculate,
+            max_loras=served.max_loras,
         )
 
 
@@ -219,6 +223,8 @@ def admit_newcomers(
     watermark: int,
     chunking: bool = True,
     speculate: int = 0,
+    adapters: set[int] | None = None,
+    max_loras: int = 0,
 ) -> tuple[list[Chunk], list[Entry]]:
     """(first chunks of the entries admitted from the head of `waiting`, cancelled entries met
     on the way). Admission stops at the first entry that does not fit: `budget` prompt tokens
@@ -226,6 +232,8 @@ def admit_newcomers(
     Without `chunking` a newcomer's whole uncached sequence must fit the budget, except a
     preempted request's that comes first: it resumes with its generated tokens, which may take
     it past the budget, and would otherwise wait at the head of the queue forever.
+    `adapters`: the LoRA adapters of the live entries, which the admitted add to; a newcomer
+    whose adapter would make them more than `max_loras` (0: no cap) waits (adapter_cap.py).
 
     A request that wants prompt logprobs takes no cached prefix (it must compute every token);
     the others take the longest one cached. Sets each admitted entry's blocks and `computed`.
@@ -241,7 +249,9 @@ def admit_newcomers(
             break
         tokens = entry.tokens
         reuse = not entry.pb.prefill_logprobs
-        adapter = entry.request.adapter_index
+        adapter = entry.request.adapter_key
+        if not fits_adapter_cap(adapters, entry.request.adapter_index, max_loras):
+            break
         reserve = kv_tokens(entry) - len(tokens)
         if cache.blocks_needed(tokens, reserve, reuse, adapter) + watermark > cache.free_count:
             break
@@ -262,6 +272,8 @@ def admit_newcomers(
         if chunk.completes:
             watermark += _next_blocks(entry, size, speculate)
         chunks.append(chunk)
+        if adapters is not None and entry.request.adapter_index:
+            adapters.add(entry.request.adapter_index)
     return chunks, cancelled
 
 
@@ -310,6 +322,7 @@ def plan_step(
             cache, waiting, budget, slots,
             watermark(running, chunks, cache.block_size, budgets.speculate),
             budgets.chunking, budgets.speculate,
+            live_adapters([*running, *still]), budgets.max_loras,
         )
     return StepPlan(
         grants=growth.grants,

@@ -160,6 +160,11 @@ class Submission:
         m.request_inference_duration.observe(t.inference)
         m.request_mean_time_per_token_duration.observe(t.per_token)
         m.request_generated_tokens.observe(end.generated_tokens)
+        request = self.valid.request
+        if request.adapter_name:
+            live = self.state.infer.adapters.get(request.adapter_name)
+            if live is not None and live.key == request.adapter_key:
+                m.adapter_served(request.adapter_name, end.generated_tokens)
         self.trace.phases(queued, started, finished)
         self.trace.set({
             "total_time": t.total, "validation_time": t.validation, "queue_time": t.queue,

@@ -14,6 +14,7 @@ from pytgi_router.core.errors import UnhealthyError
 from pytgi_router.http.http_errors import NotReadyError, ShuttingDownError
 from pytgi_router.http.http_io import error_response, json_response, read_json
 from pytgi_router.http.openai.schemas import models_list
+from pytgi_router.http.routes_lora import publish_lora_info
 from pytgi_router.http.schemas import parse_generate
 from pytgi_router.http.state import AppState
 
@@ -115,10 +116,12 @@ class InfoRoutes:
         return json_response(self.state.info_json())
 
     async def metrics(self, request: Request) -> Response:
+        publish_lora_info(self.state)
         return Response(self.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def models(self, request: Request) -> Response:
-        return json_response(models_list(self.state.model_id, self.state.infer.info.lora_adapters))
+        return json_response(models_list(self.state.model_id,
+                                         tuple(self.state.infer.adapters.names())))
 
     async def tokenize(self, request: Request) -> Response:
         req = parse_generate(await read_json(request))

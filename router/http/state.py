@@ -103,8 +103,12 @@ class AppState:
             "max_batch_size": s.max_batch_size,
             # TGI's: drafts per sequence and decode step (the shards' --speculate), 0 when off.
             "speculate": i.speculate,
-            # pytgi's: the LoRA adapters served (--lora-adapters), what `adapter_id` may name.
-            "lora_adapters": list(i.lora_adapters),
+            # pytgi's: the LoRA adapters served (--lora-adapters and live loads), what
+            # `adapter_id` may name; how many may be on the device at once (--max-loras), and
+            # whether /v1/load_lora_adapter and /v1/unload_lora_adapter are served.
+            "lora_adapters": self.infer.adapters.names(),
+            "max_loras": i.max_loras,
+            "lora_runtime_updates": i.lora_runtime_updates,
             "router": "text-generation-router",
             "version": self.version,
             "sha": None,

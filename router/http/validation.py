@@ -19,6 +19,7 @@ from tokenizers import Encoding, Tokenizer
 from pytgi_proto import generate_pb2
 from pytgi_proto.parameters import FLOAT32_TINY, SAMPLING
 from pytgi_router.core.errors import ValidationError
+from pytgi_router.core.lora_adapters import AdapterRef, AdapterTable
 from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits
 from pytgi_router.http.prompt_windows import (
@@ -63,7 +64,8 @@ class ValidationLimits:
     # TGI's default; --disable-grammar-support turns it off.
     grammar_supported: bool = True
     grammar: GrammarLimits = GrammarLimits()
-    # The LoRA adapters the shards serve, in their order (adapter_index i > 0 is adapters[i-1]).
+    # The LoRA adapters the shards serve at start, in their order (adapter_index i > 0 is
+    # adapters[i-1]); a Validator given the live AdapterTable follows loads and unloads instead.
     adapters: tuple[str, ...] = ()
 
 
@@ -87,9 +89,12 @@ class Validator:
         limits: ValidationLimits,
         executor: Executor | None = None,
         rng: random.Random | None = None,
+        adapters: AdapterTable | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        # The LoRA adapters `adapter_id` may name, as they are now (core/lora_adapters.py).
+        self.adapters = adapters if adapters is not None else AdapterTable(limits.adapters)
         self.executor = executor
         self.grammars = GrammarChecker(limits.grammar)
         self._rng = rng or random.SystemRandom()
@@ -230,6 +235,7 @@ class Validator:
             # The stubs type the enum field as GrammarType, an int subclass; the value is one.
             sampling.grammar_type = cast(generate_pb2.GrammarType, grammar.grammar_type)
             sampling.grammar = grammar.value
+        adapter = self.adapter(p.adapter_id, req.adapter_from_model)
         valid = ValidRequest(
             inputs=req.inputs,
             input_ids=input_ids,
@@ -241,7 +247,9 @@ class Validator:
             top_n_tokens=top_n,
             prefill_logprobs=p.decoder_input_details,
             add_special_tokens=req.add_special_tokens,
-            adapter_index=self.adapter_index(p.adapter_id, req.adapter_from_model),
+            adapter_index=adapter.index if adapter else 0,
+            adapter_key=adapter.key if adapter else 0,
+            adapter_name=adapter.name if adapter else "",
         )
         return ValidGenerateRequest(
             request=valid,
@@ -251,18 +259,19 @@ class Validator:
             return_full_text=bool(p.return_full_text),
         )
 
-    def adapter_index(self, adapter_id: str | None, from_model: bool = False) -> int:
-        """0 (the base model) or 1 + the adapter's place among the shards' adapters. An unknown
+    def adapter(self, adapter_id: str | None, from_model: bool = False) -> AdapterRef | None:
+        """None (the base model) or the loaded adapter `adapter_id` names. An unknown
         `adapter_id` is refused: running the base model instead would answer something the
         client did not ask for. OpenAI's `model` may also name the served model (any name: TGI
         serves one), so there an unknown name means the base model."""
-        adapters = self.limits.adapters
         if adapter_id is None or adapter_id == "":
-            return 0
-        if adapter_id in adapters:
-            return adapters.index(adapter_id) + 1
+            return None
+        ref = self.adapters.get(adapter_id)
+        if ref is not None:
+            return ref
         if from_model:
-            return 0
+            return None
+        adapters = self.adapters.names()
         loaded = (f"loaded adapters: {', '.join(adapters)}" if adapters
                   else "no adapters are loaded (the server was started without --lora-adapters)")
         raise ValidationError(f"`adapter_id` {adapter_id!r} is not a loaded adapter; {loaded}")

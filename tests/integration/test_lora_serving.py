@@ -149,3 +149,13 @@ def test_chat_model_selects_an_adapter(url: str) -> None:
     assert chat("not-an-adapter") == base
     assert chat("alpha") == chat("alpha") != base
     assert chat("beta") not in (base, chat("alpha"))
+
+
+def test_live_lora_routes_do_not_exist_without_runtime_updates(url: str, adapters: dict[str, Path]
+                                                                ) -> None:
+    """vLLM without VLLM_ALLOW_RUNTIME_LORA_UPDATING: no such routes (404)."""
+    body = {"lora_name": "gamma", "lora_path": str(adapters["alpha"])}
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=30).status_code == 404
+    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "alpha"},
+                      timeout=30).status_code == 404
+    assert httpx.get(f"{url}/info", timeout=30).json()["lora_adapters"] == ["alpha", "beta"]

@@ -14,6 +14,7 @@ from pytgi_proto import generate_pb2
 from pytgi_router.cli import parse_settings
 from pytgi_router.core.capacity import derive_info
 from pytgi_router.core.infer_settings import InferSettings
+from pytgi_router.core.lora_adapters import AdapterTable
 from pytgi_router.http.routes_info import InfoRoutes
 from pytgi_router.http.state import AppState
 from pytgi_router.settings import RouterSettings
@@ -26,9 +27,10 @@ WARMUP = generate_pb2.WarmupResponse(max_supported_total_tokens=1024, max_input_
 
 def state_of(settings: RouterSettings) -> AppState:
     info = derive_info(InferSettings(max_batch_prefill_tokens=512), INFO, WARMUP, 1)
-    # /info and /v1/models read the settings and the shards' info, nothing else.
+    # /info and /v1/models read the settings, the shards' info and the adapters, nothing else.
     fake: Any = None
-    return AppState(settings=settings, infer=SimpleNamespace(info=info),  # type: ignore[arg-type]
+    infer = SimpleNamespace(info=info, adapters=AdapterTable(info.lora_adapters))
+    return AppState(settings=settings, infer=infer,  # type: ignore[arg-type]
                     info=info, validator=fake, metrics=fake, chat_template=None)
 
 

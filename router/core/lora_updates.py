@@ -1,0 +1,132 @@
+"""Live LoRA loading and unloading (--enable-lora-runtime-updates on the shards): what
+/v1/load_lora_adapter and /v1/unload_lora_adapter do, with vLLM's answers and errors.
+
+A load reserves the lowest free wire index, asks every rank to read the adapter there (each runs
+the start-up checks and refuses in one line), and makes the name selectable only once all ranks
+have it; a rank's refusal unloads the index on all of them. An unload makes the name unselectable
+at once (new requests get the unknown-adapter 422), then waits for the requests in flight under
+it to end before the shards free the index, so they finish under the weights they started with.
+One update at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from pytgi_router.core.errors import InferError
+from pytgi_router.core.lora_adapters import AdapterTable
+from pytgi_router.core.shard_client import AdapterRefused, ShardCallError, ShardClient
+
+if TYPE_CHECKING:
+    from pytgi_router.core.infer import Infer
+
+logger = logging.getLogger(__name__)
+
+# A refusal that says the adapter is not there: vLLM's 404 ("No adapter found").
+_NOT_FOUND = ("does not exist", "cannot fetch")
+
+
+class LoraUpdateError(InferError):
+    """vLLM's refusals: 400 (InvalidUserInput, BadRequestError), 404 (NotFoundError)."""
+
+    metric_label = "validation"
+
+    def __init__(self, message: str, status_code: int = 400,
+                 error_type: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.error_type = error_type
+
+
+class LoraUpdates:
+    def __init__(self, infer: Infer) -> None:
+        self.infer = infer
+        self._lock = asyncio.Lock()
+        # Unloads waiting for their requests in flight (kept so that they are not collected).
+        self._pending: set[asyncio.Task[None]] = set()
+
+    @property
+    def table(self) -> AdapterTable:
+        return self.infer.adapters
+
+    async def load(self, name: str, path: str) -> str:
+        """vLLM's POST /v1/load_lora_adapter: its success text, or LoraUpdateError."""
+        if not name or not path:
+            raise LoraUpdateError("Both 'lora_name' and 'lora_path' must be provided.",
+                                  error_type="InvalidUserInput")
+        async with self._lock:
+            table = self.table
+            if table.get(name) is not None:
+                raise LoraUpdateError(f"The lora adapter '{name}' has already been loaded.",
+                                      error_type="InvalidUserInput")
+            index = table.reserve()
+            client = self.infer.client
+            try:
+                rank = await client.load_adapter(name, path, index, self._timeout())
+            except ShardCallError as err:
+                await _roll_back(client, index, self._timeout())
+                table.release(index)
+                if not isinstance(err, AdapterRefused):
+                    raise LoraUpdateError(str(err), 500, "InternalServerError") from err
+                message = str(err)
+                if any(s in message for s in _NOT_FOUND):
+                    raise LoraUpdateError(message, 404, "NotFoundError") from err
+                raise LoraUpdateError(message) from err
+            table.add(name, index, path)
+        logger.info("Loaded new LoRA adapter: name '%s', path '%s' (index %d, rank %d)", name,
+                    path, index, rank)
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def unload(self, name: str) -> str:
+        """vLLM's POST /v1/unload_lora_adapter: unselectable at once; the shards free it once
+        its requests in flight have ended."""
+        if not name:
+            raise LoraUpdateError("either 'lora_name' and 'lora_int_id' needs to be provided.",
+                                  error_type="InvalidUserInput")
+        async with self._lock:
+            ref = self.table.remove(name)
+        if ref is None:
+            raise LoraUpdateError(f"The lora adapter '{name}' cannot be found.", 404,
+                                  "NotFoundError")
+        self.infer.metrics.forget_adapter(name)
+        task = asyncio.get_running_loop().create_task(self._free(ref.index))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        logger.info("Removed LoRA adapter: name '%s' (index %d, %d request(s) in flight)", name,
+                    ref.index, self.table.in_flight(ref.index))
+        return f"Success: LoRA adapter '{name}' removed successfully."
+
+    async def _free(self, index: int) -> None:
+        await self.table.drained(index)
+        try:
+            await self.infer.client.unload_adapter(index, self._timeout())
+        except ShardCallError as err:  # a shard group that restarted has no such index
+            logger.warning("UnloadAdapter %d: %s", index, err)
+        self.table.release(index)
+
+    def _timeout(self) -> float | None:
+        return self.infer.settings.shard_step_timeout_s
+
+
+async def _roll_back(client: ShardClient, index: int, timeout: float | None) -> None:
+    """Unloads `index` from the ranks that did load it (the others refuse: ignored)."""
+    with contextlib.suppress(ShardCallError):
+        await client.unload_adapter(index, timeout)
+
+
+async def replay_loads(client: ShardClient, table: AdapterTable, timeout: float | None) -> None:
+    """Loads the live-loaded adapters again on a shard group that restarted (it knows only its
+    --lora-adapters); one that no longer loads is dropped from the table, with a warning."""
+    for ref in table.refs():
+        if ref.source is None:
+            continue
+        try:
+            await client.load_adapter(ref.name, ref.source, ref.index, timeout)
+        except AdapterRefused as err:
+            logger.warning("LoRA adapter %s not reloaded after the shards restarted: %s",
+                           ref.name, err)
+            table.remove(ref.name)
+            table.release(ref.index)
