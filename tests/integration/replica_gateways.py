@@ -8,8 +8,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -142,3 +144,62 @@ def replicas_fixture(model: Path) -> Iterator[Replicas]:
             yield pair
         finally:
             pair.stop()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request of a RequestStream: when it was sent and answered, and the status (0: no
+    answer at all)."""
+
+    sent: float
+    done: float
+    status: int
+    body: str
+
+
+class RequestStream:
+    """`clients` threads sending short completions through `url` back to back, until stop():
+    a steady stream of traffic, every outcome kept."""
+
+    def __init__(self, url: str, clients: int = 2) -> None:
+        self.url = url
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(clients)]
+        for t in self._threads:
+            t.start()
+
+    def _run(self, client: int) -> None:
+        with httpx.Client(timeout=60) as http:
+            n = 0
+            while not self._stop.is_set():
+                n += 1
+                sent = time.monotonic()
+                try:
+                    r = http.post(f"{self.url}/v1/completions", json={
+                        "model": "tiny", "prompt": f"client {client} request {n}:",
+                        "max_tokens": 8, "temperature": 0})
+                    status, body = r.status_code, r.text
+                except httpx.HTTPError as err:
+                    status, body = 0, repr(err)
+                self.outcomes.append(Outcome(sent, time.monotonic(), status, body))
+
+    def wait_for(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.outcomes) < count:
+            assert time.monotonic() < deadline, f"only {len(self.outcomes)} answers"
+            time.sleep(0.05)
+
+    def stop(self) -> list[Outcome]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(90)
+        return list(self.outcomes)
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)

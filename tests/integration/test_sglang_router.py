@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import time
 
 import httpx
 import pytest
@@ -16,9 +18,11 @@ from tests.integration.http_helpers import metric
 from tests.integration.replica_gateways import (
     SGLANG,
     Replicas,
+    RequestStream,
     binary_runs,
     replicas_fixture,  # noqa: F401 (the module's `replicas` fixture)
     sglang_gateway,
+    wait_until,
 )
 
 pytestmark = pytest.mark.skipif(binary_runs(SGLANG, "launch") is not None,
@@ -109,3 +113,60 @@ def test_cache_aware_routing_keeps_prefixes_on_their_replica(replicas: Replicas)
     spread = _cached_share(replicas.urls, "round_robin", prompts)
     assert affine >= 0.6, (affine, spread)
     assert affine > spread + 0.1, (affine, spread)
+
+
+def test_rolling_restart_under_a_stream_of_requests_fails_none(replicas: Replicas) -> None:
+    """SIGTERM → /health 503 for the drain grace while the replica still serves → the gateway's
+    health check takes it out → it finishes what it holds and exits 0 → restarted on its port →
+    back in rotation; two clients send completions throughout and every one gets a 200, with the
+    gateway's retries off."""
+    url = replicas.urls[0]
+    # Retries off: the gateway would otherwise resend a request the draining replica refused
+    # to the other one, and the test would pass without the drain grace (it does).
+    gateway = sglang_gateway(replicas.urls, "round_robin", "--disable-retries")
+    try:
+        stream = RequestStream(gateway.url, clients=2)
+        try:
+            stream.wait_for(6)
+            replicas.routers[0].signal(signal.SIGTERM)
+            wait_until(lambda: url not in gateway.healthy(), 10, "the gateway to drop replica 0")
+            assert replicas.routers[0].wait(60) == 0
+            replicas.restart(0)
+            wait_until(gateway.all_healthy, 30, "replica 0 back in the gateway")
+            failed = [o for o in stream.outcomes if o.status != 200]
+            assert not failed, failed[:3]
+            wait_until(lambda: metric(url, "tgi_request_success") >= 3, 30,
+                       "requests on the restarted replica")
+        finally:
+            outcomes = stream.stop()
+    finally:
+        gateway.stop()
+    failed = [o for o in outcomes if o.status != 200]
+    assert not failed, failed[:3]
+    assert len(outcomes) >= 12
+
+
+def test_sigkill_loses_only_the_requests_on_the_killed_replica(replicas: Replicas) -> None:
+    """A replica killed outright: the requests it held fail (at most one per client), every
+    request sent after the kill succeeds on the other replica (the gateway retries a refused
+    connection elsewhere, and its health check takes the dead one out within a second). Last in
+    the module: replica 0 stays dead."""
+    gateway = sglang_gateway(replicas.urls, "round_robin")
+    try:
+        stream = RequestStream(gateway.url, clients=2)
+        try:
+            stream.wait_for(6)
+            killed_at = time.monotonic()
+            replicas.routers[0].kill()
+            wait_until(lambda: replicas.urls[0] not in gateway.healthy(), 10,
+                       "the gateway to drop the killed replica")
+            after = len(stream.outcomes)
+            stream.wait_for(after + 10)
+        finally:
+            outcomes = stream.stop()
+    finally:
+        gateway.stop()
+    failed = [o for o in outcomes if o.status != 200]
+    assert len(failed) <= 2, failed
+    assert all(o.sent < killed_at for o in failed), failed
+    assert sum(o.sent > killed_at for o in outcomes) >= 10
