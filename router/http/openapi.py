@@ -9,6 +9,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
 from pytgi_proto.parameters import openapi_properties
+from pytgi_router.http import workers_openapi
 from pytgi_router.http.anthropic import openapi as anthropic_openapi
 from pytgi_router.http.http_io import json_response
 from pytgi_router.http.openai import responses_openapi
@@ -164,8 +165,10 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/v1/chat/completions": _post("OpenAI chat completions", "ChatRequest",
                                       _ref("ChatCompletion")),
         "/v1/completions": _post("OpenAI completions", "CompletionRequest", _ref("Completion")),
-        "/tokenize": _post("Tokenize", "GenerateRequest",
-                           {"type": "array", "items": _ref("SimpleToken")}),
+        "/tokenize": _post("Tokenize (TGI's body, or vLLM's: `prompt` or `messages`)",
+                           "GenerateRequest", {"oneOf": [
+                               {"type": "array", "items": _ref("SimpleToken")},
+                               _ref("VllmTokenizeResponse")]}),
         "/chat_tokenize": _post("Template and tokenize a chat", "ChatRequest", {"type": "object"}),
         "/invocations": _post("SageMaker: generate, chat or completions", "CompatGenerateRequest",
                               {"type": "object"}),
@@ -177,7 +180,12 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/v1/models": _get("OpenAI model list", {"type": "object"}),
         **responses_openapi.PATHS,
         **anthropic_openapi.PATHS,
+        **workers_openapi.PATHS,
     }
+    # TGI's bodies, or the one SGLang's (/generate) or vLLM's router (/tokenize) sends.
+    for path, other in (("/generate", "SglangGenerateRequest"), ("/tokenize", "VllmTokenizeRequest")):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]
+        body["schema"] = {"oneOf": [body["schema"], _ref(other)]}
     return {
         "openapi": "3.0.3",
         "info": {"title": "pytgi", "version": version,
@@ -185,7 +193,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                  "license": {"name": "Apache 2.0"}},
         "paths": paths,
         "components": {"schemas": {**SCHEMAS, **responses_openapi.SCHEMAS,
-                                   **anthropic_openapi.SCHEMAS}},
+                                   **anthropic_openapi.SCHEMAS, **workers_openapi.SCHEMAS}},
     }
 
 

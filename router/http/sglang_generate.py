@@ -23,7 +23,7 @@ IGNORED = frozenset({
 # Keys accepted only at their neutral value (false, null): pytgi has no such feature here.
 NEUTRAL_ONLY = frozenset({
     "return_logprob", "return_hidden_states", "background", "return_bytes", "return_entropy",
-    "image_data", "audio_data", "video_data", "lora_path", "session_params", "custom_logit_processor",
+    "image_data", "audio_data", "video_data", "session_params", "custom_logit_processor",
     "logprob_start_len", "top_logprobs_num", "token_ids_logprob", "bootstrap_host",
     "bootstrap_port", "bootstrap_room", "data_parallel_rank",
 })
@@ -54,7 +54,7 @@ def parse_sglang(body: dict[str, Any]) -> GenerateRequest:
         if key in NEUTRAL_ONLY and value not in (None, False):
             raise ValidationError(f"`{key}` is not supported on SGLang's /generate by pytgi")
         if key not in NEUTRAL_ONLY and key not in IGNORED and key not in (
-                "text", "input_ids", "sampling_params", "stream"):
+                "text", "input_ids", "sampling_params", "stream", "lora_path"):
             raise ValidationError(f"unknown field `{key}` in SGLang's /generate body")
     text, ids = body.get("text"), body.get("input_ids")
     if (text is None) == (ids is None):
@@ -72,6 +72,12 @@ def parse_sglang(body: dict[str, Any]) -> GenerateRequest:
     if not isinstance(sampling, dict):
         raise ValidationError("`sampling_params` must be an object")
     params = tgi_parameters(sampling)
+    lora = body.get("lora_path")
+    if lora is not None:
+        if not isinstance(lora, str):
+            raise ValidationError("`lora_path` must be one adapter name (batches are not "
+                                  "supported)")
+        params["adapter_id"] = lora  # a loaded adapter's name, validated as TGI's adapter_id
     return GenerateRequest(inputs=text or "", input_ids=ids,
                            parameters=parse_parameters(params, "sampling_params."), stream=stream)
 

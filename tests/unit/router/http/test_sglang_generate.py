@@ -38,6 +38,13 @@ def test_token_ids_are_kept_as_given() -> None:
     assert req.input_ids == [5, 6, 7] and req.inputs == ""
 
 
+def test_lora_path_names_the_adapter() -> None:
+    """SGLang's `lora_path` is the adapter's name, as TGI's adapter_id (then validated against
+    the loaded adapters like any adapter_id); null runs the base model."""
+    assert parse_sglang({"text": "x", "lora_path": "sql"}).parameters.adapter_id == "sql"
+    assert parse_sglang({"text": "x", "lora_path": None}).parameters.adapter_id is None
+
+
 def test_sampling_defaults_and_mapping() -> None:
     """SGLang samples at temperature 1 by default, 128 new tokens; its "off" values vanish."""
     p = parse_sglang({"text": "x"}).parameters
@@ -59,6 +66,7 @@ def test_sampling_defaults_and_mapping() -> None:
     ({"text": "x", "sampling_params": {"bar": 1}}, "unknown field `sampling_params.bar`"),
     ({"text": "x", "sampling_params": {"temperature": -1}}, "temperature"),
     ({"text": "x", "stream": "yes"}, "`stream` must be a boolean"),
+    ({"text": "x", "lora_path": ["a", "b"]}, "`lora_path` must be one adapter name"),
 ])
 def test_bad_bodies_are_clear_422s(body: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
