@@ -42,9 +42,9 @@ class BatchCache:
         if batch is not None and len(batch) > 0:
             self._batches[batch.batch_id] = batch
 
-    def adapters(self) -> set[int]:
+    def adapters(self) -> frozenset[int]:
         """The LoRA adapters (wire indices) with rows in the live batches: never evicted."""
-        return {r.adapter_index for b in self._batches.values() for r in b.requests}
+        return frozenset(r.adapter_index for b in self._batches.values() for r in b.requests)
 
     def delete(self, batch_id: int) -> None:
         self._batches.pop(batch_id, None)

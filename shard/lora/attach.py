@@ -45,6 +45,10 @@ class Site:
     modules: tuple[str, ...]
     slicing: Slicing
     lora: LoraLinear
+    # The layer's rank-local weight: (out, in) and dtype, what an adapter's pairs are built to.
+    out_features: int
+    in_features: int
+    dtype: torch.dtype
 
 
 @dataclass(slots=True)
@@ -60,8 +64,8 @@ class Sites:
     def slot_bytes(self) -> int:
         """Device bytes of one slot over every wrapped layer (A and Bᵀ at full capacity): what
         each of --max-loras costs beside the KV cache."""
-        return sum((s.lora.a[0].numel() + s.lora.bt[0].numel()) * s.lora.a.element_size()
-                   for s in self.sites)
+        return sum(s.lora.max_rank * (s.in_features + s.out_features)
+                   * torch.empty((), dtype=s.dtype).element_size() for s in self.sites)
 
 
 def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, every: bool,
@@ -109,7 +113,8 @@ def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, 
                               max_rank=max_rank * len(modules), dtype=weight.dtype,
                               device=weight.device, path=path)
             setattr(owner, attr, lora)
-            out.sites.append(Site(i, modules, dataclasses.replace(slicing, sizes=sizes), lora))
+            out.sites.append(Site(i, modules, dataclasses.replace(slicing, sizes=sizes), lora,
+                                  weight.shape[0], weight.shape[1], weight.dtype))
     out.plain_mlp = frozenset(plain)
     return out
 
@@ -136,7 +141,7 @@ def fuse(adapter: PeftAdapter, sites: Sites) -> list[tuple[torch.Tensor, torch.T
         if not any((site.layer, m) in adapter.pairs for m in site.modules):
             out.append(None)
             continue
-        pair = _fused_pair(adapter, site.layer, site.modules, site.slicing, site.lora)
+        pair = _fused_pair(adapter, site)
         if pair[0].shape[0] > site.lora.max_rank:
             raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {site.layer} "
                                  f"{'/'.join(site.modules)} has rank {pair[0].shape[0]}, above "
@@ -164,13 +169,12 @@ class Slicing:
     row: bool = False
 
 
-def _fused_pair(adapter: PeftAdapter, layer: int, modules: Sequence[str], slicing: Slicing,
-                lora: LoraLinear) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_pair(adapter: PeftAdapter, site: Site) -> tuple[torch.Tensor, torch.Tensor]:
     """A stacked over the adapted pieces, B block-diagonal in the fused output rows, each
     sliced to this rank's part; on the host (the copy kept while evicted from the device)."""
+    layer, modules, slicing = site.layer, site.modules, site.slicing
     sizes = slicing.sizes or []
-    in_features = lora.a.shape[2]
-    dtype = lora.a.dtype
+    in_features, dtype = site.in_features, site.dtype
     pieces = [(m, start, size, part) for m, start, size, part in
               zip(modules, _starts(sizes), sizes, slicing.parts, strict=True)
               if (layer, m) in adapter.pairs]
