@@ -16,6 +16,7 @@ from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
 from pytgi_proto.version import add_version_flag
+from pytgi_router.http.media.flags import ALLOW_MEDIA_URLS_HELP, MEDIA_FLAGS
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_shard.quantization.method import parse_quantize
 from pytgi_shard.settings import KV_CACHE_DTYPES, ROPE_SCALINGS
@@ -78,6 +79,7 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--responses-store-bytes", int, "memory the router keeps stored /v1/responses in (GET by "
      "id, previous_response_id), bytes of JSON, per replica, LRU; 0 stores none (default "
      "67108864)"),
+    *MEDIA_FLAGS,
     ("--grammar-cache-bytes", int, "memory each shard gives grammars and the matchers prepared "
      "for queued constrained requests (estimated; default 536870912)"),
     ("--tokenizer-config-path", str, "alternate tokenizer_config.json (e.g. a chat_template)"),
@@ -119,6 +121,7 @@ _SWITCHES: list[tuple[str, str]] = [
     ("--disable-grammar-support", "reject `grammar` / `response_format`"),
     ("--enable-lora-runtime-updates", "serve vLLM's POST /v1/load_lora_adapter and "
      "/v1/unload_lora_adapter (behind --api-key when set): load and unload LoRA adapters live"),
+    ("--allow-media-urls", ALLOW_MEDIA_URLS_HELP),
     ("--json-output", "JSON log lines (launcher, router and shards)"),
     ("--disable-custom-kernels", "shards run plain PyTorch only: reference attention, no Triton "
      "norm/rotary/activation/MoE/dequantize kernels"),

@@ -80,6 +80,13 @@ class LauncherSettings:
     max_grammar_bytes: int = c.MAX_GRAMMAR_BYTES
     grammar_cache_bytes: int | None = None
     responses_store_bytes: int = c.RESPONSES_STORE_BYTES
+    # The router's image limits and URL fetching policy (router/http/media/; its defaults).
+    max_images_per_request: int | None = None
+    max_image_bytes: int | None = None
+    max_image_pixels: int | None = None
+    allow_media_urls: bool = False
+    allowed_media_domains: tuple[str, ...] = ()
+    media_fetch_timeout: float | None = None
     # The router's reasoning parser (None: detected from the chat template; "none": off).
     reasoning_parser: str | None = None
     tokenizer_config_path: str | None = None

@@ -176,7 +176,7 @@ class StoppingCriteriaParameters(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., stop_sequences: _Optional[_Iterable[str]] = ..., ignore_eos_token: _Optional[bool] = ...) -> None: ...
 
 class Request(_message.Message):
-    __slots__ = ("id", "inputs", "truncate", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "input_ids", "blocks", "slots", "add_special_tokens", "cache_len", "chunk_len", "generated_ids", "adapter_index")
+    __slots__ = ("id", "inputs", "truncate", "parameters", "stopping_parameters", "prefill_logprobs", "top_n_tokens", "input_ids", "blocks", "slots", "add_special_tokens", "cache_len", "chunk_len", "generated_ids", "adapter_index", "images")
     ID_FIELD_NUMBER: _ClassVar[int]
     INPUTS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class Request(_message.Message):
     CHUNK_LEN_FIELD_NUMBER: _ClassVar[int]
     GENERATED_IDS_FIELD_NUMBER: _ClassVar[int]
     ADAPTER_INDEX_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     id: int
     inputs: str
     truncate: int
@@ -207,7 +208,26 @@ class Request(_message.Message):
     chunk_len: int
     generated_ids: _containers.RepeatedScalarFieldContainer[int]
     adapter_index: int
-    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[str] = ..., truncate: _Optional[int] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., add_special_tokens: _Optional[bool] = ..., cache_len: _Optional[int] = ..., chunk_len: _Optional[int] = ..., generated_ids: _Optional[_Iterable[int]] = ..., adapter_index: _Optional[int] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Image]
+    def __init__(self, id: _Optional[int] = ..., inputs: _Optional[str] = ..., truncate: _Optional[int] = ..., parameters: _Optional[_Union[NextTokenChooserParameters, _Mapping]] = ..., stopping_parameters: _Optional[_Union[StoppingCriteriaParameters, _Mapping]] = ..., prefill_logprobs: _Optional[bool] = ..., top_n_tokens: _Optional[int] = ..., input_ids: _Optional[_Iterable[int]] = ..., blocks: _Optional[_Iterable[int]] = ..., slots: _Optional[_Iterable[int]] = ..., add_special_tokens: _Optional[bool] = ..., cache_len: _Optional[int] = ..., chunk_len: _Optional[int] = ..., generated_ids: _Optional[_Iterable[int]] = ..., adapter_index: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Image, _Mapping]]] = ...) -> None: ...
+
+class Image(_message.Message):
+    __slots__ = ("pixel_values", "shape", "dtype", "grid", "token_offset", "token_count", "content_hash")
+    PIXEL_VALUES_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    pixel_values: bytes
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    grid: _containers.RepeatedScalarFieldContainer[int]
+    token_offset: int
+    token_count: int
+    content_hash: bytes
+    def __init__(self, pixel_values: _Optional[bytes] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., grid: _Optional[_Iterable[int]] = ..., token_offset: _Optional[int] = ..., token_count: _Optional[int] = ..., content_hash: _Optional[bytes] = ...) -> None: ...
 
 class BlockGrant(_message.Message):
     __slots__ = ("request_id", "blocks")

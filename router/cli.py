@@ -12,6 +12,7 @@ from typing import Any
 
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
 from pytgi_proto.version import add_version_flag
+from pytgi_router.http.media.flags import ALLOW_MEDIA_URLS_HELP, MEDIA_FLAGS
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_router.settings import DEFAULT_MASTER_SHARD_UDS_PATH, RouterSettings
 
@@ -67,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
         help="memory for stored /v1/responses (GET by id, previous_response_id), in bytes of "
              "JSON, per replica; least recently used out first; 0 stores none (default "
              f"{_default('--responses-store-bytes')})")
+    for flag, kind, text in MEDIA_FLAGS:
+        add(flag, type=kind, help=text)
+    add("--allow-media-urls", action="store_true", help=ALLOW_MEDIA_URLS_HELP)
     add("-g", "--graceful-termination-timeout", type=float,
         help=f"drain seconds (default {_default('--graceful-termination-timeout'):g})")
     add("--drain-grace-seconds", type=float,
@@ -125,6 +129,8 @@ def parse_settings(
     resolve_input_length_alias(parser, values, cli)
     for key in _IGNORED:
         values.pop(key, None)
+    if "allowed_media_domains" in values:
+        values["allowed_media_domains"] = tuple(values["allowed_media_domains"])
     if "cors_allow_origin" in values:
         values["cors_allow_origin"] = tuple(values["cors_allow_origin"])
     compute_type = environ.get("COMPUTE_TYPE")

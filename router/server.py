@@ -37,6 +37,9 @@ from pytgi_router.core.watchdog import Watchdog
 from pytgi_router.http.app import create_app
 from pytgi_router.http.grammar import GrammarLimits
 from pytgi_router.http.http_protocol import bounded_protocol
+from pytgi_router.http.media.intake import ImageIntake
+from pytgi_router.http.media.prepare import ImagePreparer
+from pytgi_router.http.media.vision_model import image_support
 from pytgi_router.http.model_files import ModelFiles, pipeline_tag, snapshot_sha
 from pytgi_router.http.openai.chat_template import load_chat_template
 from pytgi_router.http.reasoning import chosen_parser
@@ -167,6 +170,11 @@ class RouterServer:
         )
         validator = Validator(tokenizer, limits, self._executor, adapters=infer.adapters)
         config = files.read_json("config.json")
+        images = image_support(config, files.read_json("preprocessor_config.json"), tokenizer)
+        if images.vision is not None:
+            intake = ImageIntake(s.media_limits(), self._executor)
+            validator.images = ImagePreparer(images.vision, intake)
+        log.info(images.describe())
         self.state = AppState(
             settings=s, infer=infer, info=info, validator=validator, metrics=metrics,
             chat_template=template, reasoning=reasoning, tracing=self.tracing,
@@ -174,6 +182,7 @@ class RouterServer:
             model_pipeline_tag=pipeline_tag(config),
             architectures=tuple(a for a in (config or {}).get("architectures") or []
                                 if isinstance(a, str)),
+            images=images,
         )
         self.sock = bind_socket(s.hostname, s.port)
         self._port = int(self.sock.getsockname()[1])

@@ -12,6 +12,13 @@ from pytgi_proto.contracts import (
     token_limit_problems,
 )
 from pytgi_router.core.infer_settings import SHARD_STEP_TIMEOUT_S, InferSettings
+from pytgi_router.http.media.limits import (
+    MAX_IMAGE_PIXELS,
+    MAX_IMAGES_PER_REQUEST,
+    MEDIA_FETCH_TIMEOUT_S,
+    MediaLimits,
+    media_limit_problems,
+)
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 
 # Rank 0's socket under TGI's base name.
@@ -64,6 +71,14 @@ class RouterSettings:
     reasoning_parser: str | None = None
     # Stored /v1/responses (this replica's memory, LRU): router/http/openai/response_store.py.
     responses_store_bytes: int = c.RESPONSES_STORE_BYTES
+    # Images (router/http/media/): per request, per image (None: --payload-limit), and the URL
+    # fetching policy, off unless --allow-media-urls or --allowed-media-domains turns it on.
+    max_images_per_request: int = MAX_IMAGES_PER_REQUEST
+    max_image_bytes: int | None = None
+    max_image_pixels: int = MAX_IMAGE_PIXELS
+    allow_media_urls: bool = False
+    allowed_media_domains: tuple[str, ...] = ()
+    media_fetch_timeout: float = MEDIA_FETCH_TIMEOUT_S
     # HTTP and operations.
     api_key: str | None = field(default=None, repr=False)
     cors_allow_origin: tuple[str, ...] = ()
@@ -125,7 +140,19 @@ class RouterSettings:
             out.append(f"--drain-grace-seconds must be >= 0, got {self.drain_grace_seconds}")
         if not self.shard_step_timeout > 0:
             out.append(f"--shard-step-timeout must be > 0, got {self.shard_step_timeout}")
+        out += media_limit_problems(self.media_limits(), self.payload_limit)
         return out
+
+    def media_limits(self) -> MediaLimits:
+        """The image flags as router/http/media/ reads them."""
+        return MediaLimits(
+            max_images=self.max_images_per_request,
+            max_image_bytes=self.max_image_bytes or self.payload_limit,
+            max_image_pixels=self.max_image_pixels,
+            allow_urls=self.allow_media_urls,
+            allowed_domains=self.allowed_media_domains,
+            fetch_timeout_s=self.media_fetch_timeout,
+        )
 
     def infer_settings(self) -> InferSettings:
         """The inference core's share of these settings (the flags it takes, unchanged)."""

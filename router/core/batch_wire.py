@@ -59,4 +59,5 @@ def request_pb(entry_id: int, request: ValidRequest) -> generate_pb2.Request:
         input_ids=request.input_ids,
         add_special_tokens=request.add_special_tokens,
         adapter_index=request.adapter_index,
+        images=request.images,
     )

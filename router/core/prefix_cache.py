@@ -14,6 +14,10 @@ their KV is written (`commit`), never at admission. Unreferenced cached blocks s
 the free list runs short; then the least recently used leaf is evicted first (a child's key names
 its parent's id, which must not be reused while the child is cached).
 
+A vision-language prompt's image tokens are keyed by their image's content hash instead of
+their (placeholder) ids: `media_keyed`, through `Entry.key_tokens`; those keys hold a 128-bit
+hash, the only inexact part.
+
 KV depends on the LoRA adapter a sequence runs under as well as on its tokens, so a first block's
 key names its adapter instead of a parent (`root_key`): None for the base model, -i for adapter
 i (block ids are positive), and the chains of different adapters never meet.
@@ -44,6 +48,19 @@ from typing import TypeGuard
 # (parent block id, or for a first block its root: None for the base model, -i for LoRA adapter
 # i; the block's token ids)
 BlockKey = tuple[int | None, tuple[int, ...]]
+
+
+def media_keyed(tokens: Sequence[int], spans: Sequence[tuple[int, int, bytes]]) -> list[int]:
+    """A prompt with images as the cache keys it: each image's span of (identical) image tokens
+    replaced by its content hash as one negative number, which no token id is. KV at and after
+    an image depends on the image's pixels, not on its placeholder tokens: keyed by the
+    hash, two prompts share those blocks only when their images are the same, while the blocks
+    before the first image still match the same text without images. `spans`: (offset, count,
+    content hash) per image."""
+    out = list(tokens)
+    for offset, count, digest in spans:
+        out[offset:offset + count] = [-1 - int.from_bytes(digest, "big")] * count
+    return out
 
 
 def root_key(adapter: int) -> int | None:

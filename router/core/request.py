@@ -9,6 +9,7 @@ from enum import Enum
 from opentelemetry.trace import SpanContext
 
 from pytgi_proto import generate_pb2
+from pytgi_router.core.prefix_cache import media_keyed
 from pytgi_router.core.request_stream import RequestStream, TokenInfo
 
 
@@ -40,6 +41,8 @@ class ValidRequest:
     adapter_key: int = 0
     # That adapter's name ("" for the base model): the per-adapter metrics' label.
     adapter_name: str = ""
+    # Its images (a vision-language model's prompt), as the wire carries them.
+    images: tuple[generate_pb2.Image, ...] = ()
 
     @property
     def input_length(self) -> int:
@@ -88,6 +91,8 @@ class Entry:
     holds_permit: bool = True
     # The span current at submission (the HTTP request's), linked from the batch's prefill span.
     trace_context: SpanContext | None = None
+    # Its prompt as the prefix cache keys it, made once when it has images (key_tokens).
+    keyed_prompt: list[int] | None = None
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -105,3 +110,16 @@ class Entry:
     @property
     def generated(self) -> list[int]:
         return self.tokens[len(self.request.input_ids):]
+
+    @property
+    def key_tokens(self) -> list[int]:
+        """`tokens` as the prefix cache keys them: `tokens` itself without images; with images,
+        each image's tokens stand for its content hash (prefix_cache.media_keyed), so the same
+        text with another image never shares KV blocks, and the same image and text do."""
+        images = self.request.images
+        if not images:
+            return self.tokens
+        if self.keyed_prompt is None:
+            spans = [(i.token_offset, i.token_count, i.content_hash) for i in images]
+            self.keyed_prompt = media_keyed(self.request.input_ids, spans)
+        return self.keyed_prompt + self.tokens[len(self.keyed_prompt):]

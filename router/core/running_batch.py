@@ -228,7 +228,7 @@ class RunningBatch:
             computed = len(entry.tokens) - 1
             if computed > entry.computed:
                 if caching and computed // size > entry.computed // size:
-                    cache.commit(entry.id, entry.tokens[:computed])
+                    cache.commit(entry.id, entry.key_tokens[:computed])
                 entry.computed = computed
             if finished:
                 self._retire(entry)
@@ -255,7 +255,7 @@ class RunningBatch:
             if chunk.completes or entry.id not in self.prefilling:
                 continue
             if cache.prefix_caching and chunk.end // size > entry.computed // size:
-                cache.commit(entry.id, entry.tokens[:chunk.end])
+                cache.commit(entry.id, entry.key_tokens[:chunk.end])
             entry.computed = chunk.end
 
     def _kept_ids(self, cached: generate_pb2.CachedBatch) -> list[int] | None:

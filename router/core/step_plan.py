@@ -247,7 +247,7 @@ def admit_newcomers(
             continue
         if budget <= 0 or (slots is not None and len(chunks) >= slots):
             break
-        tokens = entry.tokens
+        tokens = entry.key_tokens
         reuse = not entry.pb.prefill_logprobs
         adapter = entry.request.adapter_key
         if not fits_adapter_cap(adapters, entry.request.adapter_index, max_loras):

@@ -26,6 +26,7 @@ from pytgi_router.http.json_fields import (
     req_str,
     str_list,
 )
+from pytgi_router.http.media.source import ImageRef
 
 
 @dataclass(slots=True)
@@ -70,6 +71,9 @@ class GenerateRequest:
     # A prompt already tokenized (SGLang's `input_ids`, sglang_generate.py): validated as ids,
     # never re-tokenized; `inputs` is then empty.
     input_ids: list[int] | None = None
+    # A chat prompt's images, in the order its template placed them (router/http/media/);
+    # /generate's are markdown inside `inputs`.
+    images: list[ImageRef] = field(default_factory=list)
 
 
 def parse_parameters(data: dict[str, Any] | None, path: str = "parameters.") -> GenerateParameters:

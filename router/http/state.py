@@ -10,6 +10,7 @@ from importlib import metadata
 from typing import Any
 
 from pytgi_router.core.infer import Infer, ShardInfo
+from pytgi_router.http.media.vision_model import ImageSupport
 from pytgi_router.http.openai.chat_template import ChatTemplate
 from pytgi_router.http.reasoning import ReasoningParser
 from pytgi_router.http.validation import Validator
@@ -42,6 +43,9 @@ class AppState:
     model_pipeline_tag: str | None = None
     # config.json's `architectures`, which SGLang's routers read from a worker's /model_info.
     architectures: tuple[str, ...] = ()
+    # Whether the model takes images (router/http/media/vision_model.py): a text model's are
+    # refused on the chat-shaped routes.
+    images: ImageSupport = field(default_factory=ImageSupport)
     version: str = field(default_factory=package_version)
     # Set on SIGTERM: /health answers 503 (not ready) while every route still serves, for the
     # drain's grace period (--drain-grace-seconds), so that balancers stop sending first.

@@ -22,6 +22,8 @@ from pytgi_router.core.errors import ValidationError
 from pytgi_router.core.lora_adapters import AdapterRef, AdapterTable
 from pytgi_router.core.request import StoppingParameters, ValidRequest
 from pytgi_router.http.grammar import Grammar, GrammarChecker, GrammarLimits
+from pytgi_router.http.media.prepare import ImagePreparer, PreparedImages
+from pytgi_router.http.media.vision_model import VisionModel
 from pytgi_router.http.prompt_windows import (
     GROWTH,
     Tokenized,
@@ -100,6 +102,8 @@ class Validator:
         self._rng = rng or random.SystemRandom()
         # None when the tokenizer does not make a character-count bound certain (token_bound.py).
         self.max_chars_per_token = max_chars_per_token(tokenizer)
+        # A vision-language model's image preparation (router/http/media/); None: text only.
+        self.images: ImagePreparer | None = None
 
     def random_seed(self) -> int:
         return self._rng.getrandbits(64)
@@ -219,16 +223,17 @@ class Validator:
                 f"`top_n_tokens` must be >= 0 and <= {lim.max_top_n_tokens}. Given: {top_n}"
             )
         self._check_truncate(p.truncate)
+        prepared = await self._images(req)
+        inputs = req.inputs if prepared is None else prepared.text
         if req.input_ids is not None:
             input_ids = given_ids(req.input_ids, p.truncate)
         else:
             if not req.inputs:
                 raise ValidationError("`inputs` cannot be empty")
-            self.refuse_by_length(req.inputs, p.truncate, p.max_new_tokens)
-            await self.refuse_by_head(
-                req.inputs, req.add_special_tokens, p.truncate, p.max_new_tokens
-            )
-            input_ids = await self._input_ids(req.inputs, req.add_special_tokens, p.truncate)
+            self.refuse_by_length(inputs, p.truncate, p.max_new_tokens)
+            await self.refuse_by_head(inputs, req.add_special_tokens, p.truncate, p.max_new_tokens)
+            input_ids = await self._input_ids(inputs, req.add_special_tokens, p.truncate)
+        images = () if prepared is None else prepared.wire(self._vision(), input_ids)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
             grammar = await self._grammar(p.grammar)
@@ -250,6 +255,7 @@ class Validator:
             adapter_index=adapter.index if adapter else 0,
             adapter_key=adapter.key if adapter else 0,
             adapter_name=adapter.name if adapter else "",
+            images=images,
         )
         return ValidGenerateRequest(
             request=valid,
@@ -258,6 +264,22 @@ class Validator:
             decoder_input_details=p.decoder_input_details,
             return_full_text=bool(p.return_full_text),
         )
+
+    async def _images(self, req: GenerateRequest) -> PreparedImages | None:
+        """A vision-language model's images (chat's parts, or /generate's markdown) with their
+        tokens in the prompt; None without images. A text model's /generate markdown stays
+        the text it is (TGI); chat images never reach here for it (ImageSupport refuses them)."""
+        if self.images is None:
+            if req.images:
+                raise ValidationError("this model does not accept images")
+            return None
+        if req.input_ids is not None:
+            return None
+        return await self.images.prepare(req.inputs, req.images)
+
+    def _vision(self) -> VisionModel:
+        assert self.images is not None
+        return self.images.vision
 
     def adapter(self, adapter_id: str | None, from_model: bool = False) -> AdapterRef | None:
         """None (the base model) or the loaded adapter `adapter_id` names. An unknown

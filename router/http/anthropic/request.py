@@ -238,7 +238,9 @@ def _part(block: dict[str, Any], path: str) -> dict[str, Any]:
     if kind == "text":
         return _text_part(block, path)
     if kind == "image":
-        return {"type": "image_url", "image_url": {"url": _image_url(block, path)}}
+        # `where`: the image's place in this body, for chat's image errors.
+        return {"type": "image_url", "image_url": {"url": _image_url(block, path)},
+                "where": path}
     raise ValidationError(
         f"`{path}.type` {kind!r} is not supported here: text, image, tool_use (assistant) and "
         "tool_result (user) blocks are"

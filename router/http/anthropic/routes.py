@@ -62,7 +62,7 @@ class MessagesRoutes:
     async def _messages(self, request: Request) -> Response:
         msg = parse_messages(await read_json(request))
         prompt = await self.chat.prompt(msg.chat)
-        req = self.chat.generate_request(prompt, msg.parameters())
+        req = self.chat.generate_request(prompt, msg.parameters(), msg.chat.images)
         if msg.stream:
             return await self._stream(request, msg, req, prompt)
         return await self._create(request, msg, req, prompt)

@@ -115,7 +115,8 @@ class ChatTemplate:
             raise TemplateError(f"{type(err).__name__}: {err}") from None
         if continue_final:
             content = messages[-1].get("content") or ""
-            cut = rendered.rfind(content) if content else -1
+            # A content of parts (images) has no one text to cut at: the render stays whole.
+            cut = rendered.rfind(content) if content and isinstance(content, str) else -1
             if cut >= 0:
                 rendered = rendered[: cut + len(content)]
         return rendered

@@ -208,7 +208,7 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def _text_parts(value: Any, path: str) -> list[dict[str, Any]]:
-    """Content parts as chat's: text parts and images by URL (as chat flattens them)."""
+    """Content parts as chat's: text parts and images by URL (chat reads the images)."""
     if not isinstance(value, list):
         raise wrong_type(path, "a string or an array of content parts", value)
     out: list[dict[str, Any]] = []
@@ -220,7 +220,9 @@ def _text_parts(value: Any, path: str) -> list[dict[str, Any]]:
         elif kind == "refusal":
             out.append({"type": "text", "text": req_str(part, "refusal", where)})
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            out.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            # `where`: the image's place in this body, for chat's image errors.
+            out.append({"type": "image_url", "image_url": {"url": part["image_url"]},
+                        "where": f"{path}[{i}]"})
         else:
             raise ValidationError(
                 f"`{path}[{i}].type` {kind!r} is not supported: content parts are input_text, "

@@ -15,6 +15,7 @@ from starlette.routing import Route
 from pytgi_router.core.errors import TemplateError
 from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
+from pytgi_router.http.media.source import ImageRef
 from pytgi_router.http.openai.chat_output import ChatOutputStream, chat_answer
 from pytgi_router.http.openai.chat_render import ChatEncoder, OutputChatEncoder, assistant_message
 from pytgi_router.http.openai.schemas import (
@@ -51,6 +52,7 @@ class ChatRoutes:
         """Renders in the worker pool: a conversation near the payload limit takes a while.
         Offered tools go to the template's `tools` and TGI's tool prompt to the last message;
         `chat_template_kwargs` are the template's too."""
+        self.state.images.refuse_unless_accepted(self.state.model_id, chat.images)
         template = self.state.chat_template
         try:
             if template is None:
@@ -68,14 +70,17 @@ class ChatRoutes:
             m.request_failure.labels(err="template").inc()
             raise
 
-    def generate_request(self, prompt: str, params: GenerateParameters) -> GenerateRequest:
+    def generate_request(self, prompt: str, params: GenerateParameters,
+                         images: list[ImageRef] | None = None) -> GenerateRequest:
         """The request a chat-shaped route submits: with a reasoning parser, a JSON grammar
         (tools, response_format) constrains the answer after the thinking, not the thinking
-        (reasoning/constraint.py)."""
+        (reasoning/constraint.py); the conversation's images go with it (the validator prepares
+        them where the template placed them)."""
         params.grammar = answer_grammar(
             self.state.reasoning, prompt, params.grammar, self.state.settings.max_grammar_bytes
         )
-        return GenerateRequest(prompt, params, add_special_tokens=False, adapter_from_model=True)
+        return GenerateRequest(prompt, params, add_special_tokens=False, adapter_from_model=True,
+                               images=list(images or ()))
 
     async def chat_tokenize(self, request: Request) -> Response:
         chat = parse_chat(await read_json(request))
@@ -88,7 +93,7 @@ class ChatRoutes:
     async def chat_body(self, request: Request, body: object) -> Response:
         chat = parse_chat(body)
         prompt = await self.prompt(chat)
-        req = self.generate_request(prompt, chat.parameters())
+        req = self.generate_request(prompt, chat.parameters(), chat.images)
         env = Envelope(
             model=chat.fields.model or self.state.model_id,
             system_fingerprint=self.state.system_fingerprint,

@@ -80,7 +80,7 @@ class ResponsesRoutes:
         parsed = parse_responses(data, self._history(data), self.state.model_id)
         chat = parsed.chat
         prompt = await self.chat.prompt(chat)
-        req = self.chat.generate_request(prompt, chat.parameters())
+        req = self.chat.generate_request(prompt, chat.parameters(), chat.images)
         head = ResponseHead(parsed.echo)
         output = ChatOutputStream(self.state.reasoning, prompt, _offered(parsed))
         if parsed.stream:

@@ -23,6 +23,7 @@ from pytgi_router.http.json_fields import (
     required,
     wrong_type,
 )
+from pytgi_router.http.media.source import ImageRef
 from pytgi_router.http.openai.tools import ChatTools, chat_tools, parse_tool_choice, parse_tools
 from pytgi_router.http.schemas import GenerateParameters, logprob_or_none, reader
 
@@ -128,6 +129,8 @@ class ChatRequest:
     tools: ChatTools | None = None
     # More variables for the chat template (vLLM's `chat_template_kwargs`: `enable_thinking`).
     template_kwargs: dict[str, Any] | None = None
+    # The images of every message's content, in order (router/http/media/).
+    images: list[ImageRef] = field(default_factory=list)
 
     def parameters(self) -> GenerateParameters:
         p = self.fields.parameters(top_n_tokens=self.top_logprobs)
@@ -135,33 +138,45 @@ class ChatRequest:
         return p
 
 
-def _content(value: Any, path: str) -> str | None:
-    """A message's content: a string, or parts flattened as TGI does for text models."""
+def _content(value: Any, path: str, images: list[ImageRef]) -> str | list[dict[str, Any]] | None:
+    """A message's content: a string, or its parts. Text parts alone join into one string; with
+    images it stays a list of parts in transformers' shape (`{"type": "text", "text"}` and
+    `{"type": "image"}`, which vision-language templates iterate), each image's URL kept in
+    `images` with the place it came from (a converted Responses or Messages body names its own
+    place in the part's `where`)."""
     if value is None or isinstance(value, str):
         return value
     if not isinstance(value, list):
         raise wrong_type(path, "a string or an array of content parts", value)
-    out = []
+    parts: list[dict[str, Any]] = []
     for i, part in enumerate(value):
         part = obj(part, f"{path}[{i}]")
         kind = part.get("type")
         if kind == "text":
-            out.append(str(required(part, "text", f"{path}[{i}].")))
+            parts.append({"type": "text", "text": str(required(part, "text", f"{path}[{i}]."))})
         elif kind == "image_url":
             url = obj(required(part, "image_url", f"{path}[{i}]."), f"{path}[{i}].image_url")
-            out.append(f"![]({required(url, 'url', f'{path}[{i}].image_url.')})")
+            link = required(url, "url", f"{path}[{i}].image_url.")
+            if not isinstance(link, str):
+                raise wrong_type(f"{path}[{i}].image_url.url", "a string", link)
+            where = part.get("where")
+            images.append(ImageRef(where if isinstance(where, str) else f"{path}[{i}]", link))
+            parts.append({"type": "image"})
         else:
             raise ValidationError(f"`{path}[{i}].type` must be \"text\" or \"image_url\"")
-    return "".join(out)
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
-def _message(value: Any, i: int) -> dict[str, Any]:
+def _message(value: Any, i: int, images: list[ImageRef]) -> dict[str, Any]:
     path = f"messages[{i}]"
     data = obj(value, path)
     role = required(data, "role", f"{path}.")
     if not isinstance(role, str):
         raise wrong_type(f"{path}.role", "a string", role)
-    message: dict[str, Any] = {"role": role, "content": _content(data.get("content"), f"{path}.content")}
+    content = _content(data.get("content"), f"{path}.content", images)
+    message: dict[str, Any] = {"role": role, "content": content}
     # `reasoning_content`: an earlier turn's thinking, for templates that render it (Qwen3).
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
         if data.get(key) is not None:
@@ -186,14 +201,16 @@ def parse_chat(body: Any) -> ChatRequest:
     offered = chat_tools(tools, parse_tool_choice(data.get("tool_choice")), tool_prompt)
     logprobs = bool(opt_bool(data, "logprobs"))
     top = opt_int(data, "top_logprobs")
+    images: list[ImageRef] = []
     return ChatRequest(
-        messages=[_message(m, i) for i, m in enumerate(raw)],
+        messages=[_message(m, i, images) for i, m in enumerate(raw)],
         fields=_sampling_fields(data),
         logprobs=logprobs,
         top_logprobs=top if logprobs else None,
         grammar=grammar,
         tools=offered,
         template_kwargs=opt_obj(data, "chat_template_kwargs"),
+        images=images,
     )
 
 

@@ -267,5 +267,9 @@ def with_tool_prompt(messages: list[dict[str, Any]], suffix: str) -> list[dict[s
     if not messages:
         return messages
     last = dict(messages[-1])
-    last["content"] = (last.get("content") or "") + suffix
+    content = last.get("content") or ""
+    if isinstance(content, list):  # parts with images: the suffix is one more text part
+        last["content"] = [*content, {"type": "text", "text": suffix}]
+    else:
+        last["content"] = content + suffix
     return [*messages[:-1], last]

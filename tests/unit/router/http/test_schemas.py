@@ -167,7 +167,11 @@ def test_chat_mapping_follows_tgi() -> None:
         "logprobs": True, "top_logprobs": 2, "stream": True,
         "stream_options": {"include_usage": True},
     })
-    assert chat.messages == [{"role": "user", "content": "look: ![](http://x/y.png)"}]
+    # Images stay parts (transformers' shape) with their URL and place kept aside; a text model
+    # refuses them on the route (router/http/media/), instead of reading markdown it cannot see.
+    assert chat.messages == [{"role": "user", "content": [
+        {"type": "text", "text": "look: "}, {"type": "image"}]}]
+    assert [(r.where, r.url) for r in chat.images] == [("messages[0].content[1]", "http://x/y.png")]
     p = chat.parameters()
     assert p.do_sample is False and p.temperature is None
     assert p.repetition_penalty == pytest.approx(2.5)

@@ -86,7 +86,11 @@ def test_count_tokens_needs_no_max_tokens_and_images_are_parts() -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": [
         image, {"type": "text", "text": " hi"}]}]}
     msg = parse_messages(body, counting=True)
-    assert msg.chat.messages == [{"role": "user", "content": "![](data:image/png;base64,AAAA) hi"}]
+    assert msg.chat.messages == [{"role": "user", "content": [
+        {"type": "image"}, {"type": "text", "text": " hi"}]}]
+    # The image is named by its place in the Messages body.
+    assert [(r.where, r.url) for r in msg.chat.images] == [
+        ("messages[0].content[0]", "data:image/png;base64,AAAA")]
     with pytest.raises(ValidationError, match="missing field `max_tokens`"):
         parse_messages(body)
 

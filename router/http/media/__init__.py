@@ -1,0 +1,5 @@
+"""Images in requests: where a body puts them (chat `image_url` parts, Responses `input_image`,
+Anthropic image blocks, TGI's markdown `![](…)`), how they are fetched (off by default; an
+address policy so the server is no SSRF proxy) and decoded (Pillow, bounded before any pixel is
+decoded), and what a model makes of them (`vision_model`: refused for text models; Qwen2-VL's
+image processor). Every refusal is an `ImageError`: a 422 naming the image and the reason."""

@@ -1,0 +1,74 @@
+"""ImageIntake: a request's images, from their references to decoded pictures — the count limit
+first, then each image's bytes (a data: URI decoded, a URL fetched under the address policy,
+concurrently) and its decoding, off the event loop in the router's worker pool."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any, TypeVar
+
+from pytgi_router.http.media.decode import DecodedImage, decode_image
+from pytgi_router.http.media.errors import ImageError
+from pytgi_router.http.media.fetch import ImageFetcher
+from pytgi_router.http.media.limits import MediaLimits
+from pytgi_router.http.media.source import ImageRef, data_uri_bytes
+
+T = TypeVar("T")
+
+
+class ImageIntake:
+    def __init__(self, limits: MediaLimits, executor: Executor | None = None,
+                 fetcher: ImageFetcher | None = None) -> None:
+        self.limits = limits
+        self.executor = executor
+        self.fetcher = fetcher or ImageFetcher(limits)
+
+    def check_count(self, refs: Sequence[ImageRef]) -> None:
+        """Too many images are refused before any is read."""
+        most = self.limits.max_images
+        if len(refs) > most:
+            raise ImageError(refs[most].where, f"a request carries at most {most} images "
+                                               f"(--max-images-per-request); this one has "
+                                               f"{len(refs)}")
+
+    async def load(self, refs: Sequence[ImageRef]) -> list[DecodedImage]:
+        """Every image decoded, in order; the first refusal cancels the others' work."""
+        self.check_count(refs)
+        return await _all([self._one(ref) for ref in refs])
+
+    async def _one(self, ref: ImageRef) -> DecodedImage:
+        data = await self.read(ref)
+        return await self.offload(decode_image, data, ref.where, self.limits.max_image_pixels)
+
+    async def read(self, ref: ImageRef) -> bytes:
+        """The encoded image: a data: URI's bytes, or an http(s) URL fetched (when allowed)."""
+        if ref.scheme == "data":
+            return await self.offload(data_uri_bytes, ref, self.limits.max_image_bytes)
+        if ref.scheme in ("http", "https"):
+            return await self.fetcher.fetch(ref.where, ref.url)
+        raise ImageError(ref.where, "an image is a data: URI or an http(s) URL, got "
+                                    f"{_shown(ref.url)!r}")
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs `fn` in the worker pool (decoding, processing: never on the event loop)."""
+        if self.executor is None:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+async def _all(work: list[Awaitable[T]]) -> list[T]:
+    """gather, cancelling the rest when one fails (gather alone would leave them running)."""
+    tasks = [asyncio.ensure_future(w) for w in work]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+def _shown(url: str) -> str:
+    return url if len(url) <= 64 else url[:61] + "..."

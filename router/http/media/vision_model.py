@@ -1,0 +1,117 @@
+"""What the served model makes of images: `ImageSupport` says whether it takes them (and why
+not), `VisionModel` how a prompt carries them (its image token, repeated once per token the
+image takes) and its image processor. Read once at start-up from the checkpoint's config.json,
+preprocessor_config.json and tokenizer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from pytgi_router.http.media.errors import ImageError, ImagesNotAccepted
+from pytgi_router.http.media.markdown import MarkdownImages
+from pytgi_router.http.media.qwen2_vl import Qwen2VLImageProcessor
+from pytgi_router.http.media.source import ImageRef
+
+# config.json model types of the vision-language models TGI, vLLM or SGLang serve.
+VLM_MODEL_TYPES = frozenset({
+    "qwen2_vl", "qwen2_5_vl", "llava", "llava_next", "gemma3", "idefics", "idefics2",
+    "idefics3", "paligemma", "mllama", "llama4", "smolvlm",
+})
+# Those whose image processor the router runs (qwen2_vl.py), and their image text: TGI's
+# rendering of a markdown image for Qwen2-VL, with the image token once per image token.
+QWEN2_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+QWEN2_VL_IMAGE = "<|vision_start|>{}<|vision_end|>"
+QWEN2_VL_IMAGE_TOKEN = "<|image_pad|>"
+
+
+@dataclass(frozen=True, slots=True)
+class VisionModel:
+    model_type: str
+    processor: Qwen2VLImageProcessor
+    image_token: str
+    image_token_id: int
+
+    def chat_text(self, text: str, refs: Sequence[ImageRef], counts: Sequence[int]) -> str:
+        """The rendered chat prompt with each image's one placeholder token repeated once per
+        image token (transformers' processor does the same); a template that did not place
+        every image once is refused, not guessed at."""
+        pieces = text.split(self.image_token)
+        if len(pieces) - 1 != len(refs):
+            where = refs[0].where if refs else "messages"
+            raise ImageError(where, f"the chat template placed {len(pieces) - 1} images for the "
+                                    f"{len(refs)} in the request (an image in a role the "
+                                    "template does not render?)")
+        out = [pieces[0]]
+        for count, piece in zip(counts, pieces[1:], strict=True):
+            out += [self.image_token * count, piece]
+        return "".join(out)
+
+    def markdown_text(self, found: MarkdownImages, counts: Sequence[int]) -> str:
+        """`/generate` inputs with each markdown image replaced by the model's image text (TGI's
+        rendering for Qwen2-VL)."""
+        out = [found.texts[0]]
+        for count, piece in zip(counts, found.texts[1:], strict=True):
+            out += [QWEN2_VL_IMAGE.format(self.image_token * count), piece]
+        return "".join(out)
+
+    def spans(self, where: Sequence[str], ids: Sequence[int], counts: Sequence[int]
+              ) -> list[tuple[int, int]]:
+        """(offset, count) of each image's tokens in the tokenized prompt: runs of the image
+        token, in order, exactly as many as each image takes. `truncate` cutting into an image
+        leaves fewer and is refused."""
+        positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if len(positions) != sum(counts):
+            raise ImageError(where[0] if where else "inputs",
+                             f"the prompt holds {len(positions)} image tokens where its images "
+                             f"take {sum(counts)}: `truncate` cut into an image, or the text "
+                             f"itself contains {self.image_token}")
+        out, start = [], 0
+        for name, count in zip(where, counts, strict=True):
+            offset = positions[start]
+            if positions[start + count - 1] != offset + count - 1:
+                raise ImageError(name, "its image tokens are not contiguous in the prompt")
+            out.append((offset, count))
+            start += count
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ImageSupport:
+    """The served model and images: `vision` when the router can prepare them, else why not."""
+
+    vision: VisionModel | None = None
+    why_not: str = "a text-only model"
+
+    def refuse_unless_accepted(self, model_name: str, refs: Sequence[ImageRef]) -> None:
+        """Images for a model that cannot take them are refused, naming the first one."""
+        if refs and self.vision is None:
+            raise ImagesNotAccepted(model_name, refs[0].where, self.why_not)
+
+    def describe(self) -> str:
+        """The start-up log line."""
+        if self.vision is None:
+            return f"images: refused ({self.why_not})"
+        return f"images: prepared for {self.vision.model_type} (its image processor)"
+
+
+def image_support(config: dict[str, Any] | None, preprocessor: dict[str, Any] | None,
+                  tokenizer: Tokenizer) -> ImageSupport:
+    """Whether (and how) this checkpoint takes images."""
+    model_type = str((config or {}).get("model_type", ""))
+    if model_type not in VLM_MODEL_TYPES:
+        return ImageSupport(why_not="a text-only model")
+    if model_type not in QWEN2_VL_TYPES:
+        return ImageSupport(why_not=f"images for {model_type} are not prepared by "
+                                                "this server yet")
+    if preprocessor is None:
+        return ImageSupport(why_not="its checkpoint has no preprocessor_config.json")
+    token_id = tokenizer.token_to_id(QWEN2_VL_IMAGE_TOKEN)
+    if token_id is None:
+        return ImageSupport(why_not=f"its tokenizer has no {QWEN2_VL_IMAGE_TOKEN}")
+    processor = Qwen2VLImageProcessor.from_config(preprocessor)
+    return ImageSupport(VisionModel(model_type, processor, QWEN2_VL_IMAGE_TOKEN,
+                                                token_id))
