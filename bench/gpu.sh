@@ -4,7 +4,7 @@
 # quarter-hour GPU window: the whole run takes at most 9 minutes (--budget-s 540), install
 # included; stages run in order of value, each under its cap.
 #
-#   bash bench/gpu.sh [--stages tests,compare-8b,steps,compare-1b,quantization]
+#   bash bench/gpu.sh [--stages tests,compare-8b,speculative,steps,compare-1b,quantization]
 #                     [--budget-s 540] [--cap STAGE=SECONDS ...] [--no-install]
 #                     [--out DIR] [--work DIR] [--cpu-smoke] [--plan]
 #
@@ -24,12 +24,14 @@
 #   compare-8b  the headline: python -m pytgi_bench.compare --gpu on the Llama-3-8B shape, 256
 #               requests, prompts U[128,1024), 128 new tokens, the full HTTP server, against
 #               transformers' continuous batching and its compiled single stream
+#   speculative pytgi_bench.experiments.speculative on the 8B shape at batch 1: n-gram drafting
+#               (--speculate 4) against none on prompts that quote their input, greedy, both
+#               engines in one process, every output checked equal; tokens/s, acceptance
 #   steps       pytgi_bench.compare.engine_steps on the 1B shape: the decode step at batch 1, 64
 #               and 256, overlap off and on
 #   compare-1b  the compare on the Llama-3.2-1B shape (pytgi over HTTP against transformers' CB)
 #   quantization  pytgi_bench.experiments.quantization: --quantize modes against bfloat16 on a
 #               ~20M Llama (decode tok/s at batch 1 and 64, weight memory) and the modes' kernels
-#   (issue 30 will add a speculative-decoding stage after compare-8b.)
 # Every pytgi run records its step timeline (--step-timeline; shard/engine/step_timeline.py):
 # per step kind, where the time went (host before the launch, forward, token choice, waiting
 # on the device, the gap between steps, the device's idle share), in compare-*.json and
@@ -38,9 +40,10 @@
 # from this checkout.
 # Each stage runs under its own time cap (and the whole under --budget-s), fails loudly, and
 # never stops the next one; a stage that would not get 30 s is skipped and said so.
-# Results go to $OUT when set, else bench/results/gpu/ (at most 8 files: summary.json,
+# Results go to $OUT when set, else bench/results/gpu/ (at most 9 files: summary.json,
 # steps.json, compare-1b.json, compare-8b.json, timeline-8b.jsonl (the 8B server's steps, copied
-# by the summary even when the stage was cut), quantization.json, tests.xml, gpu.log); models,
+# by the summary even when the stage was cut), speculative.json, quantization.json, tests.xml,
+# gpu.log); models,
 # server logs, timelines and scratch go to the work directory (/tmp/pytgi-gpu), which a warm
 # machine keeps between calls. The summary table comes last; the exit status is 0 only when
 # every stage run passed.
@@ -56,11 +59,12 @@ SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[
 REPO="$(cd "$(dirname "$SCRIPT")/.." && pwd)"
 cd "$REPO" || exit 2
 
-ALL_STAGES=(install tests compare-8b steps compare-1b quantization)
+ALL_STAGES=(install tests compare-8b speculative steps compare-1b quantization)
 # Caps in seconds, summing to the default budget (540: 9 minutes). Measured on an H100
 # (2026-11-23): install 16 s, tests 85 s, compare-8b 144 s with the model's build (27 s).
-declare -A CAP=([install]=45 [tests]=90 [compare-8b]=210 [steps]=60 [compare-1b]=75
-                [quantization]=60)
+# speculative: not yet measured on a GPU (two 8B engines loaded and warmed, ~12 s of decoding).
+declare -A CAP=([install]=30 [tests]=90 [compare-8b]=195 [speculative]=60 [steps]=60
+                [compare-1b]=60 [quantization]=45)
 DEFAULT_BUDGET_S=540
 # --cpu-smoke runs under caps this many times the GPU's (and --budget-s as given).
 SMOKE_CAP_FACTOR=4
@@ -234,6 +238,15 @@ stage_compare() {  # SHAPE
     "$PY" -m pytgi_bench.compare "${args[@]}"
 }
 
+stage_speculative() {  # the 8B shape at batch 1, n-gram drafts on quoting prompts
+    local model args
+    model="$(ensure_model "$(shapes_for 8b)")" && [[ -n $model ]] || return 1
+    args=(--model "$model" --workloads quoting --repeats 2 --out "$OUT/speculative.json")
+    [[ $SMOKE == 1 ]] && args+=(--repeats 1)
+    echo "+ python -m pytgi_bench.experiments.speculative ${args[*]}"
+    "$PY" -m pytgi_bench.experiments.speculative "${args[@]}"
+}
+
 stage_quantization() {
     local args=(--root "$WORK/models" --out "$OUT/quantization.json")
     # The smoke run: two modes, tiny counts, no kernel table.
@@ -254,6 +267,7 @@ run_stage_body() {
         steps) stage_steps ;;
         compare-1b) stage_compare 1b ;;
         compare-8b) stage_compare 8b ;;
+        speculative) stage_speculative ;;
         quantization) stage_quantization ;;
         *) echo "unknown stage $1"; return 2 ;;
     esac

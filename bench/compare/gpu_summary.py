@@ -208,6 +208,18 @@ def quantization_result(report: dict[str, Any] | None) -> str:
     return "; ".join(parts) or "no modes"
 
 
+def speculative_result(report: dict[str, Any] | None) -> str:
+    """Each workload's tokens/s without and with drafts (pytgi_bench.experiments.speculative)."""
+    if report is None:
+        return "no speculative JSON"
+    parts = [
+        f"{r['workload']}: {r['tokens_per_s_speculate_0']} -> {r['tokens_per_s_speculate_4']} "
+        f"tok/s (x{r['speedup']}, accepted length {r['mean_accepted_length']})"
+        for r in report.get("results", [])
+    ]
+    return "; ".join(parts) or "no workloads"
+
+
 def _models(work: Path) -> list[dict[str, Any]]:
     """One record per shape: its build when this run built it, else the first time it was found."""
     path = work / "models.jsonl"
@@ -269,6 +281,8 @@ def summarize(stages: list[StageRow], work: Path, out: Path) -> dict[str, Any]:
             row.result = compare_result(_json(out / f"{row.name}.json"))
         elif row.name == "quantization":
             row.result = quantization_result(_json(out / "quantization.json"))
+        elif row.name == "speculative":
+            row.result = speculative_result(_json(out / "speculative.json"))
     return {"stages": [asdict(r) for r in stages], "models": _models(work),
             "environment": _environment(), "timelines": collect_timelines(stages, steps, out)}
 

@@ -3,8 +3,11 @@
 end, as the router drives it; KV blocks for each whole sequence up front).
 
     python -m pytgi_bench.experiments.speculative --out bench/results/cpu/speculative.json
+    python -m pytgi_bench.experiments.speculative --temperature 0.7 --workloads "batch 1" \
+        --out bench/results/cpu/speculative_sampling.json
 
-Workloads (greedy, EOS ignored, every output checked equal between the two engines):
+Workloads (greedy, or with --temperature T seeded sampling; EOS ignored; every output checked
+equal between the two engines, seeded sampling included):
 - quoting, batch 1: a passage, then its first line again: the model goes on quoting it (what
   RAG answers, summaries and code edits do), and drafts are kept;
 - fresh, batch 1: a speaker's cue and a line the model has not seen in the prompt, 48 tokens
@@ -14,6 +17,17 @@ Workloads (greedy, EOS ignored, every output checked equal between the two engin
 - mixed, batch 2 / 4 / 16: both kinds, that many at once (drafting.DRAFTING_BATCH is 2: the
   larger ones take the plain step; run with the cap raised to see what drafting would cost);
 - batch 64: 64 of both kinds at once.
+With --draft, the speculating engine drafts with a draft model (--speculator-model) instead
+of n-gram lookup, on the workloads that draft (batch 1 and 2; larger batches never draft):
+- `--draft self`: the demo model as its own draft (every draft kept: the machinery's cost at
+  full acceptance, each draft costing a forward of the target itself);
+- `--draft layers:N`: a draft made of the demo model's first N of 6 layers, its final norm and
+  LM head (a self-speculative early exit: no training, the same tokenizer, N/6 of the cost);
+- `--draft DIR`: any model directory with the demo model's tokenizer.
+
+    python -m pytgi_bench.experiments.speculative --draft layers:2 \
+        --out bench/results/cpu/speculative_draft_model.json
+
 Each batch is served by both engines back to back, the order alternating, --repeats times,
 after one untimed run of each (a process's first verification forward pays one-time costs);
 the speedup is the median over repeats of the two times' ratio (both engines saw the same load
@@ -25,7 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,8 +97,13 @@ def workloads() -> list[Workload]:
     ]
 
 
-def engine(speculate: int) -> Engine:
-    out = load_engine(ShardSettings(model_path=DEMO_MODEL, speculate=speculate))
+def engine(speculate: int, draft: Path | None = None, model: Path = DEMO_MODEL) -> Engine:
+    """An engine of `model` (on a GPU: CUDA graphs for the workloads' batch sizes only, which
+    keeps two engines of a large model quick to warm up side by side)."""
+    out = load_engine(ShardSettings(
+        model_path=model, speculate=speculate, speculator_model=draft,
+        cuda_graphs=tuple(sorted({w.batch for w in workloads()})),
+    ))
     out.warmup(pb.WarmupRequest(max_prefill_tokens=4096, max_batch_total_tokens=256 * 96,
                                 max_input_tokens=200, max_total_tokens=256))
     return out
@@ -98,15 +119,18 @@ class Result:
     drafting_rows: int
 
 
-def serve(e: Engine, prompts: list[str], max_new: int) -> Result:
-    """Every prompt at once (one Prefill), then Decode until all are done."""
+def serve(e: Engine, prompts: list[str], max_new: int, temperature: float = 0.0) -> Result:
+    """Every prompt at once (one Prefill), then Decode until all are done; greedy, or sampling
+    at `temperature` (> 0) seeded by the prompt's place in the batch."""
     reqs = []
     block = 1
     for i, text in enumerate(prompts):
         ids = e.detokenizer.tokenizer.encode(text).ids
         count = -(-(len(ids) + max_new) // e.block_size)
+        params = pb.NextTokenChooserParameters(
+            do_sample=True, temperature=temperature, seed=1000 + i) if temperature else None
         reqs.append(pb.Request(
-            id=i, input_ids=ids, blocks=list(range(block, block + count)),
+            id=i, input_ids=ids, blocks=list(range(block, block + count)), parameters=params,
             stopping_parameters=pb.StoppingCriteriaParameters(
                 max_new_tokens=max_new, ignore_eos_token=True),
         ))
@@ -140,25 +164,27 @@ def combine(parts: list[Result], batch: int) -> Result:
     )
 
 
-def measure(plain: Engine, speculating: Engine, w: Workload, repeats: int) -> dict[str, object]:
+def measure(plain: Engine, speculating: Engine, w: Workload, repeats: int,
+            temperature: float = 0.0) -> dict[str, object]:
     """Each batch of the workload served by both engines back to back (the order alternating
     from repeat to repeat), so that both see the same load on a shared host; per repeat the
     ratio of their times, the median of those ratios reported."""
     batches = [w.prompts[i : i + w.batch] for i in range(0, len(w.prompts), w.batch)]
     for e in (plain, speculating):
-        serve(e, batches[0], w.max_new)
+        serve(e, batches[0], w.max_new, temperature)
     runs: dict[int, list[Result]] = {0: [], 4: []}
     for rep in range(repeats):
         parts: dict[int, list[Result]] = {0: [], 4: []}
         for prompts in batches:
             order = ((0, plain), (4, speculating))
             for k, e in order if rep % 2 == 0 else order[::-1]:
-                parts[k].append(serve(e, prompts, w.max_new))
+                parts[k].append(serve(e, prompts, w.max_new, temperature))
         for k in parts:
             runs[k].append(combine(parts[k], w.batch))
     base, spec = runs[0][0], runs[4][0]
+    # Seeded sampling draws each token's numbers from (seed, index): the same tokens too.
     if base.tokens != spec.tokens:
-        raise AssertionError(f"{w.name}: --speculate 4 changed the greedy tokens")
+        raise AssertionError(f"{w.name}: --speculate 4 changed the tokens")
     generated = sum(len(t) for t in base.tokens.values())
     ratios = sorted(b.seconds / s.seconds for b, s in zip(runs[0], runs[4], strict=True))
     t0 = statistics.median(r.seconds for r in runs[0])
@@ -183,6 +209,31 @@ def measure(plain: Engine, speculating: Engine, w: Workload, repeats: int) -> di
     }
 
 
+def draft_model(spec: str, workdir: Path, target: Path) -> Path:
+    """The draft model directory --draft names (the module's docstring) for `target`."""
+    if spec == "self":
+        return target
+    if not spec.startswith("layers:"):
+        return Path(spec)
+    from safetensors.torch import load_file, save_file
+
+    layers = int(spec.split(":", 1)[1])
+    out = workdir / f"first-{layers}-layers"
+    out.mkdir()
+    for f in target.iterdir():
+        if f.suffix == ".json" and f.name != "config.json" and "index" not in f.name:
+            shutil.copy(f, out / f.name)
+    config = json.loads((target / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    kept = {}
+    for f in sorted(target.glob("*.safetensors")):
+        kept.update({name: t for name, t in load_file(f).items()
+                     if not name.startswith("model.layers.") or int(name.split(".")[2]) < layers})
+    save_file(kept, out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -190,12 +241,24 @@ def main() -> None:
                         help="torch threads (1: steadier on a shared host)")
     parser.add_argument("--drafting-batch", type=int, default=DRAFTING_BATCH,
                         help="the largest batch that drafts (the engine's cap)")
+    parser.add_argument("--draft", help="draft with a draft model: self, layers:N or a "
+                        "directory (default: n-gram lookup)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sample at this temperature, seeded per request (0: greedy)")
+    parser.add_argument("--workloads", help="only the workloads whose name contains this")
+    parser.add_argument("--model", type=Path, default=DEMO_MODEL,
+                        help="the target model's directory (default: the demo model)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    plain, speculating = engine(0), engine(4)
+    workdir = Path(tempfile.mkdtemp())
+    draft = draft_model(args.draft, workdir, args.model) if args.draft else None
+    plain, speculating = engine(0, model=args.model), engine(4, draft, args.model)
     speculating.drafting_batch = args.drafting_batch
-    rows = [measure(plain, speculating, w, args.repeats) for w in workloads()]
+    chosen = [w for w in workloads() if (draft is None or w.batch <= args.drafting_batch)
+              and (args.workloads is None or args.workloads in w.name)]
+    rows = [measure(plain, speculating, w, args.repeats, args.temperature) for w in chosen]
+    shutil.rmtree(workdir)
     for row in rows:
         print(f"{row['workload']:<18} {row['tokens_per_s_speculate_0']:>8} -> "
               f"{row['tokens_per_s_speculate_4']:>8} tok/s  x{row['speedup']}  "
@@ -204,9 +267,16 @@ def main() -> None:
     report = {
         "command": "python -m pytgi_bench.experiments.speculative --repeats "
                    f"{args.repeats} --threads {args.threads} --drafting-batch "
-                   f"{args.drafting_batch}",
-        "model": "launcher/demo_model",
-        "device": "cpu",
+                   f"{args.drafting_batch}" + (f" --draft {args.draft}" if args.draft else "")
+                   + (f" --temperature {args.temperature}" if args.temperature else "")
+                   + (f" --workloads '{args.workloads}'" if args.workloads else "")
+                   + (f" --model {args.model}" if args.model != DEMO_MODEL else ""),
+        "sampling": f"temperature {args.temperature}, seeded" if args.temperature else "greedy",
+        "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO)
+                     else args.model),
+        "drafter": f"draft model: {args.draft}" if args.draft else "n-gram",
+        "device": (torch.cuda.get_device_name(plain.model.device)
+                   if plain.model.device.type == "cuda" else "cpu"),
         "torch_threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
         "step_tokens": STEP_TOKENS,

@@ -124,16 +124,17 @@ def test_gpu_sh_is_valid_bash_and_runs_stages_in_their_order() -> None:
     lines = every.stdout.splitlines()
     # In order of value: the CUDA tests, then the 8B headline, then the 1B and kernel stages.
     assert lines[0] == (
-        "stages: install tests compare-8b steps compare-1b quantization (budget 540 s)"
+        "stages: install tests compare-8b speculative steps compare-1b quantization "
+        "(budget 540 s)"
     )
     # A quarter-hour window: the caps fit the 9-minute budget, install included.
     caps = [int(line.split("cap ")[1].removesuffix(" s")) for line in lines[1:]]
-    assert len(caps) == 6 and sum(caps) <= 540
+    assert len(caps) == 7 and sum(caps) <= 540
     # Re-measuring one stage: the install comes along (it skips itself when done before).
     chosen = _plan("--stages", "compare-8b,tests", "--cap", "tests=42")
     assert chosen.stdout.splitlines() == [
-        "stages: install tests compare-8b (budget 540 s)", "  install: cap 45 s",
-        "  tests: cap 42 s", "  compare-8b: cap 210 s",
+        "stages: install tests compare-8b (budget 540 s)", "  install: cap 30 s",
+        "  tests: cap 42 s", "  compare-8b: cap 195 s",
     ]
     bare = _plan("--stages", "compare-8b", "--no-install", "--budget-s", "240")
     assert bare.stdout.splitlines()[0] == "stages: compare-8b (budget 240 s)"
@@ -274,6 +275,14 @@ def test_summary_reads_compare_results() -> None:
     text = gpu_summary.compare_result({"results": rows})
     assert text == ("pytgi 2,000 tok/s vs hf-cb 500 (4.00x); TPOT 5.00 vs - ms, TTFT 20.0 vs - ms; "
                     "not ok: hf-compiled-b1 error")
+
+
+def test_summary_reads_the_speculative_stage() -> None:
+    row = {"workload": "quoting, batch 1", "tokens_per_s_speculate_0": 120.0,
+           "tokens_per_s_speculate_4": 250.5, "speedup": 2.09, "mean_accepted_length": 3.4}
+    assert gpu_summary.speculative_result({"results": [row]}) == (
+        "quoting, batch 1: 120.0 -> 250.5 tok/s (x2.09, accepted length 3.4)")
+    assert gpu_summary.speculative_result(None) == "no speculative JSON"
 
 
 def test_summary_carries_and_prints_the_step_timelines(tmp_path: Path) -> None:
