@@ -50,7 +50,7 @@ from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, 
 from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.lora.adapter_set import AdapterSet, place_adapters
+from pytgi_shard.lora.adapter_set import AdapterSet, HostAdapter, place_adapters
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -150,15 +150,27 @@ class Engine:
         out.lora_runtime_updates = a.runtime_updates
         return out
 
-    def load_adapter(self, request: generate_pb2.LoadAdapterRequest
-                     ) -> generate_pb2.LoadAdapterResponse:
-        """LoadAdapter, between steps (InvalidRequest naming why an adapter does not fit)."""
+    def read_adapter(self, request: generate_pb2.LoadAdapterRequest) -> HostAdapter:
+        """LoadAdapter's reading and checks, safe off the engine thread (InvalidRequest naming
+        why an adapter does not fit)."""
         try:
-            rank = self.adapters.load(request.name, request.source, request.index,
-                                      self.cache.adapters())
+            return self.adapters.read(request.name, request.source)
         except ValueError as e:
             raise InvalidRequest(str(e)) from e
-        return generate_pb2.LoadAdapterResponse(rank=rank)
+        except Exception as e:  # noqa: BLE001 - an unreadable file is the caller's, in one line
+            first = (str(e).splitlines() or [""])[0]
+            raise InvalidRequest(f"LoRA adapter {request.name!r}: cannot read {request.source}: "
+                                 f"{type(e).__name__}: {first}") from e
+
+    def load_adapter(self, request: generate_pb2.LoadAdapterRequest,
+                     host: HostAdapter | None = None) -> generate_pb2.LoadAdapterResponse:
+        """LoadAdapter, between steps: `host` read by read_adapter (else read here)."""
+        host = host if host is not None else self.read_adapter(request)
+        try:
+            self.adapters.install(request.index, host, self.cache.adapters())
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from e
+        return generate_pb2.LoadAdapterResponse(rank=host.rank)
 
     def unload_adapter(self, request: generate_pb2.UnloadAdapterRequest) -> None:
         """UnloadAdapter: new requests for it are refused; its live rows finish first."""

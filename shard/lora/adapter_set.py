@@ -90,37 +90,45 @@ class AdapterSet:
         """The wire indices a new request may name."""
         return frozenset(i for i in self._host if i not in self._draining)
 
-    def add(self, index: int, adapter: PeftAdapter) -> None:
-        """Keeps `adapter` (read and checked) in host memory at wire index `index`; the device
-        gets it when a step needs it. AdapterRefused (one line) when it does not fit."""
+    def prepare(self, adapter: PeftAdapter) -> HostAdapter:
+        """`adapter` (read) checked against the layers and fused for them, in host memory;
+        AdapterRefused (one line) when it does not fit. Touches no state: a live load runs it
+        off the engine thread."""
         if self.sites is None:
             raise AdapterRefused(f"LoRA adapter {adapter.name!r}: this server has no LoRA layers "
                                  "(start it with --lora-adapters or --enable-lora-runtime-updates)")
         if adapter.rank > self.max_rank:
             raise AdapterRefused(f"LoRA adapter {adapter.name!r}: rank r={adapter.rank} exceeds "
                                  f"--max-lora-rank {self.max_rank}")
-        if index < 1 or index in self._host:
-            raise AdapterRefused(f"LoRA adapter {adapter.name!r}: index {index} is taken")
-        if any(h.name == adapter.name for i, h in self._host.items() if i in self.loaded()):
-            raise AdapterRefused(f"LoRA adapter {adapter.name!r} is already loaded")
-        self._host[index] = HostAdapter(adapter.name, adapter.rank, fuse(adapter, self.sites))
+        return HostAdapter(adapter.name, adapter.rank, fuse(adapter, self.sites))
 
-    def load(self, name: str, source: str, index: int, busy: Collection[int]) -> int:
-        """LoadAdapter: reads the PEFT adapter at `source` (a directory or a Hub id) into index
-        `index`, copied to the device at once when a slot is free; its rank. AdapterRefused
-        naming the reason, the checks of start-up."""
+    def add(self, index: int, host: HostAdapter) -> None:
+        """Keeps a prepared adapter at wire index `index`; the device gets it when a step needs
+        it. AdapterRefused for a taken index or name."""
+        if index < 1 or index in self._host:
+            raise AdapterRefused(f"LoRA adapter {host.name!r}: index {index} is taken")
+        if any(h.name == host.name for i, h in self._host.items() if i in self.loaded()):
+            raise AdapterRefused(f"LoRA adapter {host.name!r} is already loaded")
+        self._host[index] = host
+
+    def read(self, name: str, source: str) -> HostAdapter:
+        """LoadAdapter's first half, off the engine thread: the PEFT adapter at `source` (a
+        directory or a Hub id, fetched through the cache) read, checked and fused, or
+        AdapterRefused naming the reason (the checks of start-up)."""
         if not self.runtime_updates:
             raise AdapterRefused("LoRA runtime updates are off (--enable-lora-runtime-updates)")
         check_name(name)
-        self._purge(busy)
         spec = AdapterSpec(name, source)
-        adapter = read_adapter(name, resolve_adapter_dir(spec, None, None), self.dtype)
-        self.add(index, adapter)
+        return self.prepare(read_adapter(name, resolve_adapter_dir(spec, None, None), self.dtype))
+
+    def install(self, index: int, host: HostAdapter, busy: Collection[int]) -> None:
+        """LoadAdapter's second half, on the engine thread between steps: selectable at
+        `index`, copied to the device at once when a slot is free (no eviction for it)."""
+        self._purge(busy)
+        self.add(index, host)
         if len(self.table.resident()) < self.max_loras:
             self._apply(self.table.place([index], busy))
-        log.info("LoRA adapter %s loaded from %s at index %d: rank %d, %d projections", name,
-                 source, index, adapter.rank, len(adapter.pairs))
-        return adapter.rank
+        log.info("LoRA adapter %s loaded at index %d: rank %d", host.name, index, host.rank)
 
     def unload(self, index: int, busy: Collection[int]) -> str:
         """UnloadAdapter: new requests for `index` are refused from now on; its weights go once
@@ -204,7 +212,7 @@ def load_adapter_set(settings: ShardSettings, model: object, dtype: torch.dtype,
                          max_rank=max_rank)
     out = AdapterSet(sites, max_loras, max_rank, runtime, dtype)
     for index, adapter in enumerate(adapters, 1):
-        out.add(index, adapter)
+        out.add(index, out.prepare(adapter))
     out._apply(out.table.place(range(1, min(len(adapters), max_loras) + 1)))
     log.info("LoRA: %d device slots of rank <= %d (%.1f MiB each, %.1f MiB in all, allocated "
              "before Warmup sizes the KV cache), %d adapters loaded%s", max_loras, max_rank,

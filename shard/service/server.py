@@ -118,9 +118,14 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
         return await self._run(context, self.engine.decode, request)
 
     async def LoadAdapter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        """Reads and checks the adapter on the engine thread, between steps: every rank gets the
-        same call from the router and loads it at the same index."""
-        return await self._run(context, self.engine.load_adapter, request)
+        """Reads and checks the adapter in a worker thread (steps go on meanwhile), then makes
+        it selectable on the engine thread, between steps: every rank gets the same call from
+        the router and loads it at the same index."""
+        try:
+            host = await asyncio.to_thread(self.engine.read_adapter, request)
+        except InvalidRequest as e:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return await self._run(context, self.engine.load_adapter, request, host)
 
     async def UnloadAdapter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         await self._run(context, self.engine.unload_adapter, request)

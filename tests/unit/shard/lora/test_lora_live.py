@@ -138,7 +138,12 @@ def test_bad_loads_are_refused_naming_the_reason(
     engine: Engine, adapters: dict[str, Path], tmp_path: Path
 ) -> None:
     load(engine, "a", adapters["a"], 1)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "adapter_config.json").write_text((adapters["b"] / "adapter_config.json").read_text())
+    (corrupt / "adapter_model.safetensors").write_bytes(b"not safetensors")
     cases = [
+        ("corrupt", corrupt, 2, "'corrupt': cannot read"),
         ("a", adapters["b"], 2, "'a' is already loaded"),
         ("b", adapters["b"], 1, "index 1 is taken"),
         ("wide", adapters["wide"], 2, "rank r=16 exceeds --max-lora-rank 8"),
