@@ -17,7 +17,7 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.engine.drafting import DraftState, may_draft
+from pytgi_shard.engine.drafting import DraftState
 from pytgi_shard.engine.request_state import BatchContext, RequestState, request_state
 from pytgi_shard.engine.step_inputs import ForwardInputs, chunk_inputs
 from pytgi_shard.errors import InvalidRequest
@@ -111,14 +111,13 @@ class Batch:
         stops = BatchStops.build([r.stopping for r in requests])
         block_tables = _block_table([r.blocks for r in requests], ctx.device)
         chooser = NextTokenChooser.create(params, ctx.device, ctx.watermark)
-        # A resumed seeded request's generator continues where its sampled tokens left it (only
-        # once it samples: a partial prefill's batch is dropped after its forward).
-        chooser.skip_draws([r.resumed if r.complete else 0 for r in requests], ctx.vocab_size)
+        # A resumed seeded request's draws continue at its next token's index (only once it
+        # samples: a partial prefill's batch is dropped after its forward).
+        chooser.skip_draws([r.resumed if r.complete else 0 for r in requests])
         grammar = _grammar(pb, [r.complete for r in requests], ctx)
         if ctx.speculate:
-            for r, p, rpb in zip(requests, params, pb.requests, strict=True):
-                constrained = rpb.parameters.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE
-                if r.complete and may_draft(p, constrained):
+            for r in requests:
+                if r.complete:
                     # Empty: indexed from the batch's history when a step may draft.
                     r.draft = DraftState.start(())
         return cls(

@@ -10,13 +10,12 @@ draft (verification.step_drafts): a batch too large to draft pays nothing, not e
 indexing (~7 us a token here: 28 ms for a 4,000-token prompt). It survives filter and
 concatenate with the RequestState.
 
-Eligible: rows whose token is exactly the argmax of the raw logits (greedy, no repetition or
-frequency penalty, no watermark, no grammar). Those are the rows verified exactly by
-`verify_greedy`. Penalties and the watermark change the scores with every token (a drafted token
-would change its successors' scores), grammar masks advance per token, and sampling rows would
-draw from their seeded generators differently from the plain step (a seeded request would then
-depend on whether its steps drafted): none of them draft; they take the plain one-token row of
-the same forward.
+Eligible: every request's row (greedy or sampling, with penalties, watermark or a grammar), as
+verified exactly by shard/engine/verification.py: each drafted position's token is chosen as the
+plain step chooses it there (penalties counting the drafts before it, the grammar mask of its
+matcher advanced through them, a sampling row's random numbers those of that token's index:
+shard/sample/token_draws.py), and the drafts are kept while they equal those choices. Only an
+encoder-decoder's requests never draft (engine.speculate is 0 for it).
 
 Adaptive, so that speculation never makes a busy server slower:
 - Only a batch of at most DRAFTING_BATCH rows drafts (larger ones take today's plain step, at no
@@ -37,7 +36,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pytgi_shard.sample.chooser import SamplingParams
 from pytgi_shard.speculative.ngram import NgramIndex
 
 # A verification forward carries at most this many tokens (each row's last token plus its
@@ -90,18 +88,6 @@ class DraftState:
         if self.misses >= MISSES_TO_PAUSE:
             self.paused, self.misses = self.pause, 0
             self.pause = min(self.pause * 2, MAX_PAUSE)
-
-
-def may_draft(params: SamplingParams, constrained: bool) -> bool:
-    """Whether a request's drafts can be verified exactly (the module's docstring says why not
-    the others)."""
-    return not (
-        params.samples
-        or params.repetition_penalty != 1.0
-        or params.frequency_penalty != 0.0
-        or params.watermark
-        or constrained
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,7 @@ def emit_generations(
         _add_top_tokens(generations, requests, choice.tops, detokenizer)
     for row, reason in finished:
         if reason != FAILED:
-            _set_generated_text(generations[row].generated_text, requests[row], reason, detokenizer)
+            set_generated_text(generations[row].generated_text, requests[row], reason, detokenizer)
     return response, [requests[row].id for row, _ in finished]
 
 
@@ -168,7 +168,7 @@ def _finished(
     return sorted(stopped + matched) if matched else stopped
 
 
-def _set_generated_text(
+def set_generated_text(
     out: generate_pb2.GeneratedText, r: RequestState, reason: int, detokenizer: Detokenizer
 ) -> None:
     out.text = detokenizer.decode(r.text.generated_ids, skip_special_tokens=True)

@@ -8,13 +8,17 @@ drafts' KV lands in the slots after the row's known tokens (the router holds the
 kv_tokens); the slots of rejected drafts are overwritten by later steps.
 
 The step's first token of every row is chosen from its first position exactly as a plain step
-chooses it (the engine's choose_tokens and emit_generations, which also decide its stops); a
-drafting row is greedy on the raw logits (shard/engine/drafting.py), so that token is the
-argmax there, and `verify_greedy` keeps the drafts while each is the argmax after its
-predecessor. The kept drafts after the first token and the target's token after them are this
-module's: appended to the row's Generation one at a time with their logprobs (and top tokens),
-each checked for length, EOS and stop sequences as a plain step would, and the row stops at the
-first that ends it (the tokens after it are dropped).
+chooses it (the engine's choose_tokens and emit_generations, which also decide its stops and
+feed its grammar). Each drafting row's later positions are then chosen the same way
+(shard/engine/draft_positions.py: its parameters, penalties over the drafts before the position,
+its grammar's mask after them, a sampling row's draws of that token's index), and
+`verify_chosen` keeps the drafts while each equals the token chosen at its position. The
+kept drafts after the first token and the token chosen after them are this module's: appended
+to the row's Generation one at a time with their logprobs (and top tokens), each checked for
+length, EOS and stop sequences as a plain step would, and the row stops at the first that ends it
+(the tokens after it are dropped). So every row's tokens are those of its plain run: a greedy
+row's exactly, a seeded sampling row's too (its i-th token draws the same numbers either way:
+shard/sample/token_draws.py), and an unseeded one's distribution.
 """
 
 from __future__ import annotations
@@ -26,14 +30,21 @@ import torch
 from pytgi_proto import generate_pb2
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.draft_positions import (
+    drafted_banned,
+    drafted_history,
+    drafted_positions,
+    position_chooser,
+)
 from pytgi_shard.engine.drafter import Drafter, NgramDrafter
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS, Drafts, plan_asks
+from pytgi_shard.engine.generation import set_generated_text
 from pytgi_shard.engine.request_state import RequestState
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE
 from pytgi_shard.sample.chooser import top_tokens
-from pytgi_shard.speculative.acceptance import verify_greedy
+from pytgi_shard.speculative.acceptance import verify_chosen
 
 
 def step_drafts(
@@ -81,6 +92,13 @@ def kept_tokens(
     verified = verify(verifying.logits, verifying.inputs, drafts, batch)
     finished, rows, extra = emit_kept(batch, response, finished, drafts, verified, detokenizer)
     batch.append_extra(rows, extra)
+    # The sampling rows' next draws follow the tokens emitted; the grammars consume them.
+    counts = [0] * len(batch)
+    for row, tokens in zip(rows, extra, strict=True):
+        counts[row] = len(tokens)
+    batch.chooser.skip_draws(counts)
+    if batch.grammar is not None:
+        batch.grammar.advance_kept(dict(zip(rows, extra, strict=True)))
     response.drafted_tokens = drafts.count
     response.drafted_rows = len(drafts.rows)
     return finished
@@ -140,8 +158,9 @@ def _starts(counts: list[int], rows: list[int]) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class Verified:
-    """Per drafting row (Drafts.rows' order): drafts kept, the emitted tokens (the first is
-    the step's plain token), their logprobs, and their top tokens when the row asked."""
+    """Per drafting row (Drafts.rows' order): drafts kept, and the tokens the step emits after
+    its plain first one (the kept drafts after the first, then the token chosen after the last
+    kept one: `accepted` of them), their logprobs, and their top tokens when the row asked."""
 
     accepted: list[int]
     tokens: list[list[int]]
@@ -150,33 +169,48 @@ class Verified:
 
 
 def verify(logits: torch.Tensor, inputs: ForwardInputs, drafts: Drafts, batch: Batch) -> Verified:
-    """`verify_greedy` over the drafting rows' positions of `logits` ([tokens, vocab], the raw
-    scores: a drafting row's chooser is the identity), read back to the host in one transfer."""
+    """Each drafting row's positions after its first chosen as the plain step would choose
+    them (shard/engine/draft_positions.py), the drafts kept while they equal those choices
+    (`verify_chosen`), read back to the host in one transfer. Runs after the step's plain
+    tokens were chosen, appended and (their grammar) advanced."""
     device = logits.device
     lengths = [len(t) for t in drafts.tokens]
     k = max(lengths)
     rows = torch.tensor(drafts.rows, dtype=torch.long, device=device)
     length_t = torch.tensor(lengths, dtype=torch.long, device=device)
-    steps = torch.minimum(torch.arange(k + 1, device=device).unsqueeze(0), length_t.unsqueeze(1))
-    flat = inputs.last_rows[rows].unsqueeze(1) + steps
-    scores = logits[flat]
     padded = torch.tensor(
-        [t + [-1] * (k - len(t)) for t in drafts.tokens], dtype=torch.long, device=device
+        [t + [0] * (k - len(t)) for t in drafts.tokens], dtype=torch.long, device=device
     )
-    verdict = verify_greedy(scores, padded, length_t)
-    logprobs = torch.log_softmax(scores, dim=-1)
-    chosen = logprobs.gather(2, verdict.tokens.clamp(min=0).unsqueeze(2)).squeeze(2)
+    positions = drafted_positions(drafts, device)
+    scores = logits[inputs.last_rows[rows][positions.owner] + positions.offset + 1]
+    history, history_lengths = drafted_history(batch, drafts, positions, padded)
+    first = batch.last_ids.index_select(0, rows)
+    banned = None
+    if batch.grammar is not None:
+        banned = drafted_banned(batch, drafts, positions, first.tolist())
+    chooser = position_chooser(batch, positions)
+    chosen_flat, logprobs = chooser(scores, history, history_lengths, banned)
+    chosen_lp_flat = logprobs.gather(1, chosen_flat.unsqueeze(1)).squeeze(1)
+    # [rows, k + 1]: the plain token, then each position's choice (-1 and NaN past a row's).
+    chosen = torch.full((len(lengths), k + 1), -1, dtype=torch.long, device=device)
+    chosen[:, 0] = first
+    chosen[positions.owner, positions.offset + 1] = chosen_flat
+    chosen_lp = torch.full((len(lengths), k), float("nan"), dtype=torch.float64, device=device)
+    chosen_lp[positions.owner, positions.offset] = chosen_lp_flat.double()
+    verdict = verify_chosen(chosen, padded, length_t)
     packed = torch.cat(
-        [verdict.accepted.double().unsqueeze(1), verdict.tokens.double(), chosen.double()], dim=1
+        [verdict.accepted.double().unsqueeze(1), chosen[:, 1:].double(), chosen_lp], dim=1
     ).tolist()
     accepted = [int(p[0]) for p in packed]
-    tokens = [[int(t) for t in p[1 : 2 + a]] for p, a in zip(packed, accepted, strict=True)]
-    lps = [p[2 + k : 3 + k + a] for p, a in zip(packed, accepted, strict=True)]
+    tokens = [[int(t) for t in p[1 : 1 + a]] for p, a in zip(packed, accepted, strict=True)]
+    lps = [p[1 + k : 1 + k + a] for p, a in zip(packed, accepted, strict=True)]
     tops = None
     if batch.top_n is not None:
-        wanted = [batch.requests[row].top_n_tokens for row in drafts.rows]
-        flat_tops = top_tokens(logprobs.flatten(0, 1), [n for n in wanted for _ in range(k + 1)])
-        tops = [flat_tops[i * (k + 1) : i * (k + 1) + a + 1] for i, a in enumerate(accepted)]
+        flat_tops = top_tokens(
+            logprobs, [batch.requests[row].top_n_tokens for row in positions.batch_rows]
+        )
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        tops = [flat_tops[at : at + a] for at, a in zip(starts, accepted, strict=True)]
     return Verified(accepted, tokens, lps, tops)
 
 
@@ -207,8 +241,7 @@ def emit_kept(
         g = generations[row]
         stream = TextStreams([batch.streams.streams[row]])
         emitted: list[int] = []
-        for j in range(1, verified.accepted[i] + 1):
-            token = verified.tokens[i][j]
+        for j, token in enumerate(verified.tokens[i]):
             text = detokenizer.advance(stream, [token])[0]
             emitted.append(token)
             g.tokens.ids.append(token)
@@ -219,7 +252,7 @@ def emit_kept(
                 _add_top(g.top_tokens.add(), verified.tops[i][j], detokenizer)
             reason = _stop(r, token, text)
             if reason is not None:
-                _finish(g.generated_text, r, reason, detokenizer)
+                set_generated_text(g.generated_text, r, reason, detokenizer)
                 finished.append(r.id)
                 break
         else:
@@ -241,14 +274,6 @@ def _stop(r: RequestState, token: int, text: str) -> int | None:
     if stopping.stop_sequences and stopping.matches(text):
         return STOP_SEQUENCE
     return None
-
-
-def _finish(
-    out: generate_pb2.GeneratedText, r: RequestState, reason: int, detokenizer: Detokenizer
-) -> None:
-    out.text = detokenizer.decode(r.text.generated_ids, skip_special_tokens=True)
-    out.generated_tokens = r.text.generated
-    out.finish_reason = reason  # type: ignore[assignment]
 
 
 def _add_top(

@@ -40,8 +40,8 @@ DRAWS = 1 + CHUNK
 
 
 def row_draws(generator: torch.Generator | None) -> torch.Tensor:
-    """[DRAWS] float64 uniforms in [0, 1): one sampling row's random numbers for one step, from
-    its request's generator (a resumed request skips its past steps by drawing these again)."""
+    """[DRAWS] float64 uniforms in [0, 1): one sampling row's random numbers for one token, from
+    the generator of that token (shard/sample/token_draws.py)."""
     return torch.rand(DRAWS, dtype=torch.float64, generator=generator)
 
 

@@ -37,6 +37,7 @@ from pytgi_shard.sample.candidate_warpers import (
     typical_p_over,
 )
 from pytgi_shard.sample.processors import divide_by_temperature, penalize, saturate, shifted_rows
+from pytgi_shard.sample.token_draws import TokenDraws
 from pytgi_shard.sample.warped_rows import WarpedRows
 from pytgi_shard.structured_output.masks import SharedBias
 
@@ -114,19 +115,21 @@ def _column(values: list[float], device: torch.device) -> torch.Tensor:
 class NextTokenChooser:
     """Chooses one token per row of a [batch, vocab] logits tensor.
 
-    Seeded sampling keeps one torch.Generator per sampling request, carried across filter and
-    concatenate, so a request draws the same noise whatever batch it runs in.
+    Seeded sampling keeps one TokenDraws per sampling request (shard/sample/token_draws.py),
+    carried across filter and concatenate: a request's draws for its i-th token are a function
+    of its seed and i alone, so it draws the same numbers whatever batch it runs in, however
+    many tokens its steps emit (speculative decoding) and after a resume.
     """
 
     def __init__(
         self,
         params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
+        draws: Sequence[TokenDraws | None],
         device: torch.device,
         watermark: Watermark,
     ) -> None:
         self.params = list(params)
-        self.generators = list(generators)
+        self.draws = list(draws)
         self.device = device
         self.watermark = watermark
         # How sampling rows draw: by inverse transform on the CPU, by exponential noise on an
@@ -159,26 +162,25 @@ class NextTokenChooser:
     def create(
         cls, params: Sequence[SamplingParams], device: torch.device, watermark: Watermark
     ) -> NextTokenChooser:
-        generators = [
-            torch.Generator(device=device).manual_seed(x.seed) if x.samples else None
-            for x in params
-        ]
-        return cls(params, generators, device, watermark)
+        draws = [TokenDraws(x.seed) if x.samples else None for x in params]
+        return cls(params, draws, device, watermark)
 
-    def skip_draws(self, counts: Sequence[int], vocab_size: int) -> None:
-        """Advances each sampling row's generator past `counts[row]` steps' draws, as if it had
-        sampled that many tokens (a request resumed after preemption): `_sample` draws, per
-        step, categorical.DRAWS float64 uniforms on the CPU and one [vocab] row of
-        Exponential(1) noise elsewhere, so the same draws, discarded, leave it in the same state (on the same
-        device, with the same vocabulary width)."""
+    def skip_draws(self, counts: Sequence[int]) -> None:
+        """Moves each sampling row's draws past `counts[row]` tokens it emitted without this
+        chooser drawing them: a request resumed after preemption (its generated tokens), the
+        drafts a verification step kept (chosen with their own indexes' draws)."""
         for row in self.sample_rows:
-            generator = self.generators[row]
-            if counts[row] and generator is not None:
-                for _ in range(counts[row]):
-                    self._draw(generator, vocab_size)
+            draws = self.draws[row]
+            if counts[row] and draws is not None:
+                draws.index += counts[row]
 
-    def _draw(self, generator: torch.Generator | None, vocab_size: int) -> torch.Tensor:
-        """One step's random numbers for one sampling row, as `_sample` draws them."""
+    def _draw(self, draws: TokenDraws | None, vocab_size: int) -> torch.Tensor:
+        """One sampling row's random numbers for its next token, as `__call__` uses them: the
+        CPU's DRAWS uniforms, an accelerator's [vocab] row of Exponential(1) noise."""
+        if draws is None:
+            raise RuntimeError("a sampling row without its draws")
+        generator = draws.generator(self.device)
+        draws.index += 1
         if self.inverse_transform:
             return categorical.row_draws(generator)
         noise = torch.empty(vocab_size, device=self.device)
@@ -192,7 +194,7 @@ class NextTokenChooser:
     def filter(self, indices: Sequence[int]) -> NextTokenChooser:
         return NextTokenChooser(
             [self.params[i] for i in indices],
-            [self.generators[i] for i in indices],
+            [self.draws[i] for i in indices],
             self.device,
             self.watermark,
         )
@@ -201,8 +203,8 @@ class NextTokenChooser:
     def concatenate(cls, choosers: Sequence[NextTokenChooser]) -> NextTokenChooser:
         first = choosers[0]
         params = [x for c in choosers for x in c.params]
-        generators = [g for c in choosers for g in c.generators]
-        return cls(params, generators, first.device, first.watermark)
+        draws = [d for c in choosers for d in c.draws]
+        return cls(params, draws, first.device, first.watermark)
 
     def __call__(
         self,
@@ -255,7 +257,7 @@ class NextTokenChooser:
         if self.sample_rows and self.inverse_transform:
             # The CPU draws from the logprobs themselves, 1 + 64 uniforms per row, with no
             # [rows, vocab] probabilities made (shard/sample/categorical.py).
-            uniforms = torch.stack([self._draw(self.generators[i], 0) for i in self.sample_rows])
+            uniforms = torch.stack([self._draw(self.draws[i], 0) for i in self.sample_rows])
             subset = None if every_row_samples else self.sample_index
             drawn = categorical.draw_from_logprobs(logprobs, subset, uniforms)
             next_ids.index_copy_(0, self.sample_index, drawn)
@@ -263,13 +265,11 @@ class NextTokenChooser:
 
     def _sample(self, scores: torch.Tensor) -> torch.Tensor:
         """An accelerator's draw from softmax(scores) per row, each from its request's own
-        generator: argmax(p / E) with E ~ Exponential(1) per token, vectorised and with no
+        draws: argmax(p / E) with E ~ Exponential(1) per token, vectorised and with no
         host sync."""
         probs = torch.softmax(scores, dim=-1)
-        # Each request draws its row from its own generator, straight into the batch's tensor.
-        noise = torch.empty(probs.shape, device=self.device)
-        for row, i in zip(noise, self.sample_rows, strict=True):
-            row.exponential_(generator=self.generators[i])
+        vocab = probs.shape[-1]
+        noise = torch.stack([self._draw(self.draws[i], vocab) for i in self.sample_rows])
         return first_max(probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny))
 
 

@@ -8,16 +8,26 @@ token the plain step would have.
 
 - Greedy rows: a draft is kept while it is the target's argmax at its position; the emitted
   tokens are then token for token the greedy output without speculation.
-- Sampling rows: speculative sampling (Leviathan et al. 2023, Chen et al. 2023). Draft d at a
-  position is kept with probability min(1, p(d) / q(d)), p the target's (warped) distribution,
-  q the drafter's; at the first rejection the token is drawn from max(0, p - q) renormalised.
-  Each emitted token is then distributed exactly as the target alone would draw it. A drafter
-  without a distribution (n-gram lookup) proposes d with certainty: q is one-hot, a draft is
-  kept with probability p(d) and a rejection draws from p without d.
+- Any row, as the engine verifies (`verify_chosen`): the token of every position is chosen as
+  the plain step would choose it there (penalties over the drafts before it, its grammar mask,
+  the warpers, and for a sampling row the random numbers of that token's index:
+  shard/sample/token_draws.py), and drafts are kept while they equal it. For a drafter that
+  proposes with certainty (n-gram lookup, a greedy draft model) this is speculative sampling's
+  rule itself (below, q one-hot: kept with probability p(d), a rejection distributed as p
+  without d), with the coupling that gives a seeded request the tokens it gets without drafts.
+- Sampling rows with a drafter that has a distribution q: speculative sampling (Leviathan et
+  al. 2023, Chen et al. 2023), `verify_sampled`. Draft d at a position is kept with
+  probability min(1, p(d) / q(d)), p the target's (warped) distribution; at the first
+  rejection the token is drawn from max(0, p - q) renormalised. Each emitted token is then
+  distributed exactly as the target alone would draw it (keeping more drafts than
+  `verify_chosen` would, whose rule keeps d with probability p(d) only), but a seeded
+  request's tokens then depend on what was drafted. With draft_probs None (q one-hot) a draft
+  is kept with probability p(d) and a rejection draws from p without d. Not wired in: the
+  n-gram drafter has no distribution.
 
 Rows carry up to k drafts each (`lengths`); positions past a row's length are ignored. The
-randomness comes in as tensors, one row's per request generator, so a seeded request draws the
-same numbers whatever else shares its batch.
+randomness comes in as tensors, drawn per request, so a seeded request draws the same numbers
+whatever else shares its batch.
 """
 
 from __future__ import annotations
@@ -59,14 +69,27 @@ def emitted(drafts: torch.Tensor, accepted: torch.Tensor, last: torch.Tensor) ->
     return out
 
 
+def verify_chosen(chosen: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor) -> Verdict:
+    """Rows whose token at each of the k + 1 positions was chosen as the plain step chooses it
+    there (`chosen` [rows, k + 1]; position j given the drafts before it): drafts are kept
+    while each equals the token chosen at its position, and the token chosen after the last
+    kept one follows. Exact for any choice rule: every emitted token is the one its position
+    chooses after the tokens actually emitted before it. For a sampling rule this is
+    speculative sampling with a drafter that proposes with certainty (q one-hot): the draft is
+    kept with probability p(d), and a rejection's token is distributed as p without d,
+    renormalised (`verify_sampled` with draft_probs None, drawn the other way); drawing each
+    position with its own token's random numbers makes the tokens those of the plain run."""
+    accepted = kept_prefix(chosen[:, :-1] == drafts, lengths)
+    last = chosen.gather(1, accepted.unsqueeze(1)).squeeze(1)
+    return Verdict(accepted, emitted(drafts, accepted, last))
+
+
 def verify_greedy(scores: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor) -> Verdict:
     """Greedy rows: [rows, k + 1, vocab] `scores` (any monotone transform of the warped
     logits), [rows, k] `drafts`, [rows] `lengths`."""
     rows, positions, vocab = scores.shape
     best = first_max(scores.reshape(rows * positions, vocab)).view(rows, positions)
-    accepted = kept_prefix(best[:, :-1] == drafts, lengths)
-    last = best.gather(1, accepted.unsqueeze(1)).squeeze(1)
-    return Verdict(accepted, emitted(drafts, accepted, last))
+    return verify_chosen(best, drafts, lengths)
 
 
 def verify_sampled(

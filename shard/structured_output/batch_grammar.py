@@ -153,14 +153,58 @@ class BatchGrammar:
                     failed[j] = results[p].failed[i]
         return stacked.index_select(0, pick), failed
 
-    def _on_device(self, words: torch.Tensor) -> torch.Tensor | SharedBias:
-        """The words as sampling applies them: on the CPU the float32 bias (valid until the
-        next call: sampling applies it at once); on an accelerator they travel (32x smaller than
-        the banned tokens) and are unpacked there, on the engine's thread and stream."""
+    def _on_device(
+        self, words: torch.Tensor, rows: Sequence[int] | None = None
+    ) -> torch.Tensor | SharedBias:
+        """The words as sampling applies them to `rows` of its scores (None: the constrained
+        rows): on the CPU the float32 bias (valid until the next call: sampling applies it at
+        once); on an accelerator they travel (32x smaller than the banned tokens) and are
+        unpacked there, on the engine's thread and stream."""
         vocab = self.compiler.vocab_size
         if self.device.type == "cpu":
-            return host_masks(self.compiler.worker.host_bias, words, vocab, self.constrained)
+            rows = self.constrained if rows is None else rows
+            return host_masks(self.compiler.worker.host_bias, words, vocab, rows)
         return unpack_with_torch(words.to(self.device, non_blocking=True), vocab)
+
+    def drafted_banned(
+        self,
+        rows: Sequence[int],
+        drafts: Sequence[Sequence[int]],
+        first: Sequence[int],
+        position_rows: Sequence[int],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | SharedBias] | None:
+        """The masks of a verification step's drafted positions (shard/engine/draft_positions.py:
+        position j of a row that drafted d_0 .. d_(n-1) follows d_(j-1)), for the positions of
+        constrained rows: (their index among the positions, or None for all; their masks, as
+        `banned`); None when no drafting row is constrained. `rows` drafted `drafts`; `first`:
+        their plain tokens of the step, which `advance` fed the matchers (a row whose first
+        draft is not that token keeps no draft: its positions get no mask). `position_rows`:
+        each position's batch row. Computed on copies of the matchers, after the worker's
+        pending work (the first tokens consumed)."""
+        constrained = [p for p, row in enumerate(position_rows) if self.rows[row] is not None]
+        if not constrained:
+            return None
+        work = [
+            (grammar_row, list(tokens), tokens[0] == token)
+            for row, tokens, token in zip(rows, drafts, first, strict=True)
+            if (grammar_row := self.rows[row]) is not None
+        ]
+        words = self.compiler.worker.run(_drafted_masks, work, self.compiler).result()
+        index = None
+        if len(constrained) < len(position_rows):
+            index = torch.tensor(constrained, dtype=torch.long, device=self.device)
+        return index, self._on_device(words, constrained)
+
+    def advance_kept(self, kept: dict[int, Sequence[int]]) -> None:
+        """After a verification step's `advance`: feeds the listed batch rows (row -> tokens)
+        the drafts they kept and the token after them, and computes every constrained row's
+        next masks again."""
+        runs = [list(kept.get(row, ())) for row in self.constrained]
+        if not any(runs):
+            return
+        rows = tuple(r for r in self.rows if r is not None)
+        future = self.compiler.worker.run(_advance_runs_and_mask, rows, runs, self.compiler)
+        self.pending = [_PendingMasks(rows, future)]
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Feeds each constrained row its new token (tokens[row], for every row of the batch)
@@ -223,6 +267,51 @@ def _advance_and_mask(
     compiler.worker.timings.consume_s += time.perf_counter() - start
     compiler.worker.timings.steps += 1
     return _masks(list(rows), compiler)
+
+
+def _advance_runs_and_mask(
+    rows: tuple[GrammarRow, ...], runs: list[list[int]], compiler: GrammarCompiler
+) -> RowMasks:
+    """Feeds each row its run of tokens (a refused one leaves the matcher failed, reported by
+    its next mask), then computes every row's mask."""
+    for row, run in zip(rows, runs, strict=True):
+        for token in run:  # one at a time, as `advance` feeds the plain step's token
+            _matcher(row).consume_token(token)
+    return _masks(list(rows), compiler)
+
+
+def _drafted_masks(
+    work: list[tuple[GrammarRow, list[int], bool]], compiler: GrammarCompiler
+) -> torch.Tensor:
+    """[positions, mask_width] words: per row (its drafts d_0 .. d_(n-1), whether d_0 is the
+    token its matcher consumed last), the masks after d_0 .. d_(j-1) for j = 1 .. n, on a copy
+    of its matcher. Positions the step cannot keep (d_0 not consumed, or a draft before them
+    the grammar refuses, which the masked choice then never picks) get any mask: all allowed,
+    or the last one computed."""
+    total = sum(len(tokens) for _, tokens, _ in work)
+    words = np.empty((total, compiler.mask_width), dtype=np.int32)
+    at = 0
+    for row, tokens, usable in work:
+        n = len(tokens)
+        if not usable:
+            words[at : at + n] = -1
+            at += n
+            continue
+        copy = _matcher(row).deep_copy()
+        for j in range(n):
+            if j:
+                if not _allows(words[at + j - 1], tokens[j]):
+                    words[at + j : at + n] = words[at + j - 1]
+                    break
+                copy.consume_token(tokens[j])
+            compiler.worker.fill_masks([copy], words[at + j : at + j + 1])
+        at += n
+    return torch.from_numpy(words)
+
+
+def _allows(words: np.ndarray, token: int) -> bool:
+    """Whether a bitmask's words allow `token` (bit token % 32 of word token // 32)."""
+    return bool((int(words[token >> 5]) >> (token & 31)) & 1)
 
 
 def _masks(rows: Sequence[GrammarRow], compiler: GrammarCompiler) -> RowMasks:

@@ -147,7 +147,7 @@ def test_top_tokens_for_every_emitted_token(detok: Detokenizer) -> None:
     assert g.top_tokens[1].logprobs[0] == pytest.approx(g.tokens.logprobs[1])
 
 
-def test_only_exactly_verifiable_rows_draft() -> None:
+def test_every_kind_of_row_drafts() -> None:
     params = [
         pb.NextTokenChooserParameters(),
         pb.NextTokenChooserParameters(do_sample=True, seed=1),
@@ -158,7 +158,9 @@ def test_only_exactly_verifiable_rows_draft() -> None:
     ]
     reqs = [request(i, [5, 6], parameters=p) for i, p in enumerate(params)]
     batch = Batch.from_pb(batch_of(*reqs), context())
-    assert [row for row, _ in batch.drafting] == [0]
+    # Greedy, sampling, penalised and watermarked rows alike (grammar rows too:
+    # test_speculative_rows.py); none without --speculate.
+    assert [row for row, _ in batch.drafting] == list(range(len(params)))
     off = BatchContext(torch.device("cpu"), 4, 512, VOCAB, frozenset({EOS}), Watermark())
     assert Batch.from_pb(batch_of(*reqs), off).drafting == []
     # A partial prefill's batch is dropped after its forward: no index is built for it.
