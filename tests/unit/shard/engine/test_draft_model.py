@@ -31,8 +31,9 @@ BLOCK = 4
 
 
 def build(model: Path, speculate: int = 0, draft: Path | None = None, **fields: object) -> Engine:
+    fields.setdefault("attention", "reference")
     engine = load_engine(ShardSettings(
-        model_path=model, block_size=BLOCK, overlap=False, attention="reference",
+        model_path=model, block_size=BLOCK, overlap=False,
         speculate=speculate, speculator_model=draft, **fields,  # type: ignore[arg-type]
     ))
     engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
@@ -228,3 +229,20 @@ def test_two_ranks_draft_like_one(
         assert drafted > 0
         if family == "llama":
             assert kept == drafted
+
+
+def test_the_draft_runs_on_the_triton_attention(
+    tiny_model: Callable[..., Path], engines: dict[str, Engine]
+) -> None:
+    """The draft's forwards (a catch-up over a subset of the batch's block tables, then
+    one-token steps) through the Triton kernels (Triton's interpreter on the CPU): the target as
+    its own draft keeps every draft, the tokens are the reference's."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    target = tiny_model("llama")
+    engine = build(target, SPECULATE, target, attention="triton")
+    assert engine.info().attention_impl == "triton"
+    reqs = [greedy(0, prompt_of(6, 5) * 2, 8), greedy(1, prompt_of(5, 6), 5)]
+    expected = serve(engines["plain"], reqs)
+    got = serve(engine, reqs, chunk=7)
+    assert_same(got.run, expected.run)
+    assert got.drafted > 0 and got.kept == got.drafted
