@@ -6,7 +6,9 @@ a step copies its inputs into the first rows of the buffers, pads the rest, and 
 graph of the smallest bucket that holds it. Padded rows are requests of one token at position 0
 whose K/V go to slot 0 of block 0, the block the router never hands out; their logits are
 dropped. Batches above the largest bucket, or with block tables wider than the buffers, run
-eagerly.
+eagerly. With LoRA adapters each row's adapter slot is one more input buffer (padding rows: 0,
+the base model): the adapted layers read it on the device (shard/lora/layer.py), so a step of
+any mix of adapters replays the same graph.
 
 A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
 states the largest context (max_seqlen_k = max_blocks_per_seq * block_size) rather than the
@@ -20,7 +22,8 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,7 @@ from pytgi_shard.attention.kv_cache import SCRATCH_SLOT, KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.engine.batch import ForwardInputs
+from pytgi_shard.lora.layer import RowAdapters, lora_rows_of
 from pytgi_shard.models.model import Model
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
 from pytgi_shard.settings import ShardSettings
@@ -91,6 +95,7 @@ class _Buffers:
     seqlens_k: torch.Tensor  # [max_bucket] int32
     cu_seqlens_q: torch.Tensor  # [max_bucket + 1] int32: 0, 1, 2, ... (one token per request)
     block_tables: torch.Tensor  # [max_bucket, max_blocks_per_seq] int32
+    adapters: torch.Tensor  # [max_bucket] int64: each row's LoRA slot (0: the base model)
 
     @classmethod
     def allocate(cls, rows: int, max_blocks: int, device: torch.device) -> _Buffers:
@@ -104,6 +109,7 @@ class _Buffers:
             seqlens_k=torch.ones(rows, dtype=torch.int32, device=device),
             cu_seqlens_q=torch.arange(rows + 1, dtype=torch.int32, device=device),
             block_tables=torch.zeros(rows, max_blocks, dtype=torch.int32, device=device),
+            adapters=long(),
         )
 
 
@@ -141,6 +147,8 @@ class DecodeGraphRunner:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._captured_cache: KVCache | None = None
+        # The model's LoRA rows holder (None: no adapted layer), bound to the adapters buffer.
+        self._lora: RowAdapters | None = lora_rows_of(model)
 
     @property
     def captured(self) -> tuple[int, ...]:
@@ -173,9 +181,10 @@ class DecodeGraphRunner:
         meta = inputs.meta
         bucket = self._bucket(inputs)
         if bucket is None:
-            return self.model.forward(
-                inputs.input_ids, inputs.positions, kv_cache, meta, inputs.lm_head_indices
-            )
+            with self._bound(inputs.adapters):
+                return self.model.forward(
+                    inputs.input_ids, inputs.positions, kv_cache, meta, inputs.lm_head_indices
+                )
         n = meta.batch_size
         self._load(inputs)
         graph = self._graphs.get(bucket) if kv_cache is self._captured_cache else None
@@ -196,6 +205,10 @@ class DecodeGraphRunner:
         b.slot_mapping[:n].copy_(meta.slot_mapping)
         b.seqlens_k[:n].copy_(meta.seqlens_k)
         b.block_tables[:n, :width].copy_(meta.block_tables)
+        if inputs.adapters is not None:
+            b.adapters[:n].copy_(inputs.adapters)
+        elif self._lora is not None:
+            b.adapters[:n].zero_()
         if self._width > width:
             b.block_tables[:n, width : self._width].zero_()
         if self._rows > n:
@@ -211,6 +224,7 @@ class DecodeGraphRunner:
         b.slot_mapping[start:stop].fill_(SCRATCH_SLOT)
         b.seqlens_k[start:stop].fill_(1)
         b.block_tables[start:stop].zero_()
+        b.adapters[start:stop].zero_()
 
     def _metadata(self, bucket: int, max_seqlen_k: int) -> AttentionMetadata:
         """A fresh metadata (backends cache per-forward plans in it) over the first rows."""
@@ -229,7 +243,20 @@ class DecodeGraphRunner:
     def _run(self, bucket: int, kv_cache: KVCache, max_seqlen_k: int) -> torch.Tensor:
         b = self._buffers
         meta = self._metadata(bucket, max_seqlen_k)
-        return self.model.forward(b.input_ids[:bucket], b.positions[:bucket], kv_cache, meta)
+        with self._bound(b.adapters[:bucket]):
+            return self.model.forward(b.input_ids[:bucket], b.positions[:bucket], kv_cache, meta)
+
+    @contextmanager
+    def _bound(self, adapters: torch.Tensor | None) -> Iterator[None]:
+        """The LoRA rows bound to `adapters` around a forward (nothing without adapters)."""
+        if self._lora is None:
+            yield
+            return
+        self._lora.bind(adapters)
+        try:
+            yield
+        finally:
+            self._lora.clear()
 
     @torch.inference_mode()
     def capture(self, kv_cache: KVCache) -> None:

@@ -64,8 +64,8 @@ class ModelRunner:
         # The draft model (--speculator-model): its KV cache has the target's blocks, sized
         # and resized with it (shard/engine/draft_model.py).
         self.draft = draft
-        # The rows of each LoRA adapter, bound around every eager forward; the model's
-        # LoraLinear layers read it (shard/lora/layer.py). CUDA graphs are off with adapters.
+        # The rows of each LoRA adapter, bound around every eager forward (the decode graphs
+        # bind it to their own buffer); the model's LoraLinear layers read it (shard/lora/).
         self.lora_rows = lora_rows or RowAdapters()
         self.dist = dist
         self.settings = settings
@@ -105,7 +105,7 @@ class ModelRunner:
         are a view of the graph's output, which its next replay overwrites: the bool says so)."""
         timer = ForwardTimer(self.model.device)
         graphs = self.decode_graphs
-        if graphs is not None and inputs.adapters is None and graphs.takes(inputs, self.kv_cache):
+        if graphs is not None and graphs.takes(inputs, self.kv_cache):
             logits, graphed = graphs.forward(inputs, self.kv_cache), True
         else:
             self.lora_rows.bind(inputs.adapters)

@@ -148,3 +148,10 @@ class LoraLinear(nn.Module):
         else:
             torch_lora.add_dense(out, flat, self.a, self.bt, index)
         return y
+
+
+def lora_rows_of(model: object) -> RowAdapters | None:
+    """The rows holder the model's LoRA layers share (None: no layer is adapted), for the
+    decode graphs, which bind it to their adapters buffer."""
+    modules = model.modules() if isinstance(model, nn.Module) else ()
+    return next((m.rows for m in modules if isinstance(m, LoraLinear)), None)

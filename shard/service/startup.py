@@ -116,10 +116,6 @@ def load_engine(settings: ShardSettings) -> Engine:
     if refusal is not None:
         raise StartupRefused(refusal)
     adapters = load_lora(settings, model, dtype, dist)
-    if adapters and settings.cuda_graphs:
-        # The per-row adapter grouping is read on the host each forward: not capturable.
-        log.info("CUDA graphs off: LoRA adapters are loaded")
-        settings = dataclasses.replace(settings, cuda_graphs=())
     detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
     try:
         draft = load_draft_model(settings, model, detokenizer, dtype, dist)
