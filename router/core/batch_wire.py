@@ -6,6 +6,8 @@ shards' answers come back through running_batch.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pytgi_proto import generate_pb2
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import ValidRequest
@@ -25,6 +27,9 @@ def build_batch(batch_id: int, chunks: list[Chunk], cache: PrefixCache) -> gener
         pb.blocks[:] = blocks
         pb.cache_len = chunk.cache_len
         pb.chunk_len = chunk.length
+        if entry.request.images:
+            del pb.images[:]
+            pb.images.extend(chunk_images(entry.request.images, chunk.cache_len, chunk.end))
         requests.append(pb)
         max_blocks = max(max_blocks, len(blocks))
         total_blocks += len(blocks)
@@ -35,6 +40,13 @@ def build_batch(batch_id: int, chunks: list[Chunk], cache: PrefixCache) -> gener
         max_tokens=total_blocks * cache.block_size,
         max_blocks=max_blocks,
     )
+
+
+def chunk_images(images: Sequence[generate_pb2.Image], start: int, end: int
+                 ) -> list[generate_pb2.Image]:
+    """The images whose tokens overlap the chunk's [start, end): a chunk carries only those
+    (a processed image is megabytes; the chunks before and after it need none of it)."""
+    return [i for i in images if i.token_offset < end and start < i.token_offset + i.token_count]
 
 
 def request_pb(entry_id: int, request: ValidRequest) -> generate_pb2.Request:
@@ -59,5 +71,4 @@ def request_pb(entry_id: int, request: ValidRequest) -> generate_pb2.Request:
         input_ids=request.input_ids,
         add_special_tokens=request.add_special_tokens,
         adapter_index=request.adapter_index,
-        images=request.images,
     )

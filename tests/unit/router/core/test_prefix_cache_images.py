@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pytgi_proto import generate_pb2
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.batch_wire import request_pb
+from pytgi_router.core.batch_wire import build_batch, request_pb
 from pytgi_router.core.prefix_cache import PrefixCache, media_keyed
 from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
-from pytgi_router.core.step_plan import admit_newcomers
+from pytgi_router.core.step_plan import Chunk, admit_newcomers
 
 BLOCK = 4
 PAD = 99  # the image token
@@ -65,7 +65,13 @@ def test_key_tokens_follow_the_generated_tokens() -> None:
     assert plain.key_tokens is plain.tokens  # text requests pay nothing
 
 
-def test_the_wire_request_carries_the_images() -> None:
+def test_a_chunk_carries_the_images_its_tokens_overlap() -> None:
+    cache = PrefixCache(num_blocks=64, block_size=BLOCK)
     e = entry(7, RED)
-    assert list(e.pb.images) == list(e.request.images)
-    assert e.pb.images[0].token_offset == 8 and e.pb.images[0].content_hash == RED
+    assert cache.admit(e.id, e.key_tokens) is not None
+    assert not e.pb.images  # nothing until a chunk needs it
+    for start, end, carried in [(0, 8, 0), (4, 12, 1), (15, 17, 1), (16, 21, 0), (0, 21, 1)]:
+        batch = build_batch(1, [Chunk.of(e, start, end - start)], cache)
+        assert len(batch.requests[0].images) == carried, (start, end)
+    assert batch.requests[0].images[0].token_offset == 8
+    assert batch.requests[0].images[0].content_hash == RED
