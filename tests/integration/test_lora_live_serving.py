@@ -13,6 +13,7 @@ KV. The per-adapter metrics and vLLM's lora_requests_info gauge are there.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -180,3 +181,30 @@ def test_a_reloaded_name_never_reuses_the_old_adapters_cached_blocks(
 def cached_tokens(url: str) -> float:
     (line,) = metric(url, "pytgi_request_cached_tokens_sum ")
     return float(line.split()[1])
+
+
+def test_requests_in_flight_finish_after_their_adapter_is_unloaded(
+    url: str, adapters: dict[str, Path], expected: dict[str, list[int]]
+) -> None:
+    """A stream under the adapter is under way when it is unloaded: it ends with every token
+    it would have had; a new request for it is refused meanwhile; an adapter loaded meanwhile
+    (another index: the old one is not free yet) answers with its own weights."""
+    assert load(url, "flight", adapters["a"]).status_code == 200
+    params = {"max_new_tokens": 48, "details": True, "ignore_eos": True, "adapter_id": "flight"}
+    reference = tokens(post(url, "generate", {"inputs": PROMPT, "parameters": params}))
+    streamed: list[int] = []
+    body = {"inputs": PROMPT, "parameters": params}
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, headers=AUTH,
+                      timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            streamed.append(json.loads(line[5:])["token"]["id"])
+            if len(streamed) == 1:
+                assert unload(url, "flight").status_code == 200
+                assert generate(url, "flight").status_code == 422
+                assert load(url, "late", adapters["b"]).status_code == 200
+                assert tokens(generate(url, "late")) == expected["b"]
+    assert streamed == reference
+    unload(url, "late")
