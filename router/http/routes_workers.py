@@ -55,7 +55,7 @@ class WorkerRoutes:
             "architectures": list(st.architectures),
             "preferred_sampling_params": None,
             "weight_version": st.model_sha,
-            "has_image_understanding": False,
+            "has_image_understanding": st.images.vision is not None,
             "has_audio_understanding": False,
         }
 

@@ -195,3 +195,26 @@ def test_urls_only_from_a_listed_loopback(vlm: str, vlm_loopback: str, image_ser
     assert r.status_code == 422 and "host 10.0.0.1 is not in --allowed-media-domains" in r.text
     r = vlm_generate(vlm_loopback, f"![]({url}) ![]({url}) ![]({url})")
     assert r.status_code == 422 and "at most 2 images" in r.text
+
+
+def test_counting_routes_count_image_tokens(vlm: str) -> None:
+    """/chat_tokenize and Messages' count_tokens count an image as the tokens it takes."""
+    def counted(*parts: dict[str, Any]) -> int:
+        r = post(vlm, "/chat_tokenize", chat_body(*parts))
+        assert r.status_code == 200, r.text
+        return len(r.json()["tokenize_response"])
+
+    with_image = counted({"type": "text", "text": "what is "}, image_part(IMAGE))
+    without = counted({"type": "text", "text": "what is "})
+    # A 60 x 40 image: 6 image tokens (see test_vision_model), between vision start and end.
+    assert with_image - without == 6 + 2
+    r = post(vlm, "/v1/messages/count_tokens", {"model": "m", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "what is "}, {
+            "type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                        "data": IMAGE.split(",", 1)[1]}}]}]})
+    assert r.status_code == 200 and r.json()["input_tokens"] == with_image, r.text
+
+
+def test_model_info_says_whether_the_model_sees_images(text: str, vlm: str) -> None:
+    assert httpx.get(f"{text}/model_info", timeout=10).json()["has_image_understanding"] is False
+    assert httpx.get(f"{vlm}/model_info", timeout=10).json()["has_image_understanding"] is True

@@ -53,7 +53,7 @@ class MessagesRoutes:
         """The prompt's tokens as /v1/messages would send them: the same template, tools and
         tool prompt (bounded as /chat_tokenize is: 422 past `max_input_tokens`)."""
         msg = parse_messages(await read_json(request), counting=True)
-        text = await self.chat.prompt(msg.chat)
+        text = await self.chat.counted_prompt(msg.chat)
         validator = self.state.validator
         with self.state.infer.permit():
             tokenized = await validator.tokenize(text, add_special_tokens=False, truncate=None)

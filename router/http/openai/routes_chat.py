@@ -82,9 +82,20 @@ class ChatRoutes:
         return GenerateRequest(prompt, params, add_special_tokens=False, adapter_from_model=True,
                                images=list(images or ()))
 
+    async def counted_prompt(self, chat: ChatRequest) -> str:
+        """The prompt as the model reads it, for counting: with images (a vision-language
+        model), each one's image tokens in place, as the request itself would run."""
+        text = await self.prompt(chat)
+        preparer = self.state.validator.images
+        if chat.images and preparer is not None:
+            prepared = await preparer.prepare(text, chat.images)
+            if prepared is not None:
+                return prepared.text
+        return text
+
     async def chat_tokenize(self, request: Request) -> Response:
         chat = parse_chat(await read_json(request))
-        text = await self.prompt(chat)
+        text = await self.counted_prompt(chat)
         return await tokenize_answer(self.state, text, add_special_tokens=False, templated=True)
 
     async def chat(self, request: Request) -> Response:
