@@ -13,6 +13,7 @@ from pytgi_proto.contracts import (
     shard_socket,
     token_limit_problems,
 )
+from pytgi_router.http.media.limits import MediaLimits, media_limit_problems
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
 from pytgi_shard.settings import (
     KV_CACHE_DTYPES,
@@ -204,7 +205,18 @@ class LauncherSettings:
             out.append("--graceful-termination-timeout must be >= 0")
         if not self.drain_grace_seconds >= 0:
             out.append(f"--drain-grace-seconds must be >= 0, got {self.drain_grace_seconds}")
+        out += media_limit_problems(self._media_limits(), self.payload_limit)
         return out
+
+    def _media_limits(self) -> MediaLimits:
+        """The router's image limits these flags make (its defaults where unset)."""
+        given = {"max_images": self.max_images_per_request,
+                 "max_image_pixels": self.max_image_pixels,
+                 "fetch_timeout_s": self.media_fetch_timeout}
+        return MediaLimits(max_image_bytes=self.max_image_bytes or self.payload_limit,
+                           allow_urls=self.allow_media_urls,
+                           allowed_domains=self.allowed_media_domains,
+                           **{k: v for k, v in given.items() if v is not None})
 
     def num_shards(self, visible_gpus: int) -> int:
         """TGI's find_num_shards: the flags first, then the visible GPU count, then 1."""

@@ -10,6 +10,9 @@ MAX_IMAGES_PER_REQUEST = 8
 # 32 Mpx: an 8192 x 4096 image; a 48 Mpx phone photo must be scaled down first. Its RGB pixels
 # take 96 MiB while decoded, so a handful in flight stay well inside a router's memory.
 MAX_IMAGE_PIXELS = 1 << 25
+# Pillow refuses images over twice its MAX_IMAGE_PIXELS (89,478,485) while reading the header,
+# before our own check: --max-image-pixels cannot usefully be larger.
+PILLOW_PIXEL_CEILING = 2 * 89_478_485
 MEDIA_FETCH_TIMEOUT_S = 10.0
 MAX_MEDIA_REDIRECTS = 3
 
@@ -78,15 +81,17 @@ def _is_host_name(host: str) -> bool:
 
 
 def media_limit_problems(limits: MediaLimits, payload_limit: int) -> list[str]:
-    """Start-up refusals of the media flags, in RouterSettings' style."""
+    """Start-up refusals of the media flags, in RouterSettings' style (the launcher checks the
+    same before it starts anything)."""
     out = []
     if limits.max_images < 0:
         out.append(f"--max-images-per-request must be >= 0, got {limits.max_images}")
     if not 0 < limits.max_image_bytes <= payload_limit:
         out.append(f"--max-image-bytes must be > 0 and <= --payload-limit ({payload_limit}), "
                    f"got {limits.max_image_bytes}")
-    if limits.max_image_pixels <= 0:
-        out.append(f"--max-image-pixels must be > 0, got {limits.max_image_pixels}")
+    if not 0 < limits.max_image_pixels <= PILLOW_PIXEL_CEILING:
+        out.append(f"--max-image-pixels must be > 0 and <= {PILLOW_PIXEL_CEILING} (Pillow's own "
+                   f"bomb guard), got {limits.max_image_pixels}")
     if not limits.fetch_timeout_s > 0:
         out.append(f"--media-fetch-timeout must be > 0, got {limits.fetch_timeout_s}")
     return out

@@ -56,3 +56,12 @@ def test_the_launcher_passes_them_to_the_router() -> None:
     assert (routed.max_image_pixels, routed.max_images) == (4096, 2)
     plain = router_argv(launcher_settings([], {}), Path("/model"))
     assert not any("media" in a or "image" in a for a in plain)
+
+
+def test_the_launcher_refuses_bad_values_before_starting_anything(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, message in [(["--max-image-bytes", "3000000"], "<= --payload-limit"),
+                          (["--max-image-pixels", "200000000"], "Pillow's own bomb guard")]:
+        with pytest.raises(SystemExit):
+            launcher_settings(argv, {})
+        assert message in capsys.readouterr().err
