@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from pytgi_proto import contracts as c
 from pytgi_proto.contracts import (
@@ -210,13 +211,15 @@ class LauncherSettings:
 
     def _media_limits(self) -> MediaLimits:
         """The router's image limits these flags make (its defaults where unset)."""
-        given = {"max_images": self.max_images_per_request,
-                 "max_image_pixels": self.max_image_pixels,
-                 "fetch_timeout_s": self.media_fetch_timeout}
-        return MediaLimits(max_image_bytes=self.max_image_bytes or self.payload_limit,
-                           allow_urls=self.allow_media_urls,
-                           allowed_domains=self.allowed_media_domains,
-                           **{k: v for k, v in given.items() if v is not None})
+        default = MediaLimits()
+        return MediaLimits(
+            max_images=_given(self.max_images_per_request, default.max_images),
+            max_image_bytes=self.max_image_bytes or self.payload_limit,
+            max_image_pixels=_given(self.max_image_pixels, default.max_image_pixels),
+            allow_urls=self.allow_media_urls,
+            allowed_domains=self.allowed_media_domains,
+            fetch_timeout_s=_given(self.media_fetch_timeout, default.fetch_timeout_s),
+        )
 
     def num_shards(self, visible_gpus: int) -> int:
         """TGI's find_num_shards: the flags first, then the visible GPU count, then 1."""
@@ -247,3 +250,11 @@ class LauncherSettings:
 
     def shard_socket(self, rank: int) -> str:
         return shard_socket(self.shard_base_path, rank)
+
+
+T = TypeVar("T")
+
+
+def _given(value: T | None, default: T) -> T:
+    """A flag's value, or the router's default when the flag was not given."""
+    return default if value is None else value
