@@ -114,7 +114,8 @@ class Infer:
             self.client = await self._connect()
         # The validator was built for the limits already served: the group must take them.
         info = await self._handshake(pinned_settings(self.settings, self.info), explain=False)
-        await replay_loads(self.client, self.adapters, self.settings.shard_step_timeout_s)
+        await replay_loads(self.client, self.adapters, info.lora_adapters,
+                           self.settings.shard_step_timeout_s)
         self._install(info)
         self._probe.forget()
         self._down = False

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pytgi_router.core.errors import InferError
@@ -117,9 +118,15 @@ async def _roll_back(client: ShardClient, index: int, timeout: float | None) -> 
         await client.unload_adapter(index, timeout)
 
 
-async def replay_loads(client: ShardClient, table: AdapterTable, timeout: float | None) -> None:
-    """Loads the live-loaded adapters again on a shard group that restarted (it knows only its
-    --lora-adapters); one that no longer loads is dropped from the table, with a warning."""
+async def replay_loads(client: ShardClient, table: AdapterTable, served: Sequence[str],
+                       timeout: float | None) -> None:
+    """Brings a shard group that restarted (it knows only its --lora-adapters, `served`) back
+    to the table: a start-up adapter unloaded since is unloaded again, the live-loaded ones are
+    loaded again at their indices; one that no longer loads is dropped, with a warning."""
+    for index, name in enumerate(served, 1):
+        ref = table.get(name) if name else None
+        if name and (ref is None or ref.index != index):
+            await _roll_back(client, index, timeout)
     for ref in table.refs():
         if ref.source is None:
             continue

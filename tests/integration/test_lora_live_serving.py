@@ -13,6 +13,7 @@ KV. The per-adapter metrics and vLLM's lora_requests_info gauge are there.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ from typing import Any
 import httpx
 import pytest
 
+from pytgi_router.core.lora_adapters import AdapterTable
+from pytgi_router.core.lora_updates import replay_loads
+from pytgi_router.core.shard_client import ShardClient
 from tests.hf_reference import hf_greedy
 from tests.lora_adapters import merged_model, write_adapter
 from tests.router_process import RouterProcess
@@ -45,12 +49,18 @@ def adapters(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 
 
 @pytest.fixture(scope="module")
-def url(model: Path) -> Iterator[str]:
+def servers(model: Path) -> Iterator[tuple[str, str]]:
+    """(the router's URL, rank 0's address)."""
     flags = ["--enable-lora-runtime-updates", "--max-loras", "2", "--max-lora-rank", "8"]
     with start_shards(model, extra_args=flags) as shards, RouterProcess(
         shards.urls[0], model, "--api-key", KEY
     ) as router:
-        yield router.url
+        yield router.url, shards.urls[0]
+
+
+@pytest.fixture(scope="module")
+def url(servers: tuple[str, str]) -> str:
+    return servers[0]
 
 
 @pytest.fixture(scope="module")
@@ -208,3 +218,31 @@ def test_requests_in_flight_finish_after_their_adapter_is_unloaded(
                 assert tokens(generate(url, "late")) == expected["b"]
     assert streamed == reference
     unload(url, "late")
+
+
+def test_a_restarted_shard_group_gets_the_live_adapters_back(
+    servers: tuple[str, str], adapters: dict[str, Path], expected: dict[str, list[int]]
+) -> None:
+    """What the router does after a shard-group restart (Infer.reconnect): the shards, which
+    lost the live loads (modelled by unloading it on them), get them again at their indices."""
+    url, shard = servers
+    assert load(url, "kept", adapters["c"]).status_code == 200
+    ref = AdapterTable()
+
+    async def lose_then_replay() -> list[str]:
+        client = await ShardClient.connect(shard)
+        try:
+            names = list((await client.info()).lora_adapters)
+            index = names.index("kept") + 1
+            await client.unload_adapter(index)
+            assert "kept" not in (await client.info()).lora_adapters
+            ref.add("kept", index, str(adapters["c"]))
+            await replay_loads(client, ref, [], None)
+            return list((await client.info()).lora_adapters)
+        finally:
+            await client.close()
+
+    after = asyncio.run(lose_then_replay())
+    assert "kept" in after and after.index("kept") + 1 == ref.get("kept").index  # type: ignore[union-attr]
+    assert tokens(generate(url, "kept")) == expected["c"]
+    unload(url, "kept")
