@@ -17,8 +17,11 @@ SHAPES = {  # module -> (out, in) of the tiny Llama (tests/tiny_models.py)
     "q_proj": ("q", "hidden"), "k_proj": ("kv", "hidden"), "v_proj": ("kv", "hidden"),
     "o_proj": ("hidden", "q"), "gate_proj": ("inter", "hidden"), "up_proj": ("inter", "hidden"),
     "down_proj": ("hidden", "inter"),
+    # Phi-3's checkpoint-fused projections.
+    "qkv_proj": ("qkv", "hidden"), "gate_up_proj": ("inter2", "hidden"),
 }
-ALL_MODULES = tuple(SHAPES)
+ALL_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PHI3_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
 
 def _dims(model: Path) -> dict[str, int]:
@@ -26,11 +29,13 @@ def _dims(model: Path) -> dict[str, int]:
     head = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     return {"hidden": c["hidden_size"], "inter": c["intermediate_size"],
             "q": c["num_attention_heads"] * head, "kv": c["num_key_value_heads"] * head,
-            "layers": c["num_hidden_layers"]}
+            "layers": c["num_hidden_layers"],
+            "qkv": (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * head,
+            "inter2": 2 * c["intermediate_size"]}
 
 
 def _section(module: str) -> str:
-    return "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+    return "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj") else "mlp"
 
 
 def write_adapter(

@@ -34,6 +34,18 @@ from pytgi_shard.models.llama.model import Llama, LlamaDecoderLayer
 # Each wrapped layer: (owner attribute, layer attribute, the projections fused in it, in order).
 QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
+# Checkpoints that fuse the projections themselves (Phi-3: qkv_proj, gate_up_proj) have adapters
+# of the fused module: one A for all pieces, B's rows the pieces' rows in order.
+FUSED = {"qkv_proj": QKV, "gate_up_proj": GATE_UP}
+
+
+def adapts(adapter: PeftAdapter, layer: int, modules: Sequence[str]) -> bool:
+    """Whether `adapter` adapts one of `modules` at `layer`, piece by piece or fused."""
+    return any((layer, m) in adapter.pairs for m in (*modules, *_fused_names(modules)))
+
+
+def _fused_names(modules: Sequence[str]) -> list[str]:
+    return [name for name, pieces in FUSED.items() if tuple(modules) == pieces]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +112,7 @@ def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, 
         else:
             plain.add(i)
         for owner, attr, modules, slicing in plan:
-            if not every and not any((i, m) in a.pairs for a in adapters for m in modules):
+            if not every and not any(adapts(a, i, modules) for a in adapters):
                 continue
             linear = getattr(owner, attr)
             weight = _dense(linear, who, i)
@@ -128,17 +140,17 @@ def fuse(adapter: PeftAdapter, sites: Sites) -> list[tuple[torch.Tensor, torch.T
         raise AdapterRefused(f"LoRA adapter {adapter.name!r}: adapts layer {max(layers)}, "
                              f"the model has {sites.num_layers}")
     for layer, module in adapter.pairs:
-        if layer in sites.plain_mlp and module in (*GATE_UP, "down_proj"):
+        if layer in sites.plain_mlp and module in (*GATE_UP, "gate_up_proj", "down_proj"):
             raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {layer}'s MLP is not a "
                                  "gate/up/down MLP (MoE or plain): not supported")
-    covered = {(s.layer, m) for s in sites.sites for m in s.modules}
+    covered = {(s.layer, m) for s in sites.sites for m in (*s.modules, *_fused_names(s.modules))}
     missing = sorted(set(adapter.pairs) - covered)
     if missing:  # only without runtime updates, where every start-up adapter was planned for
         raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {missing[0][0]} "
                              f"{missing[0][1]} is not adapted in this server")
     out: list[tuple[torch.Tensor, torch.Tensor] | None] = []
     for site in sites.sites:
-        if not any((site.layer, m) in adapter.pairs for m in site.modules):
+        if not adapts(adapter, site.layer, site.modules):
             out.append(None)
             continue
         pair = _fused_pair(adapter, site)
@@ -175,6 +187,9 @@ def _fused_pair(adapter: PeftAdapter, site: Site) -> tuple[torch.Tensor, torch.T
     layer, modules, slicing = site.layer, site.modules, site.slicing
     sizes = slicing.sizes or []
     in_features, dtype = site.in_features, site.dtype
+    fused = [name for name in _fused_names(modules) if (layer, name) in adapter.pairs]
+    if fused:
+        return _checkpoint_fused_pair(adapter, site, fused[0])
     pieces = [(m, start, size, part) for m, start, size, part in
               zip(modules, _starts(sizes), sizes, slicing.parts, strict=True)
               if (layer, m) in adapter.pairs]
@@ -199,6 +214,29 @@ def _fused_pair(adapter: PeftAdapter, site: Site) -> tuple[torch.Tensor, torch.T
         b[start:start + size, col:col + r] = pb.to(dtype)
         col += r
     return a, b
+
+
+def _checkpoint_fused_pair(adapter: PeftAdapter, site: Site, name: str
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """An adapter of a checkpoint-fused module (Phi-3's qkv_proj, gate_up_proj): its one A
+    serves every piece; B's rows are the pieces' full outputs in order, each sliced to this
+    rank's part of that piece (as the fused weight itself is sliced when loaded)."""
+    layer, slicing = site.layer, site.slicing
+    sizes = slicing.sizes or []
+    if any((layer, m) in adapter.pairs for m in site.modules):
+        raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {layer} adapts {name} and "
+                             f"its pieces {'/'.join(site.modules)} both")
+    pa, pb = adapter.pairs[(layer, name)]
+    full = [size * count for size, (_, count) in zip(sizes, slicing.parts, strict=True)]
+    if pa.shape[1] != site.in_features or pb.shape[0] != sum(full):
+        raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {layer} {name} is "
+                             f"{pb.shape[0]}×{pa.shape[1]}, the base model's is "
+                             f"{sum(full)}×{site.in_features}")
+    b = torch.zeros(sum(sizes), pa.shape[0], dtype=site.dtype)
+    for start, size, (index, _), piece in zip(_starts(sizes), sizes, slicing.parts,
+                                               pb.split(full), strict=True):
+        b[start:start + size] = piece[index * size:(index + 1) * size].to(site.dtype)
+    return pa.to(site.dtype), b
 
 
 def _starts(sizes: list[int]) -> list[int]:

@@ -22,7 +22,9 @@ from pytgi_shard.lora.spec import AdapterSpec
 MAX_RANK = 64
 ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_MODULES = ("gate_proj", "up_proj", "down_proj")
-SUPPORTED_MODULES = ATTENTION_MODULES + MLP_MODULES
+# Modules of checkpoints that fuse q/k/v and gate/up themselves (Phi-3).
+FUSED_MODULES = ("qkv_proj", "gate_up_proj")
+SUPPORTED_MODULES = ATTENTION_MODULES + MLP_MODULES + FUSED_MODULES
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
