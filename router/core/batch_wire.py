@@ -28,8 +28,11 @@ def build_batch(batch_id: int, chunks: list[Chunk], cache: PrefixCache) -> gener
         pb.cache_len = chunk.cache_len
         pb.chunk_len = chunk.length
         if entry.request.images:
-            del pb.images[:]
-            pb.images.extend(chunk_images(entry.request.images, chunk.cache_len, chunk.end))
+            needed = chunk_images(entry.request.images, chunk.cache_len, chunk.end)
+            # Copied into the message only when the set changes: an image is megabytes.
+            if [i.token_offset for i in pb.images] != [i.token_offset for i in needed]:
+                del pb.images[:]
+                pb.images.extend(needed)
         requests.append(pb)
         max_blocks = max(max_blocks, len(blocks))
         total_blocks += len(blocks)

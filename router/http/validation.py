@@ -233,7 +233,9 @@ class Validator:
             self.refuse_by_length(inputs, p.truncate, p.max_new_tokens)
             await self.refuse_by_head(inputs, req.add_special_tokens, p.truncate, p.max_new_tokens)
             input_ids = await self._input_ids(inputs, req.add_special_tokens, p.truncate)
-        images = () if prepared is None else prepared.wire(self._vision(), input_ids)
+        # The wire messages copy megabytes of pixel values: in the worker pool too.
+        images = () if prepared is None else await self.offload(
+            prepared.wire, self._vision(), input_ids)
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
             grammar = await self._grammar(p.grammar)
