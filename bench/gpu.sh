@@ -4,7 +4,7 @@
 # quarter-hour GPU window: the whole run takes at most 9 minutes (--budget-s 540), install
 # included; stages run in order of value, each under its cap.
 #
-#   bash bench/gpu.sh [--stages tests,compare-8b,speculative,steps,compare-1b,quantization]
+#   bash bench/gpu.sh [--stages tests,compare-8b,speculative,lora,steps,compare-1b,quantization]
 #                     [--budget-s 540] [--cap STAGE=SECONDS ...] [--no-install]
 #                     [--out DIR] [--work DIR] [--cpu-smoke] [--plan]
 #
@@ -19,14 +19,18 @@
 #               --no-deps: the README's offline install, word for word; then every requirement
 #               and every process's entry module checked; skipped when done before on this machine
 #   tests       pytest on CUDA, short: the Triton kernel tests (tests/unit/shard/**/test_triton_*),
-#               the CUDA-graph tests and tests/gpu/ (greedy tokens equal to transformers' on the
-#               GPU); interrupted (SIGINT: its report still written) before the stage's cap
+#               the CUDA-graph tests (LoRA's too) and tests/gpu/ (greedy tokens equal to
+#               transformers' on the GPU); interrupted (SIGINT: its report still written) before
+#               the stage's cap
 #   compare-8b  the headline: python -m pytgi_bench.compare --gpu on the Llama-3-8B shape, 256
 #               requests, prompts U[128,1024), 128 new tokens, the full HTTP server, against
 #               transformers' continuous batching and its compiled single stream
 #   speculative pytgi_bench.experiments.speculative on the 8B shape at batch 1: n-gram drafting
 #               (--speculate 4) against none on prompts that quote their input, greedy, both
 #               engines in one process, every output checked equal; tokens/s, acceptance
+#   lora        pytgi_bench.experiments.lora_batch on the 8B shape: batch 64 spread over 8
+#               rank-16 adapters (every projection; the Triton shrink/expand kernels, CUDA graphs
+#               on) against the same batch on the base model (one engine: its rows on adapter 0)
 #   steps       pytgi_bench.compare.engine_steps on the 1B shape: the decode step at batch 1, 64
 #               and 256, overlap off and on
 #   compare-1b  the compare on the Llama-3.2-1B shape (pytgi over HTTP against transformers' CB)
@@ -42,8 +46,8 @@
 # never stops the next one; a stage that would not get 30 s is skipped and said so.
 # Results go to $OUT when set, else bench/results/gpu/ (at most 9 files: summary.json,
 # steps.json, compare-1b.json, compare-8b.json, timeline-8b.jsonl (the 8B server's steps, copied
-# by the summary even when the stage was cut), speculative.json, quantization.json, tests.xml,
-# gpu.log); models,
+# by the summary even when the stage was cut), speculative.json, lora.json, quantization.json,
+# tests.xml, gpu.log); models,
 # server logs, timelines and scratch go to the work directory (/tmp/pytgi-gpu), which a warm
 # machine keeps between calls. The summary table comes last; the exit status is 0 only when
 # every stage run passed.
@@ -59,12 +63,14 @@ SCRIPT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[
 REPO="$(cd "$(dirname "$SCRIPT")/.." && pwd)"
 cd "$REPO" || exit 2
 
-ALL_STAGES=(install tests compare-8b speculative steps compare-1b quantization)
+ALL_STAGES=(install tests compare-8b speculative lora steps compare-1b quantization)
 # Caps in seconds, summing to the default budget (540: 9 minutes). Measured on an H100
 # (2026-11-23): install 16 s, tests 85 s, compare-8b 144 s with the model's build (27 s).
 # speculative: not yet measured on a GPU (two 8B engines loaded and warmed, ~12 s of decoding).
-declare -A CAP=([install]=30 [tests]=90 [compare-8b]=195 [speculative]=60 [steps]=60
-                [compare-1b]=60 [quantization]=45)
+# lora: not yet measured on a GPU (one 8B engine, 8 adapters written in bf16, 3 x 2 batches of
+# 64 x 32 tokens); its 40 s came from compare-8b (195 -> 175, 144 measured), steps and compare-1b.
+declare -A CAP=([install]=30 [tests]=90 [compare-8b]=175 [speculative]=60 [lora]=40 [steps]=50
+                [compare-1b]=50 [quantization]=45)
 DEFAULT_BUDGET_S=540
 # --cpu-smoke runs under caps this many times the GPU's (and --budget-s as given).
 SMOKE_CAP_FACTOR=4
@@ -143,6 +149,7 @@ tests_files() {  # the CUDA tests: equality with transformers first, then kernel
     echo tests/gpu/
     find tests/unit/shard -name 'test_triton_*.py' | sort
     echo tests/unit/shard/engine/test_graph_runner.py
+    echo tests/unit/shard/lora/test_lora_graph_buffers.py
 }
 
 merge_junit() {  # OUT WORK/tests-*.xml: one report of the groups' suites (stdlib only)
@@ -247,6 +254,15 @@ stage_speculative() {  # the 8B shape at batch 1, n-gram drafts on quoting promp
     "$PY" -m pytgi_bench.experiments.speculative "${args[@]}"
 }
 
+stage_lora() {  # the 8B shape: 8 rank-16 adapters over a batch of 64 against the base model
+    local model args
+    model="$(ensure_model "$(shapes_for 8b)")" && [[ -n $model ]] || return 1
+    args=(--model "$model" --same-engine --threads 4 --repeats 3 --out "$OUT/lora.json")
+    [[ $SMOKE == 1 ]] && args+=(--batch 8 --max-new 4 --repeats 1)
+    echo "+ python -m pytgi_bench.experiments.lora_batch ${args[*]}"
+    "$PY" -m pytgi_bench.experiments.lora_batch "${args[@]}"
+}
+
 stage_quantization() {
     local args=(--root "$WORK/models" --out "$OUT/quantization.json")
     # The smoke run: two modes, tiny counts, no kernel table.
@@ -268,6 +284,7 @@ run_stage_body() {
         compare-1b) stage_compare 1b ;;
         compare-8b) stage_compare 8b ;;
         speculative) stage_speculative ;;
+        lora) stage_lora ;;
         quantization) stage_quantization ;;
         *) echo "unknown stage $1"; return 2 ;;
     esac

@@ -40,7 +40,7 @@ def _section(module: str) -> str:
 
 def write_adapter(
     out: Path, model: Path, *, rank: int, alpha: float, modules: tuple[str, ...] = ALL_MODULES,
-    rslora: bool = False, seed: int = 0, std: float = 0.2,
+    rslora: bool = False, seed: int = 0, std: float = 0.2, dtype: torch.dtype = torch.float32,
 ) -> Path:
     """A random adapter (B nonzero, unlike PEFT's initialisation, so that it changes outputs)."""
     dims = _dims(model)
@@ -53,7 +53,7 @@ def write_adapter(
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, dims[i], generator=gen) * std
             tensors[f"{key}.lora_B.weight"] = torch.randn(dims[o], rank, generator=gen) * std
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "adapter_model.safetensors"))
+    save_file({k: t.to(dtype) for k, t in tensors.items()}, str(out / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": list(modules),
               "use_rslora": rslora, "bias": "none", "base_model_name_or_path": str(model),
               "task_type": "CAUSAL_LM", "lora_dropout": 0.0, "fan_in_fan_out": False}

@@ -124,17 +124,17 @@ def test_gpu_sh_is_valid_bash_and_runs_stages_in_their_order() -> None:
     lines = every.stdout.splitlines()
     # In order of value: the CUDA tests, then the 8B headline, then the 1B and kernel stages.
     assert lines[0] == (
-        "stages: install tests compare-8b speculative steps compare-1b quantization "
+        "stages: install tests compare-8b speculative lora steps compare-1b quantization "
         "(budget 540 s)"
     )
     # A quarter-hour window: the caps fit the 9-minute budget, install included.
     caps = [int(line.split("cap ")[1].removesuffix(" s")) for line in lines[1:]]
-    assert len(caps) == 7 and sum(caps) <= 540
+    assert len(caps) == 8 and sum(caps) <= 540
     # Re-measuring one stage: the install comes along (it skips itself when done before).
     chosen = _plan("--stages", "compare-8b,tests", "--cap", "tests=42")
     assert chosen.stdout.splitlines() == [
         "stages: install tests compare-8b (budget 540 s)", "  install: cap 30 s",
-        "  tests: cap 42 s", "  compare-8b: cap 195 s",
+        "  tests: cap 42 s", "  compare-8b: cap 175 s",
     ]
     bare = _plan("--stages", "compare-8b", "--no-install", "--budget-s", "240")
     assert bare.stdout.splitlines()[0] == "stages: compare-8b (budget 240 s)"

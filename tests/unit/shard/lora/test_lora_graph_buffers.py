@@ -72,3 +72,35 @@ def test_mixed_adapters_decode_through_the_buffers_as_alone(
     run.finish(run.prefill(batch_of(*base, batch_id=2)))
     for r in base:
         assert run.tokens[r.id] == solo(plain, r).tokens[r.id]
+
+
+# --- capture and replay on a GPU (bench/gpu.sh's tests stage) ---------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_captured_graphs_serve_mixed_adapters_as_without_graphs(
+        tiny_model: Callable[..., Path], tmp_path: Path) -> None:
+    """On CUDA the adapted layers take the Triton kernels, the decode graphs are captured with
+    adapters loaded, and a mixed batch replayed through them gives the tokens (and logprobs)
+    of the same engine with its graphs dropped."""
+    base = tiny_model("llama")
+    spec = ",".join(f"{name}={write_adapter(tmp_path / name, base, rank=rank, alpha=16, seed=s)}"
+                    for name, rank, s in (("alpha", 8, 1), ("beta", 4, 2)))
+    gpu = load_engine(ShardSettings(model_path=base, block_size=BLOCK, dtype="float32",
+                                    lora_adapters=spec, cuda_graphs=(1, 2, 4, 8)))
+    gpu.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_total_tokens=64,
+                                max_batch_total_tokens=2048))
+    runner = gpu.runner.decode_graphs
+    assert runner is not None and runner.captured == (1, 2, 4, 8)
+    assert {m.path for m in gpu.model.modules() if hasattr(m, "set_slot")} == {"triton"}
+    reqs = [lora_request(50 + i, p, i) for i, p in enumerate(PROMPTS)]
+    graphed = Run(gpu)
+    graphed.finish(graphed.prefill(batch_of(*reqs, batch_id=60)))
+    gpu.runner.decode_graphs = None
+    eager = Run(gpu)
+    eager.finish(eager.prefill(batch_of(*reqs, batch_id=61)))
+    for r in reqs:
+        assert graphed.tokens[r.id] == eager.tokens[r.id], r.adapter_index
+        torch.testing.assert_close(graphed.logprobs[r.id], eager.logprobs[r.id],
+                                   rtol=1e-4, atol=1e-4)
+    assert len({tuple(eager.tokens[r.id]) for r in reqs}) == 3

@@ -1,21 +1,15 @@
-"""Every LoRA compute path against the row-by-row float32 reference (torch_lora.reference_update):
-torch's grouped and dense updates, and the Triton kernel pair (under Triton's interpreter on the
-CPU, tests/conftest.py; compiled on CUDA when a GPU is present), over random slot tensors with
-empty, cleared and partial-rank slots and rows of every slot including the base model's."""
+"""The torch LoRA paths against the row-by-row float32 reference (torch_lora.reference_update):
+the CPU's segmented update (through LoraLinear) and the dense one, over random slot tensors with
+empty, cleared and partial-rank slots and rows of every slot including the base model's; and
+LoraLinear.set_slot, the one write path. The Triton kernels: test_triton_lora.py."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 import torch
 
 from pytgi_shard.lora import torch_lora
 from pytgi_shard.lora.layer import LoraLinear, RowAdapters
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-KERNEL_DEVICE = torch.device("cpu") if INTERPRETED else (
-    torch.device("cuda") if torch.cuda.is_available() else None)
 
 
 class _Zero(torch.nn.Module):
@@ -78,22 +72,6 @@ def test_torch_paths_match_the_reference(tokens: int, slots: int) -> None:
     torch_lora.add_dense(out, x, layer.a, layer.bt, index)
     want = torch_lora.reference_update(x, layer.a, layer.bt, index)
     torch.testing.assert_close(out, want, atol=1e-4, rtol=1e-4)
-
-
-@pytest.mark.skipif(KERNEL_DEVICE is None, reason="no GPU and TRITON_INTERPRET is not set")
-@pytest.mark.parametrize(("tokens", "slots", "rank", "k", "n"), [
-    (1, 2, 4, 32, 16),     # one decode row, one adapter
-    (16, 9, 16, 48, 40),   # a decode tile of eight adapters and the base model
-    (70, 5, 12, 64, 100),  # prefill-sized: several row tiles, uneven n
-    (33, 4, 48, 40, 24),   # a fused rank above one tile's 16
-])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_triton_kernel_pair_matches_the_reference(tokens: int, slots: int, rank: int, k: int,
-                                                  n: int, dtype: torch.dtype) -> None:
-    pytest.importorskip("triton")
-    assert KERNEL_DEVICE is not None
-    layer = layer_with(slots, rank, k, n, dtype, KERNEL_DEVICE, seed=tokens, path="triton")
-    check(layer, tokens, slots, seed=tokens, tol=1e-4 if dtype == torch.float32 else 3e-2)
 
 
 def test_set_slot_refuses_what_does_not_fit() -> None:
