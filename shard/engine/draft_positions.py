@@ -33,10 +33,10 @@ from pytgi_shard.structured_output.masks import SharedBias
 class DraftedPositions:
     """The positions j = 1 .. n of each drafting row, flat in Drafts.rows' order."""
 
-    # [positions] int64: each position's row among the drafting rows, and its j - 1.
-    owner: torch.Tensor
-    offset: torch.Tensor
-    # Per position (host): its batch row and j.
+    # [positions] int64: each position's batch row and its j.
+    batch_row: torch.Tensor
+    step: torch.Tensor
+    # The same on the host.
     batch_rows: list[int]
     steps: list[int]
 
@@ -45,13 +45,8 @@ def drafted_positions(drafts: Drafts, device: torch.device) -> DraftedPositions:
     """Positions j = 1 .. len(tokens) of every drafting row."""
     batch_rows = [row for row, t in zip(drafts.rows, drafts.tokens, strict=True) for _ in t]
     steps = [j for t in drafts.tokens for j in range(1, len(t) + 1)]
-    owners = [i for i, t in enumerate(drafts.tokens) for _ in t]
-    return DraftedPositions(
-        owner=torch.tensor(owners, dtype=torch.long, device=device),
-        offset=torch.tensor(steps, dtype=torch.long, device=device) - 1,
-        batch_rows=batch_rows,
-        steps=steps,
-    )
+    both = torch.tensor([batch_rows, steps], dtype=torch.long).to(device, non_blocking=True)
+    return DraftedPositions(both[0], both[1], batch_rows, steps)
 
 
 def position_chooser(batch: Batch, positions: DraftedPositions) -> NextTokenChooser:
@@ -71,22 +66,33 @@ def position_chooser(batch: Batch, positions: DraftedPositions) -> NextTokenChoo
 
 
 def drafted_history(
-    batch: Batch, drafts: Drafts, positions: DraftedPositions, padded: torch.Tensor
+    batch: Batch, drafts: Drafts, positions: DraftedPositions, chooser: NextTokenChooser
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """([positions, width] ids, [positions] lengths): each position's history, its row's
-    known tokens before the step, then the drafts before it. Called after the step's plain
-    token was appended (batch.lengths counts it; the drafts are written over it)."""
+    known tokens before the step, then the drafts before it; only for a chooser that reads
+    histories (penalties, watermark; else empty: the greedy and plain sampling rows that
+    most drafting steps have pay nothing for it). Called after the step's plain token was
+    appended (batch.lengths counts it; the drafts are written over it)."""
     device = batch.lengths.device
-    rows = torch.tensor(drafts.rows, dtype=torch.long, device=device)
-    row_of = rows[positions.owner]
-    history = batch.all_ids.index_select(0, row_of)
-    known = (batch.lengths[rows] - 1)[positions.owner]
-    k = padded.shape[1]
-    column = known.unsqueeze(1) + torch.arange(k, device=device)
-    written = torch.arange(k, device=device) <= positions.offset.unsqueeze(1)
-    flat = torch.arange(len(positions.steps), device=device).unsqueeze(1).expand(-1, k)
-    history[flat[written], column[written]] = padded[positions.owner][written]
-    return history, known + positions.offset + 1
+    if chooser.repetition is None and chooser.frequency is None and not chooser.watermark_rows:
+        return batch.all_ids[:0], batch.lengths[:0]
+    # The positions' own drafts, flat: position (row, j) writes its row's d_0 .. d_(j-1).
+    columns: list[int] = []
+    values: list[int] = []
+    owners: list[int] = []
+    at = 0
+    for tokens in drafts.tokens:
+        for j in range(1, len(tokens) + 1):
+            owners.extend([at] * j)
+            columns.extend(range(j))
+            values.extend(tokens[:j])
+            at += 1
+    history = batch.all_ids.index_select(0, positions.batch_row)
+    known = batch.lengths.index_select(0, positions.batch_row) - 1
+    owner = torch.tensor(owners, dtype=torch.long, device=device)
+    column = known[owner] + torch.tensor(columns, dtype=torch.long, device=device)
+    history[owner, column] = torch.tensor(values, dtype=torch.long, device=device)
+    return history, known + positions.step
 
 
 def drafted_banned(

@@ -12,7 +12,7 @@ chooses it (the engine's choose_tokens and emit_generations, which also decide i
 feed its grammar). Each drafting row's later positions are then chosen the same way
 (shard/engine/draft_positions.py: its parameters, penalties over the drafts before the position,
 its grammar's mask after them, a sampling row's draws of that token's index), and
-`verify_chosen` keeps the drafts while each equals the token chosen at its position. The
+`kept_count` keeps the drafts while each equals the token chosen at its position. The
 kept drafts after the first token and the token chosen after them are this module's: appended
 to the row's Generation one at a time with their logprobs (and top tokens), each checked for
 length, EOS and stop sequences as a plain step would, and the row stops at the first that ends it
@@ -44,7 +44,7 @@ from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.output.detokenizer import Detokenizer, TextStreams
 from pytgi_shard.output.stopping import EOS_TOKEN, LENGTH, STOP_SEQUENCE
 from pytgi_shard.sample.chooser import top_tokens
-from pytgi_shard.speculative.acceptance import verify_chosen
+from pytgi_shard.speculative.acceptance import kept_count
 
 
 def step_drafts(
@@ -170,46 +170,42 @@ class Verified:
 
 def verify(logits: torch.Tensor, inputs: ForwardInputs, drafts: Drafts, batch: Batch) -> Verified:
     """Each drafting row's positions after its first chosen as the plain step would choose
-    them (shard/engine/draft_positions.py), the drafts kept while they equal those choices
-    (`verify_chosen`), read back to the host in one transfer. Runs after the step's plain
-    tokens were chosen, appended and (their grammar) advanced."""
+    them (shard/engine/draft_positions.py), read back to the host in one transfer with the
+    step's plain tokens, and the drafts kept while they equal those choices (`kept_count`).
+    Runs after the step's plain tokens were chosen, appended and (their grammar) advanced.
+    A drafting batch is small (drafting.DRAFTING_BATCH): the bookkeeping is the host's."""
     device = logits.device
-    lengths = [len(t) for t in drafts.tokens]
-    k = max(lengths)
     rows = torch.tensor(drafts.rows, dtype=torch.long, device=device)
-    length_t = torch.tensor(lengths, dtype=torch.long, device=device)
-    padded = torch.tensor(
-        [t + [0] * (k - len(t)) for t in drafts.tokens], dtype=torch.long, device=device
-    )
     positions = drafted_positions(drafts, device)
-    scores = logits[inputs.last_rows[rows][positions.owner] + positions.offset + 1]
-    history, history_lengths = drafted_history(batch, drafts, positions, padded)
+    scores = logits[inputs.last_rows[positions.batch_row] + positions.step]
     first = batch.last_ids.index_select(0, rows)
     banned = None
     if batch.grammar is not None:
         banned = drafted_banned(batch, drafts, positions, first.tolist())
     chooser = position_chooser(batch, positions)
-    chosen_flat, logprobs = chooser(scores, history, history_lengths, banned)
-    chosen_lp_flat = logprobs.gather(1, chosen_flat.unsqueeze(1)).squeeze(1)
-    # [rows, k + 1]: the plain token, then each position's choice (-1 and NaN past a row's).
-    chosen = torch.full((len(lengths), k + 1), -1, dtype=torch.long, device=device)
-    chosen[:, 0] = first
-    chosen[positions.owner, positions.offset + 1] = chosen_flat
-    chosen_lp = torch.full((len(lengths), k), float("nan"), dtype=torch.float64, device=device)
-    chosen_lp[positions.owner, positions.offset] = chosen_lp_flat.double()
-    verdict = verify_chosen(chosen, padded, length_t)
-    packed = torch.cat(
-        [verdict.accepted.double().unsqueeze(1), chosen[:, 1:].double(), chosen_lp], dim=1
-    ).tolist()
-    accepted = [int(p[0]) for p in packed]
-    tokens = [[int(t) for t in p[1 : 1 + a]] for p, a in zip(packed, accepted, strict=True)]
-    lps = [p[1 + k : 1 + k + a] for p, a in zip(packed, accepted, strict=True)]
+    history, history_lengths = drafted_history(batch, drafts, positions, chooser)
+    chosen, logprobs = chooser(scores, history, history_lengths, banned)
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1)
+    n = len(positions.steps)
+    packed = torch.cat([chosen.double(), chosen_lp.double(), first.double()]).tolist()
+    firsts = [int(t) for t in packed[2 * n :]]
+    accepted: list[int] = []
+    tokens: list[list[int]] = []
+    lps: list[list[float]] = []
+    at = 0
+    for proposal, plain in zip(drafts.tokens, firsts, strict=True):
+        later = [int(t) for t in packed[at : at + len(proposal)]]
+        kept = kept_count([plain, *later], proposal)
+        accepted.append(kept)
+        tokens.append(later[:kept])
+        lps.append(packed[n + at : n + at + kept])
+        at += len(proposal)
     tops = None
     if batch.top_n is not None:
         flat_tops = top_tokens(
             logprobs, [batch.requests[row].top_n_tokens for row in positions.batch_rows]
         )
-        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        starts = [sum(len(t) for t in drafts.tokens[:i]) for i in range(len(drafts.rows))]
         tops = [flat_tops[at : at + a] for at, a in zip(starts, accepted, strict=True)]
     return Verified(accepted, tokens, lps, tops)
 

@@ -7,8 +7,9 @@ rejected, the bonus after the last draft when all were kept), so every step emit
 token the plain step would have.
 
 - Greedy rows: a draft is kept while it is the target's argmax at its position; the emitted
-  tokens are then token for token the greedy output without speculation.
-- Any row, as the engine verifies (`verify_chosen`): the token of every position is chosen as
+  tokens are then token for token the greedy output without speculation (`verify_greedy`,
+  over raw scores: `kept_count`'s rule for the argmax, vectorised).
+- Any row, as the engine verifies (`kept_count`): the token of every position is chosen as
   the plain step would choose it there (penalties over the drafts before it, its grammar mask,
   the warpers, and for a sampling row the random numbers of that token's index:
   shard/sample/token_draws.py), and drafts are kept while they equal it. For a drafter that
@@ -20,7 +21,7 @@ token the plain step would have.
   probability min(1, p(d) / q(d)), p the target's (warped) distribution; at the first
   rejection the token is drawn from max(0, p - q) renormalised. Each emitted token is then
   distributed exactly as the target alone would draw it (keeping more drafts than
-  `verify_chosen` would, whose rule keeps d with probability p(d) only), but a seeded
+  `kept_count` would, whose rule keeps d with probability p(d) only), but a seeded
   request's tokens then depend on what was drafted. With draft_probs None (q one-hot) a draft
   is kept with probability p(d) and a rejection draws from p without d. Not wired in: the
   n-gram drafter has no distribution.
@@ -32,6 +33,7 @@ whatever else shares its batch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,19 +71,23 @@ def emitted(drafts: torch.Tensor, accepted: torch.Tensor, last: torch.Tensor) ->
     return out
 
 
-def verify_chosen(chosen: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor) -> Verdict:
-    """Rows whose token at each of the k + 1 positions was chosen as the plain step chooses it
-    there (`chosen` [rows, k + 1]; position j given the drafts before it): drafts are kept
-    while each equals the token chosen at its position, and the token chosen after the last
-    kept one follows. Exact for any choice rule: every emitted token is the one its position
-    chooses after the tokens actually emitted before it. For a sampling rule this is
-    speculative sampling with a drafter that proposes with certainty (q one-hot): the draft is
-    kept with probability p(d), and a rejection's token is distributed as p without d,
-    renormalised (`verify_sampled` with draft_probs None, drawn the other way); drawing each
-    position with its own token's random numbers makes the tokens those of the plain run."""
-    accepted = kept_prefix(chosen[:, :-1] == drafts, lengths)
-    last = chosen.gather(1, accepted.unsqueeze(1)).squeeze(1)
-    return Verdict(accepted, emitted(drafts, accepted, last))
+def kept_count(chosen: Sequence[int], drafts: Sequence[int]) -> int:
+    """How many of a row's `drafts` are kept, given the token chosen at each of its positions
+    as the plain step chooses it there (`chosen`: the step's plain token, then the choice after
+    each draft, position j given d_0 .. d_(j-1)): the leading drafts equal to their position's
+    choice. The row then emits chosen[0 .. kept]: every emitted token is the one its position
+    chooses after the tokens actually emitted before it, exact for any choice rule. For a
+    sampling rule this is speculative sampling with a drafter that proposes with certainty
+    (q one-hot): the draft is kept with probability p(d), and a rejection's token is
+    distributed as p without d, renormalised (`verify_sampled` with draft_probs None, drawn
+    the other way); drawing each position with its own token's random numbers
+    (shard/sample/token_draws.py) makes the tokens those of the plain run."""
+    kept = 0
+    for token, draft in zip(chosen, drafts, strict=False):
+        if token != draft:
+            break
+        kept += 1
+    return kept
 
 
 def verify_greedy(scores: torch.Tensor, drafts: torch.Tensor, lengths: torch.Tensor) -> Verdict:
@@ -89,7 +95,9 @@ def verify_greedy(scores: torch.Tensor, drafts: torch.Tensor, lengths: torch.Ten
     logits), [rows, k] `drafts`, [rows] `lengths`."""
     rows, positions, vocab = scores.shape
     best = first_max(scores.reshape(rows * positions, vocab)).view(rows, positions)
-    return verify_chosen(best, drafts, lengths)
+    accepted = kept_prefix(best[:, :-1] == drafts, lengths)
+    last = best.gather(1, accepted.unsqueeze(1)).squeeze(1)
+    return Verdict(accepted, emitted(drafts, accepted, last))
 
 
 def verify_sampled(
