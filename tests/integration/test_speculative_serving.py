@@ -1,11 +1,12 @@
 """--speculate over real HTTP: one shard process of the tiny Llama drafting up to 3 tokens per
-step (n-gram) behind a router that prefills in chunks of 16 tokens.
+step (n-gram) behind a router that prefills in chunks of 16 tokens, against the same server
+without --speculate (the reference).
 
-The reference is the same server without drafts: a request with do_sample and top_k = 1 is a
-sampling row (which never drafts) whose choice is the argmax, the greedy token. Greedy requests
-must give exactly its tokens: on prompts that repeat themselves (drafts kept, as /metrics shows)
-and ones that do not, with a prompt in chunks, a prefix-cache hit, a stop sequence and every
-max_new_tokens. A seeded sampling request gives the same text twice.
+Greedy requests must give exactly the reference's tokens: on prompts that repeat themselves
+(drafts kept, as /metrics shows) and ones that do not, with a prompt in chunks, a prefix-cache
+hit, a stop sequence and every max_new_tokens. Seeded sampling requests (with top tokens) give
+the reference's tokens too, and every sequence of a best_of request is the one its reported seed
+gives on the reference.
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ def url(model: Path) -> Iterator[str]:
         yield router.url
 
 
+@pytest.fixture(scope="module")
+def plain(model: Path) -> Iterator[str]:
+    """The same server without --speculate."""
+    with start_shards(model) as shards, RouterProcess(
+        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
+    ) as router:
+        yield router.url
+
+
 def generate(url: str, inputs: str, **params: Any) -> dict[str, Any]:
     body = {"inputs": inputs, "parameters": {"details": True, **params}}
     r = httpx.post(f"{url}/generate", json=body, timeout=120)
@@ -44,9 +54,6 @@ def ids(answer: dict[str, Any]) -> list[int]:
     return [t["id"] for t in answer["details"]["tokens"]]
 
 
-def reference(url: str, inputs: str, **params: Any) -> dict[str, Any]:
-    """The same request as a row that never drafts, choosing the argmax."""
-    return generate(url, inputs, do_sample=True, top_k=1, **params)
 
 
 def metric(url: str, name: str) -> float:
@@ -60,9 +67,9 @@ def test_info_reports_speculate(url: str) -> None:
     assert httpx.get(f"{url}/info", timeout=30).json()["speculate"] == 3
 
 
-def test_greedy_tokens_equal_the_plain_rows_and_drafts_are_kept(url: str) -> None:
+def test_greedy_tokens_equal_the_plain_rows_and_drafts_are_kept(url: str, plain: str) -> None:
     for prompt in (REPEATING, PLAIN):
-        expected = ids(reference(url, prompt, max_new_tokens=40))
+        expected = ids(generate(plain, prompt, max_new_tokens=40))
         got = generate(url, prompt, max_new_tokens=40)
         assert ids(got) == expected
         # Again: the prompt's blocks now come from the prefix cache.
@@ -72,8 +79,8 @@ def test_greedy_tokens_equal_the_plain_rows_and_drafts_are_kept(url: str) -> Non
         url, "pytgi_speculative_accepted_tokens")
 
 
-def test_streamed_tokens_one_event_each(url: str) -> None:
-    expected = ids(reference(url, REPEATING, max_new_tokens=24))
+def test_streamed_tokens_one_event_each(url: str, plain: str) -> None:
+    expected = ids(generate(plain, REPEATING, max_new_tokens=24))
     body = {"inputs": REPEATING, "parameters": {"max_new_tokens": 24, "details": True}}
     with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=120) as r:
         assert r.status_code == 200
@@ -83,9 +90,9 @@ def test_streamed_tokens_one_event_each(url: str) -> None:
 
 
 def test_every_max_new_tokens_and_a_stop_sequence_end_where_the_plain_run_does(
-    url: str,
+    url: str, plain: str,
 ) -> None:
-    full = reference(url, REPEATING, max_new_tokens=30)
+    full = generate(plain, REPEATING, max_new_tokens=30)
     tokens = ids(full)
     for max_new in (1, 2, 3, 5, 8, 13):
         got = generate(url, REPEATING, max_new_tokens=max_new)
@@ -95,7 +102,7 @@ def test_every_max_new_tokens_and_a_stop_sequence_end_where_the_plain_run_does(
     text = full["generated_text"]
     stop = next(text[:end][-length:] for end in range(len(text) // 2, len(text))
                 for length in range(2, end) if text[:end][-length:] not in text[: end - 1])
-    expected = reference(url, REPEATING, max_new_tokens=30, stop=[stop])
+    expected = generate(plain, REPEATING, max_new_tokens=30, stop=[stop])
     got = generate(url, REPEATING, max_new_tokens=30, stop=[stop])
     assert got["details"]["finish_reason"] == "stop_sequence"
     assert ids(got) == ids(expected)
@@ -106,3 +113,34 @@ def test_a_seeded_sampling_request_gives_the_same_text_twice(url: str) -> None:
     params = {"max_new_tokens": 20, "do_sample": True, "seed": 11, "temperature": 0.8}
     first = generate(url, REPEATING, **params)
     assert generate(url, REPEATING, **params)["generated_text"] == first["generated_text"]
+
+
+def test_seeded_sampling_gives_the_reference_tokens_and_top_tokens(url: str, plain: str) -> None:
+    before = metric(url, "pytgi_speculative_accepted_tokens")
+    for seed in (1, 2, 3):
+        # The random model's distributions are wide: cooled, so that drafts are kept.
+        params = {"max_new_tokens": 24, "do_sample": True, "seed": seed, "temperature": 0.1,
+                  "top_n_tokens": 2}
+        got, expected = generate(url, REPEATING, **params), generate(plain, REPEATING, **params)
+        assert ids(got) == ids(expected)
+        assert got["details"]["seed"] == seed
+        tops = [[[t["id"] for t in step] for step in a["details"]["top_tokens"]]
+                for a in (got, expected)]
+        assert tops[0] == tops[1] and len(tops[0]) == 24
+        for a, b in zip(got["details"]["tokens"], expected["details"]["tokens"], strict=True):
+            assert a["logprob"] == pytest.approx(b["logprob"], abs=1e-4)
+    assert metric(url, "pytgi_speculative_accepted_tokens") > before, "sampling rows drafted"
+
+
+def test_every_best_of_sequence_is_what_its_seed_gives_without_drafts(
+    url: str, plain: str
+) -> None:
+    params = {"max_new_tokens": 16, "do_sample": True, "temperature": 0.3, "best_of": 2}
+    got = generate(url, REPEATING, **params)["details"]
+    sequences = [got, *got["best_of_sequences"]]
+    assert len(sequences) == 2
+    for sequence in sequences:
+        alone = generate(plain, REPEATING, max_new_tokens=16, do_sample=True, temperature=0.3,
+                         seed=sequence["seed"])
+        assert sequence["generated_tokens"] == 16
+        assert [t["id"] for t in sequence["tokens"]] == ids(alone)
