@@ -9,6 +9,7 @@ proxies (`trust_env=False`): a proxy would connect where the policy never looked
 from __future__ import annotations
 
 import asyncio
+import ssl
 from urllib.parse import urljoin
 
 import httpx
@@ -21,9 +22,13 @@ ACCEPT = "image/png, image/jpeg, image/webp, image/gif"
 
 
 class ImageFetcher:
-    def __init__(self, limits: MediaLimits, policy: AddressPolicy | None = None) -> None:
+    def __init__(self, limits: MediaLimits, policy: AddressPolicy | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """`tls`: the context verifying servers' certificates (None: httpx's default, the
+        certifi roots); tests pass one trusting their own authority."""
         self.limits = limits
         self.policy = policy or AddressPolicy(limits)
+        self.tls = tls
         self._client: httpx.AsyncClient | None = None
 
     def _http(self) -> httpx.AsyncClient:
@@ -32,7 +37,8 @@ class ImageFetcher:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 trust_env=False, follow_redirects=False, timeout=self.limits.fetch_timeout_s,
-                limits=httpx.Limits(max_keepalive_connections=0))
+                limits=httpx.Limits(max_keepalive_connections=0),
+                verify=self.tls if self.tls is not None else True)
         return self._client
 
     async def aclose(self) -> None:
