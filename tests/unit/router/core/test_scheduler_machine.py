@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pytgi_proto.parameters import neutral_sampling
+from pytgi_router.core.adapter_cap import live_adapters
 from pytgi_router.core.batch_wire import request_pb
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
@@ -50,12 +51,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         block_size=st.integers(1, 3),
         caching=st.sampled_from([True, True, True, False]),
         prefill_budget=st.integers(1, 12),
+        max_loras=st.integers(0, 3),
     )
-    def setup(self, num_blocks: int, block_size: int, caching: bool, prefill_budget: int) -> None:
+    def setup(self, num_blocks: int, block_size: int, caching: bool, prefill_budget: int,
+              max_loras: int) -> None:
         self.cache = PrefixCache(num_blocks, block_size, prefix_caching=caching)
         self.shard = ModelShard(self.cache)
+        # LoRA adapters drawn per request when the shards serve some (--max-loras > 0).
+        self.max_loras = max_loras
         budgets = Budgets(max_batch_prefill_tokens=prefill_budget,
-                          max_batch_total_tokens=self.cache.total * block_size)
+                          max_batch_total_tokens=self.cache.total * block_size,
+                          max_loras=max_loras)
         self.scheduler = Scheduler(cast(ShardClient, self.shard), Queue(), self.cache, budgets,
                                    Metrics(), self._release)
 
@@ -67,7 +73,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _release(self, entry: Entry) -> None:
         self.released[entry.id] = self.released.get(entry.id, 0) + 1
 
-    def _submit(self, prompt: list[int], max_new: int) -> None:
+    def _submit(self, prompt: list[int], max_new: int, adapter: int = 0) -> None:
         """As Infer.submit does, for a request any batch can hold (it checks that first)."""
         room = self.cache.total * self.cache.block_size - len(prompt)
         max_new = max(1, min(max_new, room))
@@ -78,6 +84,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         request = ValidRequest(
             inputs="x", input_ids=prompt, truncate=len(prompt), sampling=neutral_sampling(),
             stopping=StoppingParameters(max_new_tokens=max_new),
+            adapter_index=adapter if self.max_loras else 0,
+            adapter_key=adapter if self.max_loras else 0,
         )
         scheduler = self.scheduler
         stream = RequestStream(lambda _: scheduler.cancel(entry_id))
@@ -115,9 +123,10 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     # Rules
 
-    @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=10), max_new=st.integers(1, 8))
-    def submit(self, prompt: list[int], max_new: int) -> None:
-        self._submit(prompt, max_new)
+    @rule(prompt=st.lists(st.integers(0, 2), min_size=1, max_size=10), max_new=st.integers(1, 8),
+          adapter=st.integers(0, 4))
+    def submit(self, prompt: list[int], max_new: int, adapter: int) -> None:
+        self._submit(prompt, max_new, adapter)
 
     @precondition(lambda self: self.prompts)
     @rule(index=PICK, max_new=st.integers(1, 8))
@@ -132,6 +141,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.shard.refuse_next = refuse
         self._step()
         self.shard.refuse_next = False
+
+    @invariant()
+    def a_step_never_holds_more_adapters_than_the_device(self) -> None:
+        """--max-loras: the live entries (what the next step carries) use at most that many
+        distinct LoRA adapters (router/core/adapter_cap.py)."""
+        if getattr(self, "scheduler", None) is None or not self.max_loras:
+            return
+        running = self.scheduler.running
+        live = live_adapters([*running.entries.values(), *running.prefilling.values()])
+        assert len(live) <= self.max_loras, live
 
     @precondition(lambda self: self.entries)
     @rule()
