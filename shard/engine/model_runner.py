@@ -29,6 +29,7 @@ from pytgi_shard.engine.draft_model import DraftModel, draft_share_line
 from pytgi_shard.engine.forward_timer import ForwardTimer
 from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
+from pytgi_shard.engine.medusa import MedusaDrafter
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.warmup import (
     CacheSize,
@@ -59,11 +60,15 @@ RunBatch = Callable[[generate_pb2.Batch], None]
 
 class ModelRunner:
     def __init__(self, model: Model, dist: Dist, settings: ShardSettings,
-                 lora_rows: RowAdapters | None = None, draft: DraftModel | None = None) -> None:
+                 lora_rows: RowAdapters | None = None,
+                 draft: DraftModel | MedusaDrafter | None = None) -> None:
         self.model = model
         # The draft model (--speculator-model): its KV cache has the target's blocks, sized
         # and resized with it (shard/engine/draft_model.py).
-        self.draft = draft
+        self.draft = draft if isinstance(draft, DraftModel) else None
+        # Medusa heads (--speculator-model): told which KV slots each eager forward's LM head
+        # rows are, they keep its hidden states (shard/engine/medusa.py).
+        self.hidden_tap = draft if isinstance(draft, MedusaDrafter) else None
         # The rows of each LoRA adapter, bound around every eager forward (the decode graphs
         # bind it to their own buffer); the model's LoraLinear layers read it (shard/lora/).
         self.lora_rows = lora_rows or RowAdapters()
@@ -109,6 +114,8 @@ class ModelRunner:
             logits, graphed = graphs.forward(inputs, self.kv_cache), True
         else:
             self.lora_rows.bind(inputs.adapters)
+            if self.hidden_tap is not None:
+                self.hidden_tap.arm(inputs)
             try:
                 logits, graphed = self.model.forward(
                     inputs.input_ids,
@@ -119,6 +126,8 @@ class ModelRunner:
                 ), False
             finally:
                 self.lora_rows.clear()
+                if self.hidden_tap is not None:
+                    self.hidden_tap.disarm()
         timer.stop()
         return logits, timer, graphed
 
@@ -165,6 +174,10 @@ class ModelRunner:
         blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
         peak = self._warmup_peak(batch, blocks_used, sum(lengths), run_batch)
         buckets = graph_buckets(self.settings, model, self.dist.caps, limits)
+        if buckets and self.hidden_tap is not None:
+            # A graph's replay runs no Python hook: the heads would see no hidden state.
+            log.info("CUDA graphs off: Medusa heads read the hidden states of eager forwards")
+            buckets = ()
         # Before the cache is sized, the longest context is bounded by the model's.
         longest = limits.max_total_tokens or model.max_position_embeddings
         graph_room = (

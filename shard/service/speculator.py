@@ -1,5 +1,6 @@
-"""--speculator-model at start-up: the draft model loaded beside the target, or refused in one
-line.
+"""--speculator-model at start-up: Medusa heads (a config.json with `medusa_num_heads`, as TGI
+detects them: shard/engine/medusa.py) or a draft model loaded beside the target, or refused in
+one line.
 
 The draft is loaded by the target's loading code (shard/models: get_model), on the same ranks,
 in the same dtype, with the same attention backend: a tensor-parallel draft is sharded like the
@@ -15,12 +16,17 @@ learned position table shorter than the target's context, and anything the loade
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.draft_model import DraftModel
+from pytgi_shard.engine.medusa import MedusaDrafter, read_heads
 from pytgi_shard.models import get_model
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
@@ -38,8 +44,8 @@ class SpeculatorRefused(ValueError):
 def load_draft_model(
     settings: ShardSettings, target: Model, detokenizer: Detokenizer, dtype: torch.dtype,
     dist: Dist,
-) -> DraftModel | None:
-    """The draft model of --speculator-model; None without the flag."""
+) -> DraftModel | MedusaDrafter | None:
+    """The drafter of --speculator-model; None without the flag."""
     path = settings.speculator_model
     if path is None:
         return None
@@ -47,6 +53,12 @@ def load_draft_model(
     if isinstance(target, EncoderDecoderModel):
         raise SpeculatorRefused(f"{flag}: {target.model_type} is an encoder-decoder, which "
                                 "does not speculate")
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        raw = None
+    if isinstance(raw, dict) and "medusa_num_heads" in raw:
+        return load_medusa(flag, path, raw, target, dtype, settings.speculate)
     try:
         config = ModelConfig.read(path)
         theirs = Detokenizer.from_model_dir(path, config.raw)
@@ -73,6 +85,28 @@ def load_draft_model(
     log.info("draft model %s (%s, %d layers) proposes up to %d tokens per sequence and step",
              path, draft.model_type, draft.num_layers, settings.speculate)
     return DraftModel(draft, target.vocab_size, settings.block_size)
+
+
+def load_medusa(
+    flag: str, path: Path, config: dict[str, Any], target: Model, dtype: torch.dtype,
+    speculate: int,
+) -> MedusaDrafter:
+    """Medusa heads on the target's LM head (shard/engine/medusa.py)."""
+    lm_head = getattr(target, "lm_head", None)
+    hidden_size = getattr(getattr(target, "config", None), "hidden_size", None)
+    if not isinstance(lm_head, nn.Module) or not isinstance(hidden_size, int):
+        raise SpeculatorRefused(f"{flag}: Medusa heads need one of pytgi's own decoders (an "
+                                f"LM head on the last hidden state); {target.model_type} has none")
+    try:
+        heads = read_heads(path, config, dtype, target.device, hidden_size)
+    except (ValueError, OSError) as e:
+        raise SpeculatorRefused(f"{flag}: {e}") from e
+    if len(heads) < speculate:
+        log.warning("%s has %d Medusa heads: at most %d drafts per step (--speculate %d)",
+                    path, len(heads), len(heads), speculate)
+    log.info("Medusa heads %s: %d heads of %d residual blocks, %s output", path, len(heads),
+             len(heads.blocks[0]), "their own" if heads.outs[0] is not None else "the LM head's")
+    return MedusaDrafter(heads, lm_head, target.vocab_size)
 
 
 def vocabulary_difference(ours: Detokenizer, theirs: Detokenizer) -> str | None:
