@@ -123,7 +123,7 @@ def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, 
             lora = LoraLinear(linear, out.rows, in_features=weight.shape[1],
                               out_features=weight.shape[0], slots=slots,
                               max_rank=max_rank * len(modules), dtype=weight.dtype,
-                              device=weight.device, path=path)
+                              device=weight.device, path=path, pieces=sizes)
             setattr(owner, attr, lora)
             out.sites.append(Site(i, modules, dataclasses.replace(slicing, sizes=sizes), lora,
                                   weight.shape[0], weight.shape[1], weight.dtype))
@@ -182,22 +182,23 @@ class Slicing:
 
 
 def _fused_pair(adapter: PeftAdapter, site: Site) -> tuple[torch.Tensor, torch.Tensor]:
-    """A stacked over the adapted pieces, B block-diagonal in the fused output rows, each
-    sliced to this rank's part; on the host (the copy kept while evicted from the device)."""
+    """A stacked over the pieces, B block-diagonal in the fused output rows, each sliced to this
+    rank's part; piece p at rank rows/columns [p·r, (p+1)·r), zeros for a piece the adapter
+    does not adapt (LoraLinear.set_slot's layout); on the host (the copy kept while evicted from
+    the device)."""
     layer, modules, slicing = site.layer, site.modules, site.slicing
     sizes = slicing.sizes or []
     in_features, dtype = site.in_features, site.dtype
     fused = [name for name in _fused_names(modules) if (layer, name) in adapter.pairs]
     if fused:
         return _checkpoint_fused_pair(adapter, site, fused[0])
-    pieces = [(m, start, size, part) for m, start, size, part in
-              zip(modules, _starts(sizes), sizes, slicing.parts, strict=True)
+    pieces = [(p, m, start, size, part) for p, (m, start, size, part) in
+              enumerate(zip(modules, _starts(sizes), sizes, slicing.parts, strict=True))
               if (layer, m) in adapter.pairs]
-    total = sum(adapter.pairs[(layer, m)][0].shape[0] for m, _, _, _ in pieces)
-    a = torch.zeros(total, in_features, dtype=dtype)
-    b = torch.zeros(sum(sizes), total, dtype=dtype)
-    col = 0
-    for module, start, size, (index, count) in pieces:
+    r = adapter.rank
+    a = torch.zeros(r * len(modules), in_features, dtype=dtype)
+    b = torch.zeros(sum(sizes), r * len(modules), dtype=dtype)
+    for p, module, start, size, (index, count) in pieces:
         pa, pb = adapter.pairs[(layer, module)]
         full_out, full_in = (size, in_features * count) if slicing.row else (
             size * count, in_features)
@@ -209,18 +210,18 @@ def _fused_pair(adapter: PeftAdapter, site: Site) -> tuple[torch.Tensor, torch.T
             pa = pa[:, index * in_features:(index + 1) * in_features]
         else:
             pb = pb[index * size:(index + 1) * size]
-        r = pa.shape[0]
+        col = p * r
         a[col:col + r] = pa.to(dtype)
         b[start:start + size, col:col + r] = pb.to(dtype)
-        col += r
     return a, b
 
 
 def _checkpoint_fused_pair(adapter: PeftAdapter, site: Site, name: str
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """An adapter of a checkpoint-fused module (Phi-3's qkv_proj, gate_up_proj): its one A
-    serves every piece; B's rows are the pieces' full outputs in order, each sliced to this
-    rank's part of that piece (as the fused weight itself is sliced when loaded)."""
+    serves every piece (repeated per piece in the pieces' layout); B's rows are the pieces' full
+    outputs in order, each sliced to this rank's part of that piece (as the fused weight itself
+    is sliced when loaded) and placed in the piece's own columns."""
     layer, slicing = site.layer, site.slicing
     sizes = slicing.sizes or []
     if any((layer, m) in adapter.pairs for m in site.modules):
@@ -232,11 +233,13 @@ def _checkpoint_fused_pair(adapter: PeftAdapter, site: Site, name: str
         raise AdapterRefused(f"LoRA adapter {adapter.name!r}: layer {layer} {name} is "
                              f"{pb.shape[0]}×{pa.shape[1]}, the base model's is "
                              f"{sum(full)}×{site.in_features}")
-    b = torch.zeros(sum(sizes), pa.shape[0], dtype=site.dtype)
-    for start, size, (index, _), piece in zip(_starts(sizes), sizes, slicing.parts,
-                                               pb.split(full), strict=True):
-        b[start:start + size] = piece[index * size:(index + 1) * size].to(site.dtype)
-    return pa.to(site.dtype), b
+    r = pa.shape[0]
+    b = torch.zeros(sum(sizes), r * len(sizes), dtype=site.dtype)
+    for p, (start, size, (index, _), piece) in enumerate(zip(
+            _starts(sizes), sizes, slicing.parts, pb.split(full), strict=True)):
+        b[start:start + size, p * r:(p + 1) * r] = piece[index * size:(index + 1) * size].to(
+            site.dtype)
+    return pa.to(site.dtype).repeat(len(sizes), 1), b
 
 
 def _starts(sizes: list[int]) -> list[int]:

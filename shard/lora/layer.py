@@ -14,6 +14,7 @@ graphs (the index is a graph input); elsewhere torch ops (torch_lora.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -61,9 +62,11 @@ class RowAdapters:
 class LoraLinear(nn.Module):
     """base(x) plus each row's adapter's low-rank update.
 
-    Fused layers (q|k|v, gate|up) stack the pieces' A and place each piece's B in its own output
-    rows, zeros elsewhere, so one shrink and one expand serve the whole fused output; `max_rank`
-    is then the fused rank (the sum of the pieces'). On several ranks each holds the slices of A
+    Fused layers (q|k|v, gate|up: `pieces`, each piece's local output size) stack the pieces' A
+    and place each piece's B in its own output rows, so one shrink serves the whole fused
+    output. The slot's rank columns are split evenly over the pieces (piece p: columns
+    [p·max_rank/P, (p+1)·max_rank/P)), so the CPU expands each piece from its own columns only
+    (a q|k|v expand at a third of the block-diagonal B's work). On several ranks each holds the slices of A
     and B that match its slice of the layer (shard/lora/attach.py); a row-parallel layer's
     update, computed from this rank's input slice, is added before the all-reduce, which sums it
     with the others'.
@@ -71,7 +74,8 @@ class LoraLinear(nn.Module):
 
     def __init__(self, base: nn.Module, rows: RowAdapters, *, in_features: int,
                  out_features: int, slots: int, max_rank: int, dtype: torch.dtype,
-                 device: torch.device, path: str = TORCH_PATH) -> None:
+                 device: torch.device, path: str = TORCH_PATH,
+                 pieces: Sequence[int] | None = None) -> None:
         super().__init__()
         if slots < 2 or max_rank < 1:
             raise ValueError(f"LoraLinear needs >= 2 slots and max_rank >= 1, got {slots}, "
@@ -79,6 +83,10 @@ class LoraLinear(nn.Module):
         self.base = base
         self.rows = rows
         self.path = path
+        self.pieces = tuple(pieces or (out_features,))
+        if sum(self.pieces) != out_features or max_rank % len(self.pieces):
+            raise ValueError(f"LoraLinear: pieces {self.pieces} do not split {out_features} "
+                             f"outputs and rank {max_rank} evenly")
         self.register_buffer("a", torch.zeros(slots, max_rank, in_features, dtype=dtype,
                                               device=device), persistent=False)
         self.register_buffer("bt", torch.zeros(slots, max_rank, out_features, dtype=dtype,
@@ -97,32 +105,35 @@ class LoraLinear(nn.Module):
     def set_slot(self, index: int, a: torch.Tensor | None, b: torch.Tensor | None) -> None:
         """Writes adapter `index`'s (≥ 1, its wire index) A [rank, in] and B [out, rank] (scale
         folded into B) into its slot, or clears the slot (both None: the rows of that index then
-        run the base model). In place: the slot tensors keep their addresses, so CUDA graphs
-        captured over them stay valid. Raises ValueError for an index or rank beyond the
-        capacity given at construction, or shapes that do not fit the layer."""
+        run the base model). With P pieces, `rank` is P·r, piece p's rank being rows of A /
+        columns of B [p·r, (p+1)·r) (zeros where the adapter does not adapt the piece:
+        attach._fused_pair's layout); each goes to the piece's own columns of the slot. In
+        place: the slot tensors keep their addresses, so CUDA graphs captured over them stay
+        valid. Raises ValueError for an index or rank beyond the capacity given at
+        construction, or shapes that do not fit the layer."""
         if not 1 <= index < self.slots:
             raise ValueError(f"LoRA slot {index} is outside 1..{self.slots - 1}")
+        self.a[index].zero_()
+        self.bt[index].zero_()
+        self.ranks[index] = 0
         if a is None or b is None:
             if a is not None or b is not None:
                 raise ValueError("set_slot: give both A and B, or neither to clear the slot")
-            self.a[index].zero_()
-            self.bt[index].zero_()
-            self.ranks[index] = 0
             return
-        rank = a.shape[0]
-        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank:
+        rank, count = a.shape[0], len(self.pieces)
+        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank or rank % count:
             raise ValueError(f"set_slot: A {tuple(a.shape)} and B {tuple(b.shape)} are not "
-                             "[rank, in] and [out, rank]")
+                             f"[rank, in] and [out, rank] with rank a multiple of {count}")
         if rank > self.max_rank:
             raise ValueError(f"LoRA slot {index}: rank {rank} exceeds this layer's capacity "
                              f"{self.max_rank}")
         if a.shape[1] != self.a.shape[2] or b.shape[0] != self.bt.shape[2]:
             raise ValueError(f"LoRA slot {index}: A {tuple(a.shape)} / B {tuple(b.shape)} do not "
                              f"fit a {self.bt.shape[2]}×{self.a.shape[2]} layer")
-        self.a[index].zero_()
-        self.bt[index].zero_()
-        self.a[index, :rank].copy_(a)
-        self.bt[index, :rank].copy_(b.t())
+        r, stride = rank // count, self.max_rank // count
+        for p in range(count):
+            self.a[index, p * stride:p * stride + r].copy_(a[p * r:(p + 1) * r])
+            self.bt[index, p * stride:p * stride + r].copy_(b[:, p * r:(p + 1) * r].t())
         self.ranks[index] = rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -144,7 +155,7 @@ class LoraLinear(nn.Module):
             add_lora(out, flat, self.a, self.bt, index)
         elif flat.device.type == "cpu":
             seg = self.rows.segments(self.slots, self.a.dtype)
-            torch_lora.add_segmented(out, flat, self.a, self.bt, seg)
+            torch_lora.add_segmented(out, flat, self.a, self.bt, seg, self.pieces)
         else:
             torch_lora.add_dense(out, flat, self.a, self.bt, index)
         return y

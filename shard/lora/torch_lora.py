@@ -15,6 +15,8 @@ Measured on the CPU by bench/experiments/lora_overhead.py (its numbers: /tmp/doc
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -50,15 +52,23 @@ def segments(index: torch.Tensor, slots: int, dtype: torch.dtype) -> Segments:
 
 
 def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
-                  seg: Segments) -> None:
-    """out += each row's update, as two batched matmuls over slots 1..S-1: the rows of each
-    slot gathered into its padded segment, shrunk by its A, padding zeroed, expanded by its B,
-    added back. Five ops whatever the number of adapters, the work of the padded rows only."""
+                  seg: Segments, pieces: Sequence[int]) -> None:
+    """out += each row's update, as batched matmuls over slots 1..S-1: the rows of each slot
+    gathered into its padded segment, shrunk by its A, padding zeroed, expanded by its B (one
+    batched matmul per fused piece, from the piece's own rank columns: LoraLinear's layout),
+    added back. A fixed handful of ops whatever the number of adapters."""
     slots, rank, n = bt.shape
     rows = x.index_select(0, seg.gather).view(slots - 1, seg.length, -1)
     shrunk = torch.bmm(rows, a[1:].transpose(1, 2)) * seg.keep
-    delta = torch.bmm(shrunk, bt[1:]).view(-1, n)
-    out.index_add_(0, seg.gather, delta.to(out.dtype))
+    if len(pieces) == 1:
+        delta = torch.bmm(shrunk, bt[1:])
+    else:
+        step, starts = rank // len(pieces), [0, *itertools.accumulate(pieces)]
+        delta = torch.cat([
+            torch.bmm(shrunk[:, :, p * step:(p + 1) * step],
+                      bt[1:, p * step:(p + 1) * step, starts[p]:starts[p + 1]])
+            for p in range(len(pieces))], dim=2)
+    out.index_add_(0, seg.gather, delta.view(-1, n).to(out.dtype))
 
 
 def add_dense(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,

@@ -101,3 +101,28 @@ def test_set_slot_rewrites_in_place() -> None:
     got = layer(torch.ones(2, 4))
     assert torch.equal(got, torch.tensor([[24.0] * 6, [0.0] * 6]))
     assert (layer.a.data_ptr(), layer.bt.data_ptr()) == address
+
+
+def test_fused_pieces_expand_from_their_own_columns() -> None:
+    """A q|k|v-like layer of three pieces: each adapter's A rows and block-diagonal B columns of
+    piece p land in the piece's own slot columns (capacity 3 x 6, adapters of rank 4 and 2, one
+    without the middle piece), and the per-piece expand gives the reference."""
+    gen = torch.Generator().manual_seed(7)
+    pieces, k = (24, 8, 8), 16
+    layer = LoraLinear(_Zero(40), RowAdapters(), in_features=k, out_features=40, slots=3,
+                       max_rank=18, dtype=torch.float32, device=torch.device("cpu"),
+                       pieces=pieces)
+    for slot, r, skip in ((1, 4, None), (2, 2, 1)):
+        a = torch.randn(3 * r, k, generator=gen)
+        b = torch.zeros(40, 3 * r)
+        start = 0
+        for p, size in enumerate(pieces):
+            if p != skip:
+                b[start:start + size, p * r:(p + 1) * r] = torch.randn(size, r, generator=gen)
+            start += size
+        layer.set_slot(slot, a, b)
+        assert torch.equal(layer.a[slot, 6:6 + r], a[r:2 * r])  # piece 1 at its columns
+        assert torch.equal(layer.a[slot, r:6], torch.zeros(6 - r, k))
+    check(layer, 30, 3, seed=3, tol=1e-4)
+    with pytest.raises(ValueError, match="multiple of 3"):
+        layer.set_slot(1, torch.zeros(4, k), torch.zeros(40, 4))
