@@ -199,6 +199,7 @@ class Infer:
             raise OverloadedError()
         self._check_schedulable(request)
         self._check_vocabulary(request)
+        self._check_adapter(request)
         entry_id = next(self._ids)
         try:
             pb = request_pb(entry_id, request)
@@ -297,6 +298,15 @@ class Infer:
                     f"`inputs` holds token id {highest}, outside the model's vocabulary of "
                     f"{vocab_size} tokens (a tokenizer token the model has no embedding for)"
                 )
+
+    def _check_adapter(self, request: ValidRequest) -> None:
+        """The adapter validation resolved is still the one loaded: an unload (or an unload and
+        a load reusing its index) between validation and here would otherwise run the request
+        under no adapter, or another one's weights."""
+        if request.adapter_index and not self.adapters.current(request.adapter_index,
+                                                               request.adapter_key):
+            raise ValidationError(f"`adapter_id` {request.adapter_name!r} is not a loaded "
+                                  "adapter (it was unloaded)")
 
     def _cancel(self, entry: Entry) -> None:
         self._release(entry)

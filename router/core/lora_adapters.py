@@ -58,6 +58,11 @@ class AdapterTable:
         """The loaded adapters' names, by wire index."""
         return [r.name for r in sorted(self._by_name.values(), key=lambda r: r.index)]
 
+    def current(self, index: int, key: int) -> bool:
+        """Whether the adapter loaded at `index` is the load `key` names."""
+        ref = self.by_index(index)
+        return ref is not None and ref.key == key
+
     def refs(self) -> list[AdapterRef]:
         return sorted(self._by_name.values(), key=lambda r: r.index)
 

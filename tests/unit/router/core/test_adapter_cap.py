@@ -123,3 +123,14 @@ def test_drained_waits_for_the_requests_in_flight() -> None:
 
     assert asyncio.run(run()) == ["one", "two", "drained"]
     assert table.in_flight(1) == 0
+
+
+def test_current_tells_a_load_from_a_later_one_at_the_same_index() -> None:
+    table = AdapterTable(("a",))
+    first = table.get("a")
+    assert first is not None and table.current(1, first.key)
+    table.remove("a")
+    assert not table.current(1, first.key)
+    table.release(1)
+    again = table.add("a", table.reserve(), "/adapters/a2")
+    assert again.index == 1 and table.current(1, again.key) and not table.current(1, first.key)
