@@ -245,7 +245,8 @@ def main() -> None:
                         "directory (default: n-gram lookup)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sample at this temperature, seeded per request (0: greedy)")
-    parser.add_argument("--workloads", help="only the workloads whose name contains this")
+    parser.add_argument("--workloads", help="only the workloads whose name ends with this "
+                        "(\"batch 1\": the three at batch 1)")
     parser.add_argument("--model", type=Path, default=DEMO_MODEL,
                         help="the target model's directory (default: the demo model)")
     parser.add_argument("--out", type=Path)
@@ -256,7 +257,7 @@ def main() -> None:
     plain, speculating = engine(0, model=args.model), engine(4, draft, args.model)
     speculating.drafting_batch = args.drafting_batch
     chosen = [w for w in workloads() if (draft is None or w.batch <= args.drafting_batch)
-              and (args.workloads is None or args.workloads in w.name)]
+              and (args.workloads is None or w.name.endswith(args.workloads))]
     rows = [measure(plain, speculating, w, args.repeats, args.temperature) for w in chosen]
     shutil.rmtree(workdir)
     for row in rows:
