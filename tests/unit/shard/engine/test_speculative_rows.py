@@ -94,3 +94,20 @@ def test_grammar_rows_draft_and_keep_their_tokens(
     got, _ = serve(speculating, reqs)
     assert_same(got, expected)
     assert sum(kept(got, rid) for rid in range(3)) > 0
+
+
+def test_a_resumed_seeded_request_continues_its_tokens_with_drafts(
+    pair: tuple[Engine, Engine],
+) -> None:
+    """Preemption: a seeded sampling request resumed with its first 9 tokens (prompt and those
+    in chunks) draws its later tokens at their own indexes, drafting or not."""
+    plain, speculating = pair
+    params = Params(do_sample=True, seed=12, temperature=0.15)
+    whole, _ = serve(plain, [greedy(0, QUOTED, 24, parameters=params)])
+    tokens = whole.tokens[0]
+    resumed = greedy(1, QUOTED, 24, parameters=params, generated_ids=tokens[:9])
+    for engine in (plain, speculating):
+        run, _ = serve(engine, [resumed], chunk=7)
+        assert run.tokens[1] == tokens[9:]
+        assert run.finals[1].seed == 12
+    assert kept(run, 1) > 0
