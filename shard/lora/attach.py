@@ -30,6 +30,7 @@ from pytgi_shard.layers.mlp import GatedMLP
 from pytgi_shard.lora.layer import TORCH_PATH, TRITON_PATH, LoraLinear, RowAdapters
 from pytgi_shard.lora.peft_adapter import AdapterRefused, PeftAdapter
 from pytgi_shard.models.llama.model import Llama, LlamaDecoderLayer
+from pytgi_shard.quantization.linear_weight import QuantizedWeight
 
 # Each wrapped layer: (owner attribute, layer attribute, the projections fused in it, in order).
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -105,7 +106,7 @@ def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, 
             (attn, "qkv", QKV, Slicing([attn.q_size, kv, kv], [mine, kv_part, kv_part])),
             (attn, "o_proj", ("o_proj",), Slicing(None, [mine], row=True))]
         if isinstance(mlp, GatedMLP):
-            half = _dense(mlp.gate_up, who, i).shape[0] // 2
+            half = _shape(mlp.gate_up, model, who, i).out_features // 2
             # The fused activation kernel reads gate_up's output as before.
             plan += [(mlp, "gate_up", GATE_UP, Slicing([half, half], [mine, mine])),
                      (mlp, "down", ("down_proj",), Slicing(None, [mine], row=True))]
@@ -115,18 +116,18 @@ def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, 
             if not every and not any(adapts(a, i, modules) for a in adapters):
                 continue
             linear = getattr(owner, attr)
-            weight = _dense(linear, who, i)
-            sizes = slicing.sizes or [weight.shape[0]]
-            if sum(sizes) != weight.shape[0]:
+            weight = _shape(linear, model, who, i)
+            sizes = slicing.sizes or [weight.out_features]
+            if sum(sizes) != weight.out_features:
                 raise AdapterRefused(f"{who}: layer {i} {'/'.join(modules)} do not fuse as "
-                                     f"{sizes} ({weight.shape[0]})")
-            lora = LoraLinear(linear, out.rows, in_features=weight.shape[1],
-                              out_features=weight.shape[0], slots=slots,
+                                     f"{sizes} ({weight.out_features})")
+            lora = LoraLinear(linear, out.rows, in_features=weight.in_features,
+                              out_features=weight.out_features, slots=slots,
                               max_rank=max_rank * len(modules), dtype=weight.dtype,
-                              device=weight.device, path=path, pieces=sizes)
+                              device=model.device, path=path, pieces=sizes)
             setattr(owner, attr, lora)
             out.sites.append(Site(i, modules, dataclasses.replace(slicing, sizes=sizes), lora,
-                                  weight.shape[0], weight.shape[1], weight.dtype))
+                                  weight.out_features, weight.in_features, weight.dtype))
     out.plain_mlp = frozenset(plain)
     return out
 
@@ -162,12 +163,27 @@ def fuse(adapter: PeftAdapter, sites: Sites) -> list[tuple[torch.Tensor, torch.T
     return out
 
 
-def _dense(linear: nn.Module, who: str, layer: int) -> torch.Tensor:
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a LoRA slot is built to: the layer's rank-local (out, in) and the dtype the update
+    computes in (the activations')."""
+
+    out_features: int
+    in_features: int
+    dtype: torch.dtype
+
+
+def _shape(linear: nn.Module, model: Llama, who: str, layer: int) -> _Shape:
+    """The layer's shape from its float weight, or from its quantized weight (--quantize, a
+    quantized checkpoint: the update is independent of how the base weight is stored; it runs
+    in the model's dtype beside the quantized matmul)."""
     weight = getattr(linear, "weight", None)
-    if not isinstance(weight, torch.Tensor):
-        raise AdapterRefused(f"{who}: layer {layer}'s weights are quantized: LoRA runs on float "
-                             "weights only")
-    return weight
+    if isinstance(weight, torch.Tensor):
+        return _Shape(weight.shape[0], weight.shape[1], weight.dtype)
+    if isinstance(weight, QuantizedWeight):
+        return _Shape(weight.out_features, weight.in_features, model.dtype)
+    raise AdapterRefused(f"{who}: layer {layer}'s {type(linear).__name__} has no weight a LoRA "
+                         "update can be shaped by")
 
 
 @dataclass(frozen=True, slots=True)
