@@ -15,7 +15,7 @@ import torch
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.service.startup import load_engine
+from pytgi_shard.service.startup import StartupRefused, load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.hf_reference import hf_greedy
 from tests.lora_adapters import merged_model, write_adapter
@@ -176,3 +176,32 @@ def test_without_runtime_updates_loads_are_refused(
     assert (list(info.lora_adapters), info.max_loras, info.lora_runtime_updates) == (
         ["a"], 1, False)
     assert torch.count_nonzero(engine.adapters.sites.sites[0].lora.a[1]) > 0  # type: ignore[union-attr]
+
+
+def test_slot_flags_out_of_range_are_refused_at_start_up(
+    tiny_model: Callable[..., Path], adapters: dict[str, Path]
+) -> None:
+    model = tiny_model("llama")
+    for settings, message in [
+        (dict(lora_runtime_updates=True, max_lora_rank=65), "--max-lora-rank 65 is not in 1..64"),
+        (dict(lora_runtime_updates=True, max_loras=-1), "--max-loras -1 must be >= 1"),
+        (dict(lora_adapters=f"wide={adapters['wide']}", max_lora_rank=8),
+         "'wide': rank r=16 exceeds --max-lora-rank 8"),
+    ]:
+        with pytest.raises(StartupRefused, match=message):
+            load_engine(ShardSettings(model_path=model, **settings))  # type: ignore[arg-type]
+
+
+def test_start_up_adapters_past_the_cap_wait_in_host_memory(
+    tiny_model: Callable[..., Path], adapters: dict[str, Path], expected: dict[str, list[int]]
+) -> None:
+    """--lora-adapters with four adapters and --max-loras 2 (no runtime updates): two slots,
+    each adapter still answers its own."""
+    spec = ",".join(f"{name}={adapters[name]}" for name in NAMES)
+    engine = load_engine(ShardSettings(model_path=tiny_model("llama"), block_size=4,
+                                       lora_adapters=spec, max_loras=2))
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
+    assert (engine.info().max_loras, engine.adapters.sites.sites[0].lora.slots) == (2, 3)  # type: ignore[union-attr]
+    for index, name in enumerate(NAMES, 1):
+        assert solo(engine, lora_request(index, index)).tokens[index] == expected[name]
+    assert engine.adapters.evictions >= 2
