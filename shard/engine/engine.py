@@ -40,8 +40,8 @@ from pytgi_shard.engine.generation import (
     prefill_tokens,
     resume_texts,
 )
+from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.engine.info import info_response
-from pytgi_shard.engine.medusa import MedusaDrafter
 from pytgi_shard.engine.model_runner import ModelRunner
 from pytgi_shard.engine.prefill_ladder import resolve_prefill
 from pytgi_shard.engine.request_state import BatchContext
@@ -78,7 +78,7 @@ class _Step(NamedTuple):
 class Engine:
     def __init__(
         self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings,
-        adapters: AdapterSet | None = None, draft: DraftModel | MedusaDrafter | None = None,
+        adapters: AdapterSet | None = None, draft: DraftModel | HiddenStateDrafter | None = None,
     ) -> None:
         self.model = model
         # The LoRA adapters attached to the model (--lora-adapters; shard/lora/).
@@ -100,8 +100,8 @@ class Engine:
         )
         # The model, its KV cache (block 0 only until Warmup), decode graphs and look-aheads.
         self.runner = ModelRunner(model, dist, settings, self.adapters.rows, draft)
-        # Who proposes the drafts: the draft model or Medusa heads (--speculator-model), else
-        # the n-gram index.
+        # Who proposes the drafts: the draft model or speculator heads (--speculator-model),
+        # else the n-gram index.
         self.drafter: Drafter = draft if draft is not None else NgramDrafter()
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
         self.encoder_decoder = isinstance(model, EncoderDecoderModel)

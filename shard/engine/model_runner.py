@@ -27,9 +27,9 @@ from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.draft_model import DraftModel, draft_share_line
 from pytgi_shard.engine.forward_timer import ForwardTimer
+from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
-from pytgi_shard.engine.medusa import MedusaDrafter
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.warmup import (
     CacheSize,
@@ -61,14 +61,14 @@ RunBatch = Callable[[generate_pb2.Batch], None]
 class ModelRunner:
     def __init__(self, model: Model, dist: Dist, settings: ShardSettings,
                  lora_rows: RowAdapters | None = None,
-                 draft: DraftModel | MedusaDrafter | None = None) -> None:
+                 draft: DraftModel | HiddenStateDrafter | None = None) -> None:
         self.model = model
         # The draft model (--speculator-model): its KV cache has the target's blocks, sized
         # and resized with it (shard/engine/draft_model.py).
         self.draft = draft if isinstance(draft, DraftModel) else None
-        # Medusa heads (--speculator-model): told which KV slots each eager forward's LM head
-        # rows are, they keep its hidden states (shard/engine/medusa.py).
-        self.hidden_tap = draft if isinstance(draft, MedusaDrafter) else None
+        # Speculator heads (--speculator-model): told which KV slots each eager forward's LM
+        # head rows are, they keep its hidden states (shard/engine/hidden_drafter.py).
+        self.hidden_tap = draft if isinstance(draft, HiddenStateDrafter) else None
         # The rows of each LoRA adapter, bound around every eager forward (the decode graphs
         # bind it to their own buffer); the model's LoraLinear layers read it (shard/lora/).
         self.lora_rows = lora_rows or RowAdapters()
@@ -176,7 +176,7 @@ class ModelRunner:
         buckets = graph_buckets(self.settings, model, self.dist.caps, limits)
         if buckets and self.hidden_tap is not None:
             # A graph's replay runs no Python hook: the heads would see no hidden state.
-            log.info("CUDA graphs off: Medusa heads read the hidden states of eager forwards")
+            log.info("CUDA graphs off: speculator heads read the hidden states of eager forwards")
             buckets = ()
         # Before the cache is sized, the longest context is bounded by the model's.
         longest = limits.max_total_tokens or model.max_position_embeddings

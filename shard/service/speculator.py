@@ -1,6 +1,7 @@
-"""--speculator-model at start-up: Medusa heads (a config.json with `medusa_num_heads`, as TGI
-detects them: shard/engine/medusa.py) or a draft model loaded beside the target, or refused in
-one line.
+"""--speculator-model at start-up: speculator heads detected from config.json as TGI detects
+them (the architecture MLPSpeculatorPreTrainedModel: IBM's MLP speculator,
+shard/engine/mlp_speculator.py; `medusa_num_heads`: Medusa, shard/engine/medusa.py), else a
+draft model loaded beside the target, or refused in one line.
 
 The draft is loaded by the target's loading code (shard/models: get_model), on the same ranks,
 in the same dtype, with the same attention backend: a tensor-parallel draft is sharded like the
@@ -26,7 +27,9 @@ from torch import nn
 
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.draft_model import DraftModel
-from pytgi_shard.engine.medusa import MedusaDrafter, read_heads
+from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter, SpeculatorHeads
+from pytgi_shard.engine.medusa import read_heads
+from pytgi_shard.engine.mlp_speculator import read_mlp_speculator
 from pytgi_shard.models import get_model
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
@@ -36,6 +39,9 @@ from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
 
+# config.json's architecture of IBM's MLP speculators (TGI's detection).
+MLP_SPECULATOR = "MLPSpeculatorPreTrainedModel"
+
 
 class SpeculatorRefused(ValueError):
     """A --speculator-model this target cannot draft with: one line, naming why."""
@@ -44,7 +50,7 @@ class SpeculatorRefused(ValueError):
 def load_draft_model(
     settings: ShardSettings, target: Model, detokenizer: Detokenizer, dtype: torch.dtype,
     dist: Dist,
-) -> DraftModel | MedusaDrafter | None:
+) -> DraftModel | HiddenStateDrafter | None:
     """The drafter of --speculator-model; None without the flag."""
     path = settings.speculator_model
     if path is None:
@@ -57,8 +63,10 @@ def load_draft_model(
         raw = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         raw = None
+    if isinstance(raw, dict) and (raw.get("architectures") or [None])[0] == MLP_SPECULATOR:
+        return load_heads(flag, path, raw, target, dtype, settings.speculate, "mlp-speculator")
     if isinstance(raw, dict) and "medusa_num_heads" in raw:
-        return load_medusa(flag, path, raw, target, dtype, settings.speculate)
+        return load_heads(flag, path, raw, target, dtype, settings.speculate, "medusa")
     try:
         config = ModelConfig.read(path)
         theirs = Detokenizer.from_model_dir(path, config.raw)
@@ -87,26 +95,27 @@ def load_draft_model(
     return DraftModel(draft, target.vocab_size, settings.block_size)
 
 
-def load_medusa(
+def load_heads(
     flag: str, path: Path, config: dict[str, Any], target: Model, dtype: torch.dtype,
-    speculate: int,
-) -> MedusaDrafter:
-    """Medusa heads on the target's LM head (shard/engine/medusa.py)."""
+    speculate: int, kind: str,
+) -> HiddenStateDrafter:
+    """Speculator heads on the target's last hidden state (shard/engine/hidden_drafter.py):
+    Medusa's or the MLP speculator's, `kind`."""
     lm_head = getattr(target, "lm_head", None)
     hidden_size = getattr(getattr(target, "config", None), "hidden_size", None)
     if not isinstance(lm_head, nn.Module) or not isinstance(hidden_size, int):
-        raise SpeculatorRefused(f"{flag}: Medusa heads need one of pytgi's own decoders (an "
+        raise SpeculatorRefused(f"{flag}: {kind} heads need one of pytgi's own decoders (an "
                                 f"LM head on the last hidden state); {target.model_type} has none")
+    read = read_mlp_speculator if kind == "mlp-speculator" else read_heads
     try:
-        heads = read_heads(path, config, dtype, target.device, hidden_size)
+        heads: SpeculatorHeads = read(path, config, dtype, target.device, hidden_size)
     except (ValueError, OSError) as e:
         raise SpeculatorRefused(f"{flag}: {e}") from e
     if len(heads) < speculate:
-        log.warning("%s has %d Medusa heads: at most %d drafts per step (--speculate %d)",
-                    path, len(heads), len(heads), speculate)
-    log.info("Medusa heads %s: %d heads of %d residual blocks, %s output", path, len(heads),
-             len(heads.blocks[0]), "their own" if heads.outs[0] is not None else "the LM head's")
-    return MedusaDrafter(heads, lm_head, target.vocab_size)
+        log.warning("%s has %d %s heads: at most %d drafts per step (--speculate %d)",
+                    path, len(heads), kind, len(heads), speculate)
+    log.info("%s heads %s: %d drafts per step at most", kind, path, len(heads))
+    return HiddenStateDrafter(kind, heads, lm_head, target.vocab_size)
 
 
 def vocabulary_difference(ours: Detokenizer, theirs: Detokenizer) -> str | None:

@@ -19,7 +19,7 @@ from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.engine import Engine
-from pytgi_shard.engine.medusa import MedusaDrafter
+from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.service.startup import StartupRefused, load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.tiny_models import VOCAB_SIZE
@@ -77,7 +77,7 @@ def test_served_greedy_tokens_equal_those_without_speculation(
     engines: dict[str, Engine], heads: str
 ) -> None:
     engine = engines[heads]
-    assert isinstance(engine.drafter, MedusaDrafter)
+    assert isinstance(engine.drafter, HiddenStateDrafter) and engine.drafter.name == "medusa"
     expected = serve(engines["plain"], requests())
     got = serve(engine, requests())
     assert_same(got.run, expected.run)
@@ -104,7 +104,7 @@ def test_each_row_reads_the_hidden_state_of_its_position_before_last(
     Any other position's hidden state would propose another token."""
     engine = engines["identity"]
     drafter = engine.drafter
-    assert isinstance(drafter, MedusaDrafter)
+    assert isinstance(drafter, HiddenStateDrafter)
     propose = drafter.propose
     seen: list[bool] = []
 
