@@ -41,8 +41,12 @@ _VALUED: list[tuple[str, Any, str]] = [
      "grammar rows never do (0..16; default 0: off)"),
     ("--speculator-model", str, "drafts for --speculate N in place of n-gram lookup: a draft "
      "model's directory (a model of the registry with the model's tokenizer, e.g. a smaller one "
-     "of its family; its own KV cache takes its share of the KV memory) or Medusa heads (TGI's "
-     "checkpoint: config.json with medusa_num_heads; CUDA graphs off)"),
+     "of its family; its own KV cache takes its share of the KV memory) or speculator heads "
+     "detected as TGI does (Medusa: medusa_num_heads; IBM's MLP speculator: its architecture "
+     "in config.json; CUDA graphs off)"),
+    ("--speculator-model", str, "a draft model's directory (a model of the registry with the "
+     "model's tokenizer, e.g. a smaller one of its family): it proposes the --speculate drafts "
+     "in place of n-gram lookup, with its own KV cache taking its share of the KV memory"),
     ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
      "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
      "directories or Hub ids); pytgi's Llama-family models with float weights"),

@@ -92,8 +92,15 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         "--speculator-model",
         type=Path,
         help="drafts for --speculate: a draft model's directory (a model of the registry with "
-        "the same tokenizer; its own share of the KV memory) or Medusa heads (config.json with "
-        "medusa_num_heads) (env SPECULATOR_MODEL; default: n-gram drafts)",
+        "the same tokenizer; its own share of the KV memory) or speculator heads (Medusa, IBM's "
+        "MLP speculator) (env SPECULATOR_MODEL; default: n-gram drafts)",
+    )
+    p.add_argument(
+        "--speculator-model",
+        type=Path,
+        help="a draft model's directory (a model of the registry with the same tokenizer): it "
+        "proposes the --speculate drafts, from its own share of the KV memory (env "
+        "SPECULATOR_MODEL; default: n-gram drafts)",
     )
     p.add_argument(
         "--lora-adapters",
