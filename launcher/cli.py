@@ -44,9 +44,6 @@ _VALUED: list[tuple[str, Any, str]] = [
      "of its family; its own KV cache takes its share of the KV memory) or speculator heads "
      "detected as TGI does (Medusa: medusa_num_heads; IBM's MLP speculator: its architecture "
      "in config.json; CUDA graphs off)"),
-    ("--speculator-model", str, "a draft model's directory (a model of the registry with the "
-     "model's tokenizer, e.g. a smaller one of its family): it proposes the --speculate drafts "
-     "in place of n-gram lookup, with its own KV cache taking its share of the KV memory"),
     ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
      "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
      "directories or Hub ids); pytgi's Llama-family models with float weights"),

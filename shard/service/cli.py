@@ -96,13 +96,6 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         "MLP speculator) (env SPECULATOR_MODEL; default: n-gram drafts)",
     )
     p.add_argument(
-        "--speculator-model",
-        type=Path,
-        help="a draft model's directory (a model of the registry with the same tokenizer): it "
-        "proposes the --speculate drafts, from its own share of the KV memory (env "
-        "SPECULATOR_MODEL; default: n-gram drafts)",
-    )
-    p.add_argument(
         "--lora-adapters",
         help="LoRA adapters to serve: a comma list of `id`, `name=id` or `name=path` (PEFT "
         "directories or Hub ids), for pytgi's Llama-family models (env LORA_ADAPTERS)",
