@@ -54,7 +54,10 @@ class AddressPolicy:
         """The checked target of `url`, or an ImageError saying which rule refused it."""
         if not self.limits.fetching:
             raise ImageError(where, FETCHING_OFF)
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # an unclosed IPv6 bracket, for one
+            raise ImageError(where, f"{url!r} is not a valid URL") from None
         scheme = parts.scheme.lower()
         if scheme not in ("http", "https"):
             raise ImageError(where, f"{scheme or 'a relative'}: URLs are not fetched: an image is "
@@ -111,9 +114,16 @@ class AddressPolicy:
 
 def non_public_kind(address: Address) -> str | None:
     """Why an address is not a public one (None: it is): loopback, private, link-local (cloud
-    metadata at 169.254.169.254), multicast, reserved, …; IPv4-mapped IPv6 as its IPv4."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    metadata at 169.254.169.254), multicast, reserved, …; IPv4-mapped IPv6 as its IPv4. A 6to4
+    address (2002::/16) is judged by the IPv4 address it carries too: Python calls
+    2002:7f00:1:: global, yet 6to4 tunnels it to the IPv4 host it embeds (127.0.0.1)."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        elif address.sixtofour is not None:
+            inner = non_public_kind(address.sixtofour)
+            if inner is not None:
+                return f"6to4 {inner}"
     checks = (("loopback", address.is_loopback), ("unspecified", address.is_unspecified),
               ("link-local", address.is_link_local), ("multicast", address.is_multicast),
               ("private", address.is_private), ("reserved", address.is_reserved))

@@ -56,6 +56,8 @@ class ImageFetcher:
                                     "(--media-fetch-timeout)") from None
         except httpx.HTTPError as err:
             raise ImageError(where, f"fetching {url} failed: {type(err).__name__}") from None
+        except httpx.InvalidURL as err:  # not an HTTPError: a URL urlsplit took, httpx refuses
+            raise ImageError(where, f"{url!r} is not a valid URL ({err})") from None
 
     async def _follow(self, where: str, url: str) -> bytes:
         for _ in range(self.limits.max_redirects + 1):
@@ -88,12 +90,18 @@ class ImageFetcher:
 
     async def _body(self, where: str, url: str, response: httpx.Response) -> bytes:
         limit = self.limits.max_image_bytes
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            # Asked for identity; a compressed body would be counted after inflating, and one
+            # network chunk of gzip or brotli can inflate to gigabytes before the count sees it.
+            raise ImageError(where, f"{url} answered with Content-Encoding {encoding!r}; images "
+                                    "are fetched uncompressed (Accept-Encoding: identity)")
         declared = response.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise ImageError(where, f"{url} is {declared} bytes, over the limit of {limit} bytes "
                                     "per image (--max-image-bytes)")
         chunks, size = [], 0
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.aiter_raw():
             size += len(chunk)
             if size > limit:
                 raise ImageError(where, f"{url} is over the limit of {limit} bytes per image "

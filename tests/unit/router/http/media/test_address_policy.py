@@ -67,6 +67,32 @@ def test_non_public_addresses_are_refused(url: str, kind: str) -> None:
     assert kind in refused(url, allow_urls=True)
 
 
+@pytest.mark.parametrize("url", [
+    # Decimal, hexadecimal, octal and short IPv4 forms are no literal to ipaddress; the
+    # resolver (inet_aton, no network) reads them as 127.0.0.1, and that address is checked.
+    "http://2130706433/", "http://0x7f.1/", "http://0177.0.0.1/", "http://127.1/",
+    # Userinfo that looks like a host: the host is what follows the '@'.
+    "http://public.example@127.0.0.1/", "http://public.example:80@127.0.0.1/",
+])
+def test_other_spellings_of_the_loopback_are_refused(url: str) -> None:
+    policy = AddressPolicy(MediaLimits(allow_urls=True))  # the system resolver
+    with pytest.raises(ImageError, match="127.0.0.1.* is a loopback address"):
+        asyncio.run(policy.target("messages[0].content[1]", url))
+
+
+def test_ipv6_forms_carrying_a_private_ipv4_are_refused() -> None:
+    assert "6to4 loopback" in refused("http://[2002:7f00:1::]/", allow_urls=True)
+    assert "6to4 private" in refused("http://[2002:a00:1::5]/", allow_urls=True)
+    assert "reserved" in refused("http://[::127.0.0.1]/", allow_urls=True)  # IPv4-compatible
+    assert "reserved" in refused("http://[64:ff9b::a00:1]/", allow_urls=True)  # NAT64
+    assert target("http://[2002:5db8:d822::1]/", allow_urls=True) == "2002:5db8:d822::1"
+
+
+def test_a_malformed_url_is_a_refusal_not_an_error() -> None:
+    assert "is not a valid URL" in refused("http://[::1/a.png", allow_urls=True)
+    assert "is not a valid URL" in refused("http://public.example:99999/", allow_urls=True)
+
+
 def test_schemes_other_than_http_are_refused() -> None:
     for url in ("file:///etc/passwd", "ftp://public.example/a.png", "gopher://x/"):
         assert "URLs are not fetched" in refused(url, allow_urls=True)

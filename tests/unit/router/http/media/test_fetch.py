@@ -44,6 +44,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, b"x" * 50_000, {})
         elif path == "/declared-big":
             self._send(200, b"", {"Content-Length": "999999999"})
+        elif path == "/gzipped":  # Accept-Encoding: identity ignored
+            self._send(200, b"\x1f\x8b" + b"\x00" * 30, {"Content-Encoding": "gzip"})
         elif path == "/slow":
             time.sleep(1.5)
             self._send(200, PNG, {})
@@ -120,6 +122,12 @@ def test_each_redirect_is_checked_again(server: str) -> None:
 def test_the_byte_limit_holds_while_streaming(server: str) -> None:
     assert "over the limit of 10000 bytes" in refused(f"{server}/big")
     assert "999999999 bytes, over the limit" in refused(f"{server}/declared-big")
+
+
+def test_a_compressed_body_and_a_url_httpx_refuses_are_refusals(server: str) -> None:
+    # Inflating is where a small body becomes gigabytes: compressed answers are refused.
+    assert "Content-Encoding 'gzip'" in refused(f"{server}/gzipped")
+    assert "is not a valid URL" in refused(f"{server}/img\x01.png")
 
 
 def test_time_out_and_http_errors(server: str) -> None:
