@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.engine import Engine
@@ -97,7 +98,9 @@ def interleaved(pair: tuple[tuple[Engine, int], tuple[Engine, int]], batch: int,
 
 
 def lora_path(e: Engine) -> str:
-    return next((m.path for m in e.model.modules() if isinstance(m, LoraLinear)), "none")
+    model = e.model
+    modules = model.modules() if isinstance(model, nn.Module) else ()
+    return next((m.path for m in modules if isinstance(m, LoraLinear)), "none")
 
 
 def main() -> None:

@@ -72,6 +72,10 @@ class LoraLinear(nn.Module):
     with the others'.
     """
 
+    # The slot tensors (buffers): [slots, max_rank, in] and [slots, max_rank, out].
+    a: torch.Tensor
+    bt: torch.Tensor
+
     def __init__(self, base: nn.Module, rows: RowAdapters, *, in_features: int,
                  out_features: int, slots: int, max_rank: int, dtype: torch.dtype,
                  device: torch.device, path: str = TORCH_PATH,

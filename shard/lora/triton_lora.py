@@ -19,7 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from pytgi_shard.attention.triton_online_softmax import dot_precision
+
+def dot_precision(fp32: bool) -> str:
+    """fp32 inputs get exact ("ieee") products, matching the reference; halves use tensor cores
+    (as the attention kernels do)."""
+    return "ieee" if fp32 else "tf32"
 
 
 @triton.jit

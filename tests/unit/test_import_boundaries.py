@@ -160,7 +160,7 @@ SHARD_BELOW = {
                 "sample", "structured_output", "layers", "lora"},
     "engine": {"models", "layers", "attention", "weights", "quantization", "device", "output",
                "sample", "structured_output", "speculative", "lora"},
-    "lora": {"models", "layers", "weights", "device"},
+    "lora": {"models", "layers", "weights", "quantization", "device"},
     "speculative": {"sample", "device"},
     "sample": {"structured_output", "device"},
     "structured_output": {"device"},
