@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import tempfile
@@ -133,12 +134,15 @@ def main() -> None:
     result = {
         "command": "python -m pytgi_bench.experiments.lora_batch " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if k not in ("out", "same_engine") and v is not None)
+            if k not in ("out", "same_engine") and v is not None
+            and not (k == "model" and v == DEMO_MODEL))
         + (" --same-engine" if args.same_engine else ""),
         "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO)
                      else args.model),
         "device": str(base.model.device), "torch_threads": args.threads,
         "machine": platform.machine(), "lora_path": lora_path(lora),
+        # The host's load when the runs ended (1, 5, 15 min): on a shared host, how busy it was.
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
         "batch": args.batch, "adapters": args.adapters, "rank": args.rank,
         "max_new_tokens": args.max_new, "repeats": args.repeats,
         # tokens_per_s: [base model alone, with adapters]; ratio: adapters' tokens/s over base's.

@@ -1,96 +1,125 @@
-"""What multi-LoRA costs a linear layer: LoraLinear (rows grouped by adapter: index_select,
-shrink, expand, index_add) against the base matmul alone, on one Llama-3-8B q|k|v projection
-(4096 → 6144), for decode-sized (8, 64 tokens) and prefill-sized (512 tokens) inputs, with the
-rows spread evenly over 0 (base only), 1 and 4 adapters of rank 16 (and 64). On the CPU in
-float32 by default, on CUDA in bfloat16 when present (`--device cuda`).
+"""Which LoRA update the CPU takes, measured (shard/lora/torch_lora.py): on one layer, the base
+matmul alone against the update computed three ways, rows spread evenly over the base model and
+`--adapters` adapters of rank `--rank`:
+- grouped: the first version's, per adapter present: gather its rows, shrink, expand, add back
+  (index_select, two matmuls, index_add_: four ops per adapter, one host read per forward);
+- segmented: rows padded per slot once per forward, batched matmuls over all slots, the expand
+  per fused piece (the CPU's path);
+- dense: every row through every slot's A and B, masked to its own (CUDA without Triton).
+Layers: the demo model's (launcher/demo_model: hidden 128) q|k|v, o, gate|up and down, and one
+Llama-3-8B q|k|v (4096 -> 6144), at 64 tokens (a decode step of batch 64) and 512 (a prefill).
+Each path's time and the base matmul's are taken in turns, the median of --repeat rounds.
 
-    python -m pytgi_bench.experiments.lora_overhead [--device cpu|cuda] [--threads N]
+    python -m pytgi_bench.experiments.lora_overhead --out bench/results/cpu/lora_overhead.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from pytgi_shard.lora.layer import TORCH_PATH, LoraLinear, RowAdapters
+from pytgi_shard.lora import torch_lora
 
-IN, OUT = 4096, 6144
-
-
-class _Dense(nn.Module):
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.weight = weight
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+# (name, in, out, pieces: output sizes of the fused projections)
+LAYERS = (
+    ("demo q|k|v", 128, 384, (128, 128, 128)),
+    ("demo o", 128, 128, (128,)),
+    ("demo gate|up", 128, 768, (384, 384)),
+    ("demo down", 384, 128, (128,)),
+    ("8B q|k|v", 4096, 6144, (4096, 1024, 1024)),
+)
 
 
-def _time(call: Callable[[], torch.Tensor], device: torch.device, repeat: int) -> float:
-    """Median seconds of `call()` over `repeat` calls after two warm-up calls."""
-    for _ in range(2):
-        call()
-    samples = []
-    for _ in range(repeat):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        samples.append(time.perf_counter() - start)
-    return sorted(samples)[len(samples) // 2]
+def grouped(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
+            index: torch.Tensor) -> None:
+    """The first version's update: per slot present, its rows gathered, shrunk, expanded and
+    added back (the grouping read on the host, once per call here)."""
+    for slot in torch.unique(index).tolist():
+        if slot == 0:
+            continue
+        rows = torch.nonzero(index == slot).flatten()
+        delta = (x.index_select(0, rows) @ a[slot].t()) @ bt[slot]
+        out.index_add_(0, rows, delta)
 
 
-def measure(device: torch.device, dtype: torch.dtype, tokens: int, adapters: int, rank: int,
-            repeat: int, path: str = TORCH_PATH) -> tuple[float, float]:
-    """(base ms, with-LoRA ms) for `tokens` rows spread over `adapters` adapters."""
+def slot_tensors(k: int, n: int, pieces: tuple[int, ...], slots: int, rank: int,
+                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot tensors in LoraLinear's layout: rank `rank` per piece, B block-diagonal."""
+    count = len(pieces)
+    a = torch.randn(slots, rank * count, k, generator=gen) * 0.02
+    bt = torch.zeros(slots, rank * count, n)
+    start = 0
+    for p, size in enumerate(pieces):
+        bt[:, p * rank:(p + 1) * rank, start:start + size] = torch.randn(
+            slots, rank, size, generator=gen) * 0.02
+        start += size
+    a[0], bt[0] = 0, 0
+    return a, bt
+
+
+def measure(k: int, n: int, pieces: tuple[int, ...], tokens: int, adapters: int, rank: int,
+            repeat: int) -> dict[str, float]:
+    """Milliseconds of the base matmul and of each update path (update alone)."""
     gen = torch.Generator().manual_seed(0)
-    weight = (torch.randn(OUT, IN, generator=gen) * 0.02).to(device, dtype)
-    n = max(adapters, 1)
-    a = [(torch.randn(rank, IN, generator=gen) * 0.02).to(device, dtype) for _ in range(n)]
-    b = [(torch.randn(OUT, rank, generator=gen) * 0.02).to(device, dtype) for _ in range(n)]
-    rows = RowAdapters()
-    layer = LoraLinear(_Dense(weight), rows, in_features=IN, out_features=OUT, slots=n + 1,
-                       max_rank=rank, dtype=dtype, device=device, path=path)
-    for i in range(n):
-        layer.set_slot(i + 1, a[i], b[i])
-    x = torch.randn(tokens, IN, generator=gen).to(device, dtype)
-    index = (torch.arange(tokens) % (adapters + 1)).to(device) if adapters else None
-    with torch.inference_mode():
-        base = _time(lambda: F.linear(x, weight), device, repeat)
-
-        def lora() -> torch.Tensor:
-            rows.bind(index)  # once per forward in the engine, here per call: an upper bound
-            return layer(x)
-
-        with_lora = _time(lora, device, repeat)
-    return base * 1e3, with_lora * 1e3
+    a, bt = slot_tensors(k, n, pieces, adapters + 1, rank, gen)
+    weight = torch.randn(n, k, generator=gen) * 0.02
+    x = torch.randn(tokens, k, generator=gen)
+    index = torch.arange(tokens) % (adapters + 1)
+    out = torch.zeros(tokens, n)
+    calls: dict[str, Callable[[], object]] = {
+        "base": lambda: F.linear(x, weight),
+        "grouped": lambda: grouped(out, x, a, bt, index),
+        # The segments are built once per forward and shared by every layer: counted here.
+        "segmented": lambda: torch_lora.add_segmented(
+            out, x, a, bt, torch_lora.segments(index, adapters + 1, x.dtype), pieces),
+        "dense": lambda: torch_lora.add_dense(out, x, a, bt, index),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():  # warm-up
+        call()
+    for _ in range(repeat):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            for _ in range(5):
+                call()
+            samples[name].append((time.perf_counter() - start) / 5)
+    return {name: round(statistics.median(s) * 1e3, 4) for name, s in samples.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--out")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    print(f"q|k|v projection {IN}->{OUT}, {device} {dtype}; rows split evenly over the base "
-          "model and the adapters; bind (grouping) counted in every call")
-    print(f"{'tokens':>6} {'adapters':>8} {'rank':>4} {'base ms':>9} {'lora ms':>9} {'overhead':>8}")
-    for tokens in (8, 64, 512):
-        for adapters, rank in ((0, 16), (1, 16), (4, 16), (4, 64)):
-            base, lora = measure(device, dtype, tokens, adapters, rank, args.repeat)
-            print(f"{tokens:>6} {adapters:>8} {rank:>4} {base:>9.3f} {lora:>9.3f} "
-                  f"{(lora / base - 1) * 100:>7.0f}%")
+    torch.set_num_threads(args.threads)
+    rows = []
+    print(f"{'layer':<13} {'tokens':>6} {'base ms':>8} {'grouped':>8} {'segmented':>9} "
+          f"{'dense':>8}  (update alone; {args.adapters} adapters of rank {args.rank})")
+    with torch.inference_mode():
+        for name, k, n, pieces in LAYERS:
+            for tokens in (64, 512):
+                ms = measure(k, n, pieces, tokens, args.adapters, args.rank, args.repeat)
+                rows.append({"layer": name, "in": k, "out": n, "tokens": tokens, **ms})
+                print(f"{name:<13} {tokens:>6} {ms['base']:>8.3f} {ms['grouped']:>8.3f} "
+                      f"{ms['segmented']:>9.3f} {ms['dense']:>8.3f}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"command": "python -m pytgi_bench.experiments.lora_overhead "
+                                  f"--threads {args.threads} --adapters {args.adapters} "
+                                  f"--rank {args.rank} --repeat {args.repeat}",
+                       "device": "cpu", "torch_threads": args.threads,
+                       "unit": "milliseconds per call (the update alone, base matmul apart)",
+                       "results": rows}, f, indent=2)
+            f.write("\n")
 
 
 if __name__ == "__main__":
