@@ -30,7 +30,9 @@ def build_batch(batch_id: int, chunks: list[Chunk], cache: PrefixCache) -> gener
         if entry.request.images:
             needed = chunk_images(entry.request.images, chunk.cache_len, chunk.end)
             # Copied into the message only when the set changes: an image is megabytes.
-            if [i.token_offset for i in pb.images] != [i.token_offset for i in needed]:
+            if [(i.token_offset, bool(i.pixel_values)) for i in pb.images] != [
+                (i.token_offset, bool(i.pixel_values)) for i in needed
+            ]:
                 del pb.images[:]
                 pb.images.extend(needed)
         requests.append(pb)
@@ -47,9 +49,20 @@ def build_batch(batch_id: int, chunks: list[Chunk], cache: PrefixCache) -> gener
 
 def chunk_images(images: Sequence[generate_pb2.Image], start: int, end: int
                  ) -> list[generate_pb2.Image]:
-    """The images whose tokens overlap the chunk's [start, end): a chunk carries only those
-    (a processed image is megabytes; the chunks before and after it need none of it)."""
-    return [i for i in images if i.token_offset < end and start < i.token_offset + i.token_count]
+    """Every image of the request, with its pixel values only where its tokens overlap the
+    chunk's [start, end) (a processed image is megabytes; the chunks before and after it need
+    none of it). The others go as their grid and token span alone: M-RoPE's position of any
+    token depends on every image before it, which a chunk after a prefix-cache hit or a
+    resumed request has not computed (shard/engine/request_media.py)."""
+    return [
+        i if i.token_offset < end and start < i.token_offset + i.token_count else _span_only(i)
+        for i in images
+    ]
+
+
+def _span_only(image: generate_pb2.Image) -> generate_pb2.Image:
+    return generate_pb2.Image(grid=image.grid, token_offset=image.token_offset,
+                              token_count=image.token_count, content_hash=image.content_hash)
 
 
 def request_pb(entry_id: int, request: ValidRequest) -> generate_pb2.Request:

@@ -18,6 +18,7 @@ from pytgi_proto import generate_pb2
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.drafting import DraftState
+from pytgi_shard.engine.request_media import step_media
 from pytgi_shard.engine.request_state import BatchContext, RequestState, request_state
 from pytgi_shard.engine.step_inputs import ForwardInputs, chunk_inputs
 from pytgi_shard.errors import InvalidRequest
@@ -83,6 +84,11 @@ class Batch:
         self.stop_rows = [row for row, r in enumerate(requests) if r.stopping.stop_sequences]
         # The rows that may draft (--speculate) and their drafters.
         self.drafting = [(row, r.draft) for row, r in enumerate(requests) if r.draft is not None]
+        # Per row, what M-RoPE adds to a decode position (a request with images; None: none has).
+        shifts = [r.media.rope_delta if r.media is not None else 0 for r in requests]
+        self.position_shift = (
+            torch.tensor(shifts, dtype=torch.long, device=lengths.device) if any(shifts) else None
+        )
         self._pb: generate_pb2.CachedBatch | None = None
         self._capacity: torch.Tensor | None = None
         self._row_of: dict[int, int] | None = None
@@ -117,7 +123,9 @@ class Batch:
         grammar = _grammar(pb, [r.complete for r in requests], ctx)
         if ctx.speculate:
             for r in requests:
-                if r.complete:
+                # Not with images: verification feeds drafts at sequence positions, without
+                # M-RoPE's rope delta.
+                if r.complete and r.media is None:
                     # Empty: indexed from the batch's history when a step may draft.
                     r.draft = DraftState.start(())
         return cls(
@@ -156,9 +164,12 @@ class Batch:
     def prefill_inputs(self, decode: ForwardInputs | None = None) -> ForwardInputs:
         """Every request's chunk of its sequence, flat, after `decode`'s rows when given (a
         mixed step; shard/engine/step_inputs.py)."""
-        return chunk_inputs(
+        inputs = chunk_inputs(
             self.requests, self.all_ids, self.slot_table, self.block_tables, self.block_size, decode
         )
+        n_decode = 0 if decode is None else decode.meta.batch_size
+        inputs.media = step_media(self.requests, inputs.positions, n_decode)
+        return inputs
 
     def decode_inputs(self) -> ForwardInputs:
         """One token per request: the last known one, at position length - 1."""
@@ -193,6 +204,8 @@ class Batch:
             max_seqlen_k=self.max_length,
             block_size=self.block_size,
         )
+        if self.position_shift is not None:
+            positions = positions + self.position_shift
         return ForwardInputs(self.last_ids, positions, meta, None, self.rows,
                              adapters=self.row_adapters())
 

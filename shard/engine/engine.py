@@ -140,6 +140,7 @@ class Engine:
             grammars=self.grammars,
             speculate=self.speculate,
             loaded_adapters=self.adapters.loaded(),
+            image_merge=self.model.image_merge,
         )
 
     def info(self) -> generate_pb2.InfoResponse:

@@ -110,7 +110,9 @@ class ModelRunner:
         are a view of the graph's output, which its next replay overwrites: the bool says so)."""
         timer = ForwardTimer(self.model.device)
         graphs = self.decode_graphs
-        if graphs is not None and graphs.takes(inputs, self.kv_cache):
+        # A vision-language prefill (inputs.media) is never graphed: its rows need the model's
+        # image and M-RoPE inputs, which a decode graph does not take.
+        if inputs.media is None and graphs is not None and graphs.takes(inputs, self.kv_cache):
             logits, graphed = graphs.forward(inputs, self.kv_cache), True
         else:
             self.lora_rows.bind(inputs.adapters)
@@ -123,6 +125,7 @@ class ModelRunner:
                     self.kv_cache,
                     inputs.meta,
                     inputs.lm_head_indices,
+                    **({"media": inputs.media} if inputs.media is not None else {}),
                 ), False
             finally:
                 self.lora_rows.clear()

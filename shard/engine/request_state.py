@@ -14,6 +14,7 @@ import torch
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.engine.drafting import DraftState
+from pytgi_shard.engine.request_media import RequestMedia, request_media
 from pytgi_shard.engine.request_validation import chunk_end, validate_request
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.output.detokenizer import TextStream
@@ -38,6 +39,8 @@ class BatchContext:
     speculate: int = 0
     # The wire indices of the LoRA adapters loaded (AdapterSet.loaded): what adapter_index may name.
     loaded_adapters: frozenset[int] = frozenset()
+    # The model's vision tower's spatial merge size (Model.image_merge); 0: images are refused.
+    image_merge: int = 0
 
 
 @dataclass(slots=True)
@@ -68,6 +71,8 @@ class RequestState:
     # The device slot holding that adapter's weights, which the forward's rows read (0: base):
     # set by AdapterSet.place when the request joins (shard/lora/residency.py).
     adapter_slot: int = 0
+    # Its images (a vision-language model's; shard/engine/request_media.py), else None.
+    media: RequestMedia | None = None
 
     @property
     def length(self) -> int:
@@ -107,4 +112,5 @@ def request_state(
         sequence_length=len(sequence),
         resumed=len(pb.generated_ids),
         adapter_index=pb.adapter_index,
+        media=request_media(pb, ctx.image_merge),
     )

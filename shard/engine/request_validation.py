@@ -29,9 +29,6 @@ def validate_request(
     max_new = pb.stopping_parameters.max_new_tokens
     if not pb.input_ids:
         raise InvalidRequest(f"{who}: input_ids is empty")
-    if pb.images:
-        raise InvalidRequest(f"{who}: {len(pb.images)} images, and the vision towers are not "
-                             "built yet: this shard serves text only")
     if max_new == 0:
         raise InvalidRequest(f"{who}: max_new_tokens must be > 0")
     if len(pb.generated_ids) >= max_new:

@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 
 from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.models.media_inputs import StepMedia
 
 
 @dataclass(slots=True)
@@ -36,6 +37,8 @@ class ForwardInputs:
     prompt_targets: torch.Tensor | None = None
     # Each flat token's LoRA adapter (0: the base model); None: every token runs the base model.
     adapters: torch.Tensor | None = None
+    # A vision-language model's prefill: M-RoPE positions and image rows; None: text only.
+    media: StepMedia | None = None
 
 
 class ChunkRow(Protocol):

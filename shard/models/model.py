@@ -34,6 +34,9 @@ class Model(ABC):
     # Why this model cannot keep an FP8 KV cache (--kv-cache-dtype); None: its attention layers
     # pass their scales to the backend (KVCache.scales_of), so it can.
     fp8_kv_refusal: str | None = None
+    # A vision-language model's vision tower's spatial merge size (what turns a processor's
+    # patch grid into image tokens); 0: the model takes no images and the shard refuses them.
+    image_merge: int = 0
 
     @abstractmethod
     def forward(

@@ -30,7 +30,7 @@ from tests.vision_checkpoints import (
 
 PNG = encoded("PNG", (60, 40))
 IMAGE = data_uri(PNG)
-TOWERLESS = "vision towers are not built yet"
+TOWERLESS = "this model has no vision tower"
 
 
 class Images(BaseHTTPRequestHandler):

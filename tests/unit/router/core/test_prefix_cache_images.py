@@ -21,7 +21,8 @@ RED, BLUE = bytes(range(16)), bytes(range(1, 17))
 
 def entry(entry_id: int, image_hash: bytes | None) -> Entry:
     images = () if image_hash is None else (generate_pb2.Image(
-        token_offset=8, token_count=8, content_hash=image_hash, dtype="float32"),)
+        token_offset=8, token_count=8, content_hash=image_hash, dtype="float32",
+        grid=[1, 4, 8], shape=[1, 4], pixel_values=bytes(16)),)
     request = ValidRequest(
         inputs="x", input_ids=list(PROMPT), truncate=len(PROMPT),
         sampling=neutral_sampling(), stopping=StoppingParameters(max_new_tokens=4),
@@ -65,13 +66,16 @@ def test_key_tokens_follow_the_generated_tokens() -> None:
     assert plain.key_tokens is plain.tokens  # text requests pay nothing
 
 
-def test_a_chunk_carries_the_images_its_tokens_overlap() -> None:
+def test_a_chunk_carries_every_image_span_and_the_pixels_its_tokens_overlap() -> None:
+    """Pixel values only with the chunks computing the image's tokens; its grid and span with
+    every chunk (the shard's M-RoPE positions of any token depend on the images before it)."""
     cache = PrefixCache(num_blocks=64, block_size=BLOCK)
     e = entry(7, RED)
     assert cache.admit(e.id, e.key_tokens) is not None
     assert not e.pb.images  # nothing until a chunk needs it
     for start, end, carried in [(0, 8, 0), (4, 12, 1), (15, 17, 1), (16, 21, 0), (0, 21, 1)]:
         batch = build_batch(1, [Chunk.of(e, start, end - start)], cache)
-        assert len(batch.requests[0].images) == carried, (start, end)
-    assert batch.requests[0].images[0].token_offset == 8
-    assert batch.requests[0].images[0].content_hash == RED
+        (image,) = batch.requests[0].images
+        assert len(image.pixel_values) == 16 * carried, (start, end)
+        assert (image.token_offset, image.token_count, list(image.grid)) == (8, 8, [1, 4, 8])
+        assert image.content_hash == RED

@@ -1,5 +1,6 @@
-"""A request with images reaches a shard that has no vision towers yet: refused in one line
-(InvalidRequest, the router's 4xx), never run as text."""
+"""A request with images reaches a shard whose model has no vision tower (a text model): refused
+in one line (InvalidRequest, the router's 4xx), never run as text. A vision-language model's
+shard serves them (tests/unit/shard/models/qwen2_vl/)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from pytgi_shard.errors import InvalidRequest
 from tests.unit.shard.engine.test_batch import CTX, batch_of, request
 
 
-def test_images_are_refused_until_the_vision_towers_exist() -> None:
+def test_a_text_model_refuses_images() -> None:
     image = pb.Image(token_offset=1, token_count=2, dtype="float32", shape=[8, 1176],
                      grid=[1, 2, 4], content_hash=b"h" * 16)
-    with pytest.raises(InvalidRequest, match="request 1: 1 images, and the vision towers are not "
-                                             "built yet"):
+    assert CTX.image_merge == 0
+    with pytest.raises(InvalidRequest, match="request 1: 1 images, and this model has no vision "
+                                             "tower: this shard serves text only"):
         Batch.from_pb(batch_of(request(1, [5, 6, 6, 7], images=[image])), CTX)
     assert len(Batch.from_pb(batch_of(request(2, [5, 6, 6, 7])), CTX).requests) == 1

@@ -1,0 +1,161 @@
+"""Qwen2-VL's vision tower: patches -> ViT blocks with 2-D rotary -> patch merger -> one
+embedding per image token, in the language model's hidden size.
+
+    x = patch_embed(pixel_values)              # conv3d with stride = kernel: a linear per patch
+    for each block:  x = x + proj(attention(rope2d(q), rope2d(k), v))   on layer_norm(x)
+                     x = x + fc2(act(fc1(x)))                           on layer_norm(x)
+    tokens = mlp(layer_norm(x).view(-1, 4 * embed_dim))                 # merge 2 x 2 patches
+
+Replicated on every rank (each rank computes the same image embeddings, no collective): the
+tower is a small share of a Qwen2-VL checkpoint (675M of 8.3B parameters for the 7B), it runs
+once per image, in the prefill step of the chunk that first covers the image's tokens, and the
+embeddings it gives replace whole rows of the hidden state every rank already holds whole.
+Sharding its heads and MLP as the decoder's would halve its weights per rank at the cost of two
+all-reduces per block; pytgi does not yet.
+
+Attention is full (not causal) within one image; every image is encoded on its own (t == 1 for
+images, so an image is one attention sequence), in float32 rotary arithmetic as trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pytgi_shard.layers.layernorm import LayerNorm
+from pytgi_shard.layers.mlp import activation
+from pytgi_shard.weights.reader import Weights
+
+
+class _Linear(nn.Module):
+    """A replicated dense projection (weight [out, in], optional bias)."""
+
+    def __init__(self, weights: Weights, prefix: str, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weights.get_tensor(f"{prefix}.weight"), requires_grad=False)
+        self.bias = (
+            nn.Parameter(weights.get_tensor(f"{prefix}.bias"), requires_grad=False)
+            if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def patch_positions(grid: Sequence[int], merge: int, device: torch.device) -> torch.Tensor:
+    """[t * h * w, 2] (row, column) of each patch, in the processor's order: merge x merge
+    blocks, block-major (transformers' get_vision_position_ids)."""
+    t, h, w = (int(v) for v in grid)
+    rows = torch.arange(h, device=device).unsqueeze(1).expand(h, w)
+    cols = torch.arange(w, device=device).unsqueeze(0).expand(h, w)
+    shape = (h // merge, merge, w // merge, merge)
+    rows = rows.reshape(shape).transpose(1, 2).flatten()
+    cols = cols.reshape(shape).transpose(1, 2).flatten()
+    return torch.stack([rows, cols], dim=-1).repeat(t, 1)
+
+
+class VisionAttention(nn.Module):
+    def __init__(self, weights: Weights, prefix: str, embed_dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.qkv = _Linear(weights, f"{prefix}.qkv")
+        self.proj = _Linear(weights, f"{prefix}.proj")
+        self.num_heads = num_heads
+        self.head_dim = embed_dim // num_heads
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv(x).reshape(n, 3, self.num_heads, self.head_dim).unbind(1)
+        # Rotated in float32, as transformers' apply_rotary_pos_emb_vision.
+        c, s = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
+        k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=False
+        )
+        return self.proj(out.transpose(0, 1).reshape(n, -1))
+
+
+class VisionBlock(nn.Module):
+    def __init__(self, weights: Weights, prefix: str, config: VisionConfig) -> None:
+        super().__init__()
+        self.norm1 = LayerNorm.load(weights, f"{prefix}.norm1", 1e-6)
+        self.norm2 = LayerNorm.load(weights, f"{prefix}.norm2", 1e-6)
+        self.attn = VisionAttention(weights, f"{prefix}.attn", config.embed_dim, config.num_heads)
+        self.fc1 = _Linear(weights, f"{prefix}.mlp.fc1")
+        self.fc2 = _Linear(weights, f"{prefix}.mlp.fc2")
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cos, sin)
+        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+
+
+class VisionConfig:
+    """vision_config's fields the tower reads (transformers' Qwen2VLVisionConfig defaults)."""
+
+    def __init__(self, raw: Mapping[str, Any]) -> None:
+        self.depth = int(raw.get("depth", 32))
+        self.embed_dim = int(raw.get("embed_dim", 1280))
+        self.num_heads = int(raw.get("num_heads", 16))
+        self.hidden_act = str(raw.get("hidden_act", "quick_gelu"))
+        self.patch_size = int(raw.get("patch_size", 14))
+        self.temporal_patch_size = int(raw.get("temporal_patch_size", 2))
+        self.in_channels = int(raw.get("in_channels", 3))
+        self.spatial_merge_size = int(raw.get("spatial_merge_size", 2))
+        rope = raw.get("rope_parameters") or {}
+        self.rope_theta = float(rope.get("rope_theta", 10000.0))
+        if self.embed_dim % self.num_heads:
+            raise ValueError(f"vision embed_dim {self.embed_dim} is not a multiple of "
+                             f"num_heads {self.num_heads}")
+
+
+class VisionTower(nn.Module):
+    """Pixel values of one image -> its image tokens' embeddings [t*h*w / merge^2, hidden]."""
+
+    def __init__(self, weights: Weights, prefix: str, config: VisionConfig) -> None:
+        super().__init__()
+        self.config = config
+        conv = weights.get_tensor(f"{prefix}.patch_embed.proj.weight")
+        # Stride equal to the kernel: the conv3d is one linear over each flattened patch.
+        self.patch_weight = nn.Parameter(conv.reshape(conv.shape[0], -1), requires_grad=False)
+        self.patch_dim = self.patch_weight.shape[1]
+        self.blocks = nn.ModuleList(
+            VisionBlock(weights, f"{prefix}.blocks.{i}", config) for i in range(config.depth)
+        )
+        self.ln_q = LayerNorm.load(weights, f"{prefix}.merger.ln_q", 1e-6)
+        self.merge_in = _Linear(weights, f"{prefix}.merger.mlp.0")
+        self.merge_out = _Linear(weights, f"{prefix}.merger.mlp.2")
+        spatial = (config.embed_dim // config.num_heads) // 2
+        exponents = torch.arange(0, spatial, 2, dtype=torch.float) / spatial
+        self.inv_freq = (1.0 / config.rope_theta**exponents).to(conv.device)
+        self.dtype = conv.dtype
+
+    def rotary(self, grid: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos/sin [patches, head_dim]: the row's angles, then the column's, twice."""
+        pos = patch_positions(grid, self.config.spatial_merge_size, self.inv_freq.device)
+        freqs = pos.unsqueeze(-1).float() * self.inv_freq  # [patches, 2, spatial / 2]
+        half = torch.cat([freqs[:, 0], freqs[:, 1]], dim=-1)
+        both = torch.cat([half, half], dim=-1)
+        return both.cos(), both.sin()
+
+    @torch.inference_mode()
+    def forward(self, pixel_values: torch.Tensor, grid: Sequence[int]) -> torch.Tensor:
+        t, h, w = (int(v) for v in grid)
+        if pixel_values.shape != (t * h * w, self.patch_dim):
+            raise ValueError(f"pixel values of shape {list(pixel_values.shape)} for a grid "
+                             f"{[t, h, w]} of patches of {self.patch_dim} values")
+        x = F.linear(pixel_values.to(self.dtype), self.patch_weight)
+        cos, sin = self.rotary(grid)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        merged = self.ln_q(x).reshape(-1, x.shape[-1] * self.config.spatial_merge_size**2)
+        return self.merge_out(F.gelu(self.merge_in(merged)))

@@ -1,0 +1,59 @@
+"""Tiny random-weight vision-language checkpoints the shards serve, made from transformers' own
+classes (no Hub): the router's files of tests/vision_checkpoints.py (tokenizer with the vision
+tokens, chat template, image processor) plus a config whose token ids are that tokenizer's and
+safetensors weights."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from tests.tiny_models import BOS, EOS, PAD
+from tests.vision_checkpoints import MAX_PIXELS, write_qwen2_vl_router_files
+
+# The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
+# rotary frequencies M-RoPE splits into temporal, height and width sections. Weights 15x
+# transformers' default spread: attention sharp enough that a wrong position or image changes
+# the greedy tokens (at 0.02 the logits are near uniform and would hide either).
+QWEN2_VL_TEXT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "intermediate_size": 96, "rms_norm_eps": 1e-6,
+                 "initializer_range": 0.3,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                     "mrope_section": [2, 3, 3]}}
+QWEN2_VL_VISION = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2,
+                   "mlp_ratio": 2, "initializer_range": 0.3}
+
+
+def write_qwen2_vl_model(path: Path, max_pixels: int = MAX_PIXELS, seed: int = 0) -> Path:
+    """A whole tiny Qwen2-VL checkpoint at `path` (float32), as transformers saves it."""
+    import torch
+    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    write_qwen2_vl_router_files(path, max_pixels=max_pixels)
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    ids: dict[str, Any] = {
+        "bos_token_id": tok.token_to_id(BOS), "eos_token_id": tok.token_to_id(EOS),
+        "pad_token_id": tok.token_to_id(PAD),
+    }
+    vision_ids = {
+        "vision_start_token_id": tok.token_to_id("<|vision_start|>"),
+        "image_token_id": tok.token_to_id("<|image_pad|>"),
+        "vision_end_token_id": tok.token_to_id("<|vision_end|>"),
+        # No video token in this tokenizer: an id no prompt holds.
+        "video_token_id": tok.get_vocab_size() + 1,
+    }
+    text = {**QWEN2_VL_TEXT, "vocab_size": tok.get_vocab_size() + 2, **ids}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = Qwen2VLConfig(text_config=text, vision_config=QWEN2_VL_VISION,
+                               torch_dtype="float32", **vision_ids, **ids)
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config).eval()
+        model.save_pretrained(path, safe_serialization=True)
+    GenerationConfig(**ids).save_pretrained(path)
+    return path
+
+
