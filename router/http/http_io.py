@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from pytgi_router.core.errors import InferError
+from pytgi_router.core.errors import InferError, ValidationError
 from pytgi_router.http.json_fields import decode_body
 
 
@@ -39,6 +39,19 @@ def error_response(err: InferError, headers: Mapping[str, str] | None = None) ->
 async def read_json(request: Request) -> Any:
     """The decoded body (the payload limit was enforced by the HTTP guard middleware)."""
     return decode_body(await request.body())
+
+
+def other_api_body(body: Any, fields: tuple[str, ...], api: str) -> bool:
+    """Whether `body` is another API's shape on a route TGI shares with it (SGLang's /generate,
+    vLLM's /tokenize): an object with one of `fields` and no TGI `inputs`. Both at once is a
+    422, never a guess: either reading would ignore half of what the client sent."""
+    if not isinstance(body, dict) or not any(f in body for f in fields):
+        return False
+    if "inputs" in body:
+        names = "/".join(f"`{f}`" for f in fields)
+        raise ValidationError(f"the body mixes TGI's `inputs` with {api}'s {names}: "
+                              "send one shape")
+    return True
 
 
 Receive = Callable[[], Any]

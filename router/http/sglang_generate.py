@@ -14,6 +14,7 @@ from typing import Any
 
 from pytgi_router.core.errors import InferError, ValidationError
 from pytgi_router.core.request_stream import End, Token
+from pytgi_router.http.http_io import other_api_body
 from pytgi_router.http.schemas import GenerateRequest, Sequence, parse_parameters
 
 # SGLang's own keys (the default values its router always sends) that change nothing here.
@@ -40,12 +41,7 @@ NEUTRAL_SAMPLING = {"n": 1, "presence_penalty": 0.0, "min_p": 0.0, "min_new_toke
 
 def is_sglang(body: Any) -> bool:
     """SGLang's shape: `text` or `input_ids` and no `inputs` (both: a 422, never a guess)."""
-    if not isinstance(body, dict) or not ("text" in body or "input_ids" in body):
-        return False
-    if "inputs" in body:
-        raise ValidationError("the body mixes TGI's `inputs` with SGLang's `text`/`input_ids`: "
-                              "send one shape")
-    return True
+    return other_api_body(body, ("text", "input_ids"), "SGLang")
 
 
 def parse_sglang(body: dict[str, Any]) -> GenerateRequest:

@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError, ValidationError
-from pytgi_router.http.http_io import json_response, read_json
+from pytgi_router.http.http_io import json_response, other_api_body, read_json
 from pytgi_router.http.openai.errors import openai_error_response
 from pytgi_router.http.openai.routes_chat import ChatRoutes
 from pytgi_router.http.openai.schemas import ChatRequest, parse_chat, parse_completion
@@ -53,12 +53,7 @@ def openai_errors(handler: Handler) -> Handler:
 
 def is_vllm_tokenize(body: Any) -> bool:
     """vLLM's /tokenize body: `prompt` or `messages`, and no TGI `inputs` (both: a 422)."""
-    if not isinstance(body, dict) or not ("prompt" in body or "messages" in body):
-        return False
-    if "inputs" in body:
-        raise ValidationError("the body mixes TGI's `inputs` with vLLM's `prompt`/`messages`: "
-                              "send one shape")
-    return True
+    return other_api_body(body, ("prompt", "messages"), "vLLM")
 
 
 def sampling_params(p: GenerateParameters) -> dict[str, Any]:
@@ -116,12 +111,12 @@ class VllmRoutes:
             tokenized = await self.state.validator.tokenize(text, add_special_tokens, truncate)
         return list(tokenized.encoding.ids)
 
-    async def chat_ids(self, chat: ChatRequest) -> list[int]:
+    async def chat_ids(self, chat: ChatRequest, add_special_tokens: bool = False) -> list[int]:
         """The ids /v1/chat/completions would run: the templated chat, no special tokens added
-        (the template writes them)."""
+        (the template writes them) unless vLLM's /tokenize asks for them."""
         if chat.images:
             raise ValidationError("images are not rendered to token ids by pytgi")
-        return await self.ids(await self.chat.prompt(chat), False)
+        return await self.ids(await self.chat.prompt(chat), add_special_tokens)
 
     def model(self, body: dict[str, Any]) -> str:
         model = body.get("model")
@@ -165,10 +160,7 @@ class VllmRoutes:
             raise ValidationError("`add_special_tokens` must be a boolean")
         if "messages" in body:
             chat_flags(body)
-            chat = parse_chat(body)
-            if chat.images:
-                raise ValidationError("images are not rendered to token ids by pytgi")
-            ids = await self.ids(await self.chat.prompt(chat), bool(add))
+            ids = await self.chat_ids(parse_chat(body), bool(add))
         else:
             prompt = body["prompt"]
             if not isinstance(prompt, str):
@@ -178,8 +170,8 @@ class VllmRoutes:
         if body.get("return_token_strs") is True:
             tokenizer = self.state.validator.tokenizer
             strs = [tokenizer.id_to_token(i) or "" for i in ids]
-        return json_response({"count": len(ids), "max_model_len": self.state.infer.info.max_total_tokens,
-                              "tokens": ids, "token_strs": strs})
+        return json_response({"count": len(ids), "tokens": ids, "token_strs": strs,
+                              "max_model_len": self.state.infer.info.max_total_tokens})
 
     async def detokenize(self, request: Request) -> Response:
         body = await read_json(request)
