@@ -51,16 +51,23 @@ def segments(index: torch.Tensor, slots: int, dtype: torch.dtype) -> Segments:
     return Segments(gather, keep.view(slots - 1, length, 1), length)
 
 
+# Below this many outputs one expand over the whole block-diagonal B beats one per piece (the
+# per-call cost outweighs the zeros' work): measured on the CPU, 8 adapters of rank 16, batch 64:
+# the demo model's q|k|v (384 outputs) 0.31 ms whole vs 0.42 per piece; Llama-3-8B's (6144)
+# 7.6 ms whole vs 3.5 per piece, its gate|up (28672) 26.9 vs 18.4.
+PIECEWISE_MIN_OUT = 1024
+
+
 def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
                   seg: Segments, pieces: Sequence[int]) -> None:
     """out += each row's update, as batched matmuls over slots 1..S-1: the rows of each slot
-    gathered into its padded segment, shrunk by its A, padding zeroed, expanded by its B (one
-    batched matmul per fused piece, from the piece's own rank columns: LoraLinear's layout),
-    added back. A fixed handful of ops whatever the number of adapters."""
+    gathered into its padded segment, shrunk by its A, padding zeroed, expanded by its B (on
+    wide layers one batched matmul per fused piece, from the piece's own rank columns:
+    LoraLinear's layout), added back. A fixed handful of ops whatever the number of adapters."""
     slots, rank, n = bt.shape
     rows = x.index_select(0, seg.gather).view(slots - 1, seg.length, -1)
     shrunk = torch.bmm(rows, a[1:].transpose(1, 2)) * seg.keep
-    if len(pieces) == 1:
+    if len(pieces) == 1 or n < PIECEWISE_MIN_OUT:
         delta = torch.bmm(shrunk, bt[1:])
     else:
         step, starts = rank // len(pieces), [0, *itertools.accumulate(pieces)]

@@ -103,10 +103,14 @@ def test_set_slot_rewrites_in_place() -> None:
     assert (layer.a.data_ptr(), layer.bt.data_ptr()) == address
 
 
-def test_fused_pieces_expand_from_their_own_columns() -> None:
+@pytest.mark.parametrize("piecewise_from", [0, torch_lora.PIECEWISE_MIN_OUT])
+def test_fused_pieces_expand_from_their_own_columns(
+        piecewise_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A q|k|v-like layer of three pieces: each adapter's A rows and block-diagonal B columns of
     piece p land in the piece's own slot columns (capacity 3 x 6, adapters of rank 4 and 2, one
-    without the middle piece), and the per-piece expand gives the reference."""
+    without the middle piece), and the expand gives the reference, per piece (as on wide
+    layers) or whole."""
+    monkeypatch.setattr(torch_lora, "PIECEWISE_MIN_OUT", piecewise_from)
     gen = torch.Generator().manual_seed(7)
     pieces, k = (24, 8, 8), 16
     layer = LoraLinear(_Zero(40), RowAdapters(), in_features=k, out_features=40, slots=3,
