@@ -64,22 +64,23 @@ class LoraUpdates:
                 raise LoraUpdateError(f"The lora adapter '{name}' has already been loaded.",
                                       error_type="InvalidUserInput")
             index = table.reserve()
-            client = self.infer.client
-            try:
-                rank = await client.load_adapter(name, path, index, self._timeout())
-            except ShardCallError as err:
-                await _roll_back(client, index, self._timeout())
-                table.release(index)
-                if not isinstance(err, AdapterRefused):
-                    raise LoraUpdateError(str(err), 500, "InternalServerError") from err
-                message = str(err)
-                if any(s in message for s in _NOT_FOUND):
-                    raise LoraUpdateError(message, 404, "NotFoundError") from err
-                raise LoraUpdateError(message) from err
+            rank = await self._load_at(name, path, index)
             table.add(name, index, path)
         logger.info("Loaded new LoRA adapter: name '%s', path '%s' (index %d, rank %d)", name,
                     path, index, rank)
         return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def _load_at(self, name: str, path: str, index: int) -> int:
+        """Every rank loads the adapter at `index` (its LoRA rank r returned), or none keeps it: on
+        a refusal or a failure the index is unloaded on all and freed, and the caller gets
+        vLLM's answer for it."""
+        client = self.infer.client
+        try:
+            return await client.load_adapter(name, path, index, self._timeout())
+        except ShardCallError as err:
+            await _roll_back(client, index, self._timeout())
+            self.table.release(index)
+            raise _load_refusal(err) from err
 
     async def unload(self, name: str) -> str:
         """vLLM's POST /v1/unload_lora_adapter: unselectable at once; the shards free it once
@@ -110,6 +111,17 @@ class LoraUpdates:
 
     def _timeout(self) -> float | None:
         return self.infer.settings.shard_step_timeout_s
+
+
+def _load_refusal(err: ShardCallError) -> LoraUpdateError:
+    """vLLM's status for a failed load: 404 for an adapter that is not there, 400 for one the
+    shards refuse (the reason theirs), 500 for a shard call that failed."""
+    if not isinstance(err, AdapterRefused):
+        return LoraUpdateError(str(err), 500, "InternalServerError")
+    message = str(err)
+    if any(s in message for s in _NOT_FOUND):
+        return LoraUpdateError(message, 404, "NotFoundError")
+    return LoraUpdateError(message)
 
 
 async def _roll_back(client: ShardClient, index: int, timeout: float | None) -> None:

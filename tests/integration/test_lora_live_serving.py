@@ -150,7 +150,7 @@ def test_bad_loads_name_the_reason(url: str, adapters: dict[str, Path], tmp_path
     assert wide.status_code == 400
     assert "rank r=16 exceeds --max-lora-rank 8" in wide.json()["error"]["message"]
     assert load(url, "", adapters["b"]).status_code == 400
-    assert "x" not in httpx.get(f"{url}/info", headers=AUTH, timeout=30).json()["lora_adapters"]
+    assert "x" not in served(url)
 
 
 def test_four_adapters_under_two_slots_each_get_their_own_answer(
@@ -174,18 +174,38 @@ def test_four_adapters_under_two_slots_each_get_their_own_answer(
 
 
 def test_a_reloaded_name_never_reuses_the_old_adapters_cached_blocks(
-    url: str, adapters: dict[str, Path], expected: dict[str, list[int]]
+    servers: tuple[str, str], adapters: dict[str, Path], expected: dict[str, list[int]]
 ) -> None:
+    url, shard = servers
     assert load(url, "same", adapters["c"]).status_code == 200
+    index = wire_index(shard, "same")
     assert tokens(generate(url, "same")) == expected["c"]
     assert tokens(generate(url, "same")) == expected["c"]  # its own blocks: reused
     cached = cached_tokens(url)
     assert unload(url, "same").status_code == 200
     time.sleep(0.5)  # the shards free its index: the new load takes the same one
     assert load(url, "same", adapters["d"]).status_code == 200
+    # Same name, same wire index: only the load key tells the two apart.
+    assert wire_index(shard, "same") == index
     assert tokens(generate(url, "same")) == expected["d"]
     assert cached_tokens(url) == cached  # nothing of "c" was found for the new "same"
     unload(url, "same")
+
+
+def served(url: str) -> list[str]:
+    """/info's adapters, by wire index."""
+    return list(httpx.get(f"{url}/info", headers=AUTH, timeout=30).json()["lora_adapters"])
+
+
+def wire_index(shard: str, name: str) -> int:
+    """The wire index the shards hold `name` at (their Info lists free indices as "")."""
+    async def ask() -> list[str]:
+        client = await ShardClient.connect(shard)
+        try:
+            return list((await client.info()).lora_adapters)
+        finally:
+            await client.close()
+    return asyncio.run(ask()).index(name) + 1
 
 
 def cached_tokens(url: str) -> float:
