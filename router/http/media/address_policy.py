@@ -54,22 +54,7 @@ class AddressPolicy:
         """The checked target of `url`, or an ImageError saying which rule refused it."""
         if not self.limits.fetching:
             raise ImageError(where, FETCHING_OFF)
-        try:
-            parts = urlsplit(url)
-        except ValueError:  # an unclosed IPv6 bracket, for one
-            raise ImageError(where, f"{url!r} is not a valid URL") from None
-        scheme = parts.scheme.lower()
-        if scheme not in ("http", "https"):
-            raise ImageError(where, f"{scheme or 'a relative'}: URLs are not fetched: an image is "
-                                    "a data: URI or an http(s) URL")
-        try:
-            host, port = parts.hostname, parts.port
-        except ValueError:
-            raise ImageError(where, f"{url!r} is not a valid URL") from None
-        if not host:
-            raise ImageError(where, f"{url!r} has no host")
-        host = host.rstrip(".").lower()
-        port = port or (443 if scheme == "https" else 80)
+        scheme, host, port = _scheme_host_port(where, url)
         literal = _literal(host)
         if not self._host_allowed(host, literal):
             raise ImageError(where, f"host {host} is not in --allowed-media-domains")
@@ -131,6 +116,23 @@ def non_public_kind(address: Address) -> str | None:
         if hit:
             return kind
     return None if address.is_global else "non-public"
+
+
+def _scheme_host_port(where: str, url: str) -> tuple[str, str, int]:
+    """An http(s) URL's scheme, host (lower case, no trailing dot) and port (the scheme's by
+    default), as urlsplit reads them: the host after any userinfo, so `http://a.example@10.0.0.1`
+    is 10.0.0.1's; anything else is the image's refusal."""
+    try:
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+    except ValueError:  # an unclosed IPv6 bracket, a port out of range
+        raise ImageError(where, f"{url!r} is not a valid URL") from None
+    if scheme not in ("http", "https"):
+        raise ImageError(where, f"{scheme or 'a relative'}: URLs are not fetched: an image is "
+                                "a data: URI or an http(s) URL")
+    if not host:
+        raise ImageError(where, f"{url!r} has no host")
+    return scheme, host.rstrip(".").lower(), port or (443 if scheme == "https" else 80)
 
 
 def _literal(host: str) -> Address | None:

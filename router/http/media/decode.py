@@ -40,6 +40,24 @@ def decode_image(data: bytes, where: str, max_pixels: int) -> DecodedImage:
     """Opens the header only, checks the format and the pixel count, then decodes the first
     frame (an animated GIF or WebP is its first frame) and converts it to RGB (transparency on
     white, as transformers' convert_rgb does)."""
+    image = _open_bounded(data, where, max_pixels)
+    width, height = image.size
+    fmt = image.format or "?"
+    try:
+        image.seek(0)
+        image.load()
+        rgb = _to_rgb(image)
+    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
+        raise ImageError(where, f"the {fmt} data is truncated or corrupt ({err})") from None
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{width}x{height}".encode())
+    digest.update(rgb.tobytes())
+    return DecodedImage(where, rgb, fmt, digest.digest())
+
+
+def _open_bounded(data: bytes, where: str, max_pixels: int) -> Image.Image:
+    """The image with only its header read, refused unless its format is served and its
+    width x height is inside `max_pixels`: nothing is decoded before the size is known."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -59,17 +77,7 @@ def decode_image(data: bytes, where: str, max_pixels: int) -> DecodedImage:
     if width * height > max_pixels:
         raise ImageError(where, f"{width} x {height} = {width * height} pixels, over the limit "
                                 f"of {max_pixels} (--max-image-pixels)")
-    fmt = image.format or "?"
-    try:
-        image.seek(0)
-        image.load()
-        rgb = _to_rgb(image)
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError) as err:
-        raise ImageError(where, f"the {fmt} data is truncated or corrupt ({err})") from None
-    digest = hashlib.blake2b(digest_size=16)
-    digest.update(f"{width}x{height}".encode())
-    digest.update(rgb.tobytes())
-    return DecodedImage(where, rgb, fmt, digest.digest())
+    return image
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:

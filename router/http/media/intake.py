@@ -33,14 +33,19 @@ class ImageIntake:
                                                f"(--max-images-per-request); this one has "
                                                f"{len(refs)}")
 
-    async def load(self, refs: Sequence[ImageRef]) -> list[DecodedImage]:
-        """Every image decoded, in order; the first refusal cancels the others' work."""
+    async def load(self, refs: Sequence[ImageRef], finish: Callable[[DecodedImage], T]
+                   ) -> list[T]:
+        """Every image read, then decoded and handed to `finish` in one worker call, in order;
+        the first refusal cancels the others' work. Only `finish`'s result is kept: a decoded
+        image is up to --max-image-pixels x 3 bytes (96 MiB by default), so a request's images
+        are not all held decoded at once."""
         self.check_count(refs)
-        return await _all([self._one(ref) for ref in refs])
+        return await _all([self._one(ref, finish) for ref in refs])
 
-    async def _one(self, ref: ImageRef) -> DecodedImage:
+    async def _one(self, ref: ImageRef, finish: Callable[[DecodedImage], T]) -> T:
         data = await self.read(ref)
-        return await self.offload(decode_image, data, ref.where, self.limits.max_image_pixels)
+        return await self.offload(_decode_then, data, ref.where, self.limits.max_image_pixels,
+                                  finish)
 
     async def read(self, ref: ImageRef) -> bytes:
         """The encoded image: a data: URI's bytes, or an http(s) URL fetched (when allowed)."""
@@ -56,6 +61,11 @@ class ImageIntake:
         if self.executor is None:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+
+
+def _decode_then(data: bytes, where: str, max_pixels: int,
+                 finish: Callable[[DecodedImage], T]) -> T:
+    return finish(decode_image(data, where, max_pixels))
 
 
 async def _all(work: list[Awaitable[T]]) -> list[T]:

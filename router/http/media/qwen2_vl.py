@@ -25,11 +25,15 @@ MAX_ASPECT_RATIO = 200
 @dataclass(frozen=True, slots=True)
 class ProcessedImage:
     """What the vision tower takes for one image: pixel values [patches, C * T * P * P] in
-    float32, its grid (t, h, w) in patches, and how many tokens stand for it in the prompt."""
+    float32, its grid (t, h, w) in patches, and how many tokens stand for it in the prompt;
+    with the decoded image's place in the body and content hash (decode.py), all that is kept
+    of it once processed."""
 
     pixel_values: np.ndarray
     grid: tuple[int, int, int]
     tokens: int
+    where: str = ""
+    content_hash: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +110,5 @@ class Qwen2VLImageProcessor:
         patches = pixels.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
         patches = np.broadcast_to(patches[:, :, :, :, :, None], (*patches.shape[:5], t, p, p))
         flat = np.ascontiguousarray(patches.reshape(gh * gw, 3 * t * p * p), dtype=np.float32)
-        return ProcessedImage(flat, (1, gh, gw), gh * gw // m ** 2)
+        return ProcessedImage(flat, (1, gh, gw), gh * gw // m ** 2, image.where,
+                              image.content_hash)

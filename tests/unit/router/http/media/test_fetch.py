@@ -141,10 +141,12 @@ def test_intake_fetches_and_decodes_and_counts(server: str) -> None:
     limits = MediaLimits(allowed_domains=("127.0.0.1",), max_images=2)
     refs = [ImageRef("messages[0].content[0]", f"{server}/img.png"),
             ImageRef("messages[0].content[1]", data_uri(encoded("JPEG", (8, 8))))]
-    images = asyncio.run(ImageIntake(limits).load(refs))
-    assert [i.size for i in images] == [(20, 10), (8, 8)]
+    sizes = asyncio.run(ImageIntake(limits).load(refs, lambda decoded: decoded.size))
+    assert sizes == [(20, 10), (8, 8)]
     with pytest.raises(ImageError, match=r"image `messages\[1\].content\[0\]`: a request carries "
                                          r"at most 2 images .* has 3"):
-        asyncio.run(ImageIntake(limits).load([*refs, ImageRef("messages[1].content[0]", "x")]))
+        asyncio.run(ImageIntake(limits).load([*refs, ImageRef("messages[1].content[0]", "x")],
+                                             lambda decoded: decoded))
     with pytest.raises(ImageError, match="a data: URI or an http\\(s\\) URL, got 'file:///x'"):
-        asyncio.run(ImageIntake(limits).load([ImageRef("a", "file:///x")]))
+        asyncio.run(ImageIntake(limits).load([ImageRef("a", "file:///x")],
+                                             lambda decoded: decoded))
