@@ -248,7 +248,7 @@ stage_compare() {  # SHAPE
 stage_speculative() {  # the 8B shape at batch 1, n-gram drafts on quoting prompts
     local model args
     model="$(ensure_model "$(shapes_for 8b)")" && [[ -n $model ]] || return 1
-    args=(--model "$model" --workloads quoting --repeats 2 --out "$OUT/speculative.json")
+    args=(--model "$model" --workloads "quoting, batch 1" --repeats 2 --out "$OUT/speculative.json")
     [[ $SMOKE == 1 ]] && args+=(--repeats 1)
     echo "+ python -m pytgi_bench.experiments.speculative ${args[*]}"
     "$PY" -m pytgi_bench.experiments.speculative "${args[@]}"
