@@ -184,6 +184,30 @@ def place_adapters(adapters: AdapterSet, requests: Iterable[Row], busy: Collecti
         raise InvalidRequest(str(e)) from e
 
 
+def _read_startup(spec: AdapterSpec, dtype: torch.dtype) -> PeftAdapter:
+    """One --lora-adapters entry read (AdapterRefused in one line when it cannot be)."""
+    directory = resolve_adapter_dir(spec, None, None)
+    adapter = read_adapter(spec.name, directory, dtype)
+    log.info("LoRA adapter %s from %s: rank %d, scale %g, %d projections", spec.name,
+             directory, adapter.rank, adapter.scale, len(adapter.pairs))
+    return adapter
+
+
+def _slot_shape(settings: ShardSettings, ranks: list[int]) -> tuple[int, int]:
+    """(--max-loras, --max-lora-rank): the flags, else room for the start-up adapters (with
+    runtime updates: at least DEFAULT_MAX_LORAS slots of MAX_RANK, as a later load may need);
+    out of range is a start-up refusal."""
+    runtime = settings.lora_runtime_updates
+    max_rank = settings.max_lora_rank or (MAX_RANK if runtime else max(ranks))
+    if not 0 < max_rank <= MAX_RANK:
+        raise AdapterRefused(f"--max-lora-rank {max_rank} is not in 1..{MAX_RANK}")
+    max_loras = settings.max_loras or (
+        max(len(ranks), DEFAULT_MAX_LORAS) if runtime else len(ranks))
+    if max_loras < 1:
+        raise AdapterRefused(f"--max-loras {max_loras} must be >= 1")
+    return max_loras, max_rank
+
+
 def load_adapter_set(settings: ShardSettings, model: object, dtype: torch.dtype,
                      dist: Dist) -> AdapterSet:
     """--lora-adapters read and attached (with live loading, every projection wrapped), or
@@ -193,21 +217,8 @@ def load_adapter_set(settings: ShardSettings, model: object, dtype: torch.dtype,
     runtime = settings.lora_runtime_updates
     if not specs and not runtime:
         return AdapterSet()
-    adapters = []
-    for spec in specs:
-        directory = resolve_adapter_dir(spec, None, None)
-        adapter = read_adapter(spec.name, directory, dtype)
-        log.info("LoRA adapter %s from %s: rank %d, scale %g, %d projections", spec.name,
-                 directory, adapter.rank, adapter.scale, len(adapter.pairs))
-        adapters.append(adapter)
-    max_rank = settings.max_lora_rank or (
-        MAX_RANK if runtime else max(a.rank for a in adapters))
-    if not 0 < max_rank <= MAX_RANK:
-        raise AdapterRefused(f"--max-lora-rank {max_rank} is not in 1..{MAX_RANK}")
-    max_loras = settings.max_loras or (
-        max(len(specs), DEFAULT_MAX_LORAS) if runtime else len(specs))
-    if max_loras < 1:
-        raise AdapterRefused(f"--max-loras {max_loras} must be >= 1")
+    adapters = [_read_startup(spec, dtype) for spec in specs]
+    max_loras, max_rank = _slot_shape(settings, [a.rank for a in adapters])
     sites = attach_sites(model, dist, adapters, every=runtime, slots=max_loras + 1,
                          max_rank=max_rank)
     out = AdapterSet(sites, max_loras, max_rank, runtime, dtype)
