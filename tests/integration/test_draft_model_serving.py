@@ -1,0 +1,52 @@
+"""--speculator-model over real HTTP: one shard process of the tiny Llama drafting with a draft
+model (the tiny Llama itself, given as its own --speculator-model, env SPECULATOR_MODEL) behind a
+router that prefills in chunks of 16 tokens, against the same server without speculation.
+
+Greedy requests give exactly the reference's tokens, on prompts that repeat themselves and ones
+that do not, again from the prefix cache; the target drafting for itself keeps every draft
+(/metrics), which the draft's own KV cache (sized beside the target's at Warmup, written by
+each request's drafting) must hold right for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.test_speculative_serving import PLAIN, REPEATING, generate, ids, metric
+from tests.router_process import RouterProcess
+from tests.shard_process import start_shards
+
+
+@pytest.fixture(scope="module")
+def url(model: Path) -> Iterator[str]:
+    with start_shards(model, extra_args=["--speculate", "3"],
+                      env={"SPECULATOR_MODEL": str(model)}) as shards, RouterProcess(
+        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
+    ) as router:
+        yield router.url
+
+
+@pytest.fixture(scope="module")
+def plain(model: Path) -> Iterator[str]:
+    with start_shards(model) as shards, RouterProcess(
+        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
+    ) as router:
+        yield router.url
+
+
+def test_greedy_tokens_equal_the_plain_server_s_and_every_draft_is_kept(
+    url: str, plain: str
+) -> None:
+    assert httpx.get(f"{url}/info", timeout=30).json()["speculate"] == 3
+    for prompt in (REPEATING, PLAIN):
+        expected = ids(generate(plain, prompt, max_new_tokens=40))
+        assert ids(generate(url, prompt, max_new_tokens=40)) == expected
+        # Again: the prompt's blocks now come from the prefix cache.
+        assert ids(generate(url, prompt, max_new_tokens=40)) == expected
+    drafted = metric(url, "pytgi_speculative_drafted_tokens")
+    assert drafted > 0
+    assert metric(url, "pytgi_speculative_accepted_tokens") == drafted
