@@ -72,14 +72,17 @@ class LoraUpdates:
 
     async def _load_at(self, name: str, path: str, index: int) -> int:
         """Every rank loads the adapter at `index` (its LoRA rank r returned), or none keeps it: on
-        a refusal or a failure the index is unloaded on all and freed, and the caller gets
-        vLLM's answer for it."""
+        a refusal or a failure the index is unloaded on all, and the caller gets vLLM's answer
+        for it. A refused index is free again; after a failure (a time-out) a rank may still
+        finish the load once the roll-back has passed, so that index stays reserved: a later
+        load there would meet it."""
         client = self.infer.client
         try:
             return await client.load_adapter(name, path, index, self._timeout())
         except ShardCallError as err:
             await _roll_back(client, index, self._timeout())
-            self.table.release(index)
+            if isinstance(err, AdapterRefused):
+                self.table.release(index)
             raise _load_refusal(err) from err
 
     async def unload(self, name: str) -> str:
