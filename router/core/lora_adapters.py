@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from itertools import count
 
 # How often an unload waiting for requests in flight looks again (s).
-DRAIN_POLL_S = 0.05
+IDLE_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ class AdapterTable:
     def in_flight(self, index: int) -> int:
         return self._in_flight[index]
 
-    async def drained(self, index: int) -> None:
+    async def until_idle(self, index: int) -> None:
         """Returns once no request submitted under `index` is in flight."""
         while self._in_flight[index]:
-            await asyncio.sleep(DRAIN_POLL_S)
+            await asyncio.sleep(IDLE_POLL_S)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pytgi_router.core.errors import InferError
-from pytgi_router.core.lora_adapters import DRAIN_POLL_S, AdapterTable
+from pytgi_router.core.lora_adapters import IDLE_POLL_S, AdapterTable
 from pytgi_router.core.shard_client import AdapterRefused, ShardCallError, ShardClient
 
 if TYPE_CHECKING:
@@ -108,11 +108,11 @@ class LoraUpdates:
         """Frees `index` on the shards, then for a new load. A request ends for the table when
         its stream does (a cancel included), but its rows stay in the running batch, on the
         shards too, until the scheduler's next step drops them; a load reusing the index before
-        that would be refused by the shards (the index still draining there), so the index is
+        that would be refused by the shards (the index still unloading there), so the index is
         freed only once the running batch no longer holds it."""
-        await self.table.drained(index)
+        await self.table.until_idle(index)
         while index in self.infer.adapter_activity()[1]:
-            await asyncio.sleep(DRAIN_POLL_S)
+            await asyncio.sleep(IDLE_POLL_S)
         try:
             await self.infer.client.unload_adapter(index, self._timeout())
         except ShardCallError as err:  # a shard group that restarted has no such index

@@ -71,7 +71,7 @@ class AdapterSet:
         self.table = SlotTable(max_loras)
         self._host: dict[int, HostAdapter] = {}
         # Unloaded while rows still used them: gone once they have left.
-        self._draining: set[int] = set()
+        self._unloading: set[int] = set()
         # Adapters copied out of the device for another (since start).
         self.evictions = 0
 
@@ -88,7 +88,7 @@ class AdapterSet:
 
     def loaded(self) -> frozenset[int]:
         """The wire indices a new request may name."""
-        return frozenset(i for i in self._host if i not in self._draining)
+        return frozenset(i for i in self._host if i not in self._unloading)
 
     def prepare(self, adapter: PeftAdapter) -> HostAdapter:
         """`adapter` (read) checked against the layers and fused for them, in host memory;
@@ -135,11 +135,11 @@ class AdapterSet:
         no row in `busy` uses it. Its name; KeyError when nothing is loaded there."""
         if index not in self.loaded():
             raise KeyError(index)
-        self._draining.add(index)
+        self._unloading.add(index)
         name = self._host[index].name
         self._purge(busy)
         log.info("LoRA adapter %s at index %d unloaded%s", name, index,
-                 " (its live rows finish first)" if index in self._draining else "")
+                 " (its live rows finish first)" if index in self._unloading else "")
         return name
 
     def place(self, requests: Iterable[Row], busy: Collection[int]) -> None:
@@ -167,12 +167,12 @@ class AdapterSet:
 
     def _purge(self, busy: Collection[int]) -> None:
         """Drops the unloaded adapters whose last row has left."""
-        for index in sorted(self._draining - set(busy)):
+        for index in sorted(self._unloading - set(busy)):
             slot = self.table.drop(index)
             if slot is not None and self.sites is not None:
                 write_slot(self.sites, slot, None)
             del self._host[index]
-            self._draining.discard(index)
+            self._unloading.discard(index)
 
 
 def place_adapters(adapters: AdapterSet, requests: Iterable[Row], busy: Collection[int]) -> None:

@@ -98,7 +98,7 @@ def test_the_adapter_table_reserves_indices_and_never_reuses_a_key() -> None:
     assert dataclasses.astuple(table.by_index(2))[:2] == ("chat", 2)  # type: ignore[arg-type]
 
 
-def test_drained_waits_for_the_requests_in_flight() -> None:
+def test_until_idle_waits_for_the_requests_in_flight() -> None:
     table = AdapterTable(("a",))
 
     async def run() -> list[str]:
@@ -116,12 +116,12 @@ def test_drained_waits_for_the_requests_in_flight() -> None:
             events.append("two")
 
         task = asyncio.ensure_future(finish())
-        await table.drained(1)
-        events.append("drained")
+        await table.until_idle(1)
+        events.append("idle")
         await task
         return events
 
-    assert asyncio.run(run()) == ["one", "two", "drained"]
+    assert asyncio.run(run()) == ["one", "two", "idle"]
     assert table.in_flight(1) == 0
 
 
