@@ -25,12 +25,25 @@ QWEN2_VL_TEXT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads
                                      "mrope_section": [2, 3, 3]}}
 QWEN2_VL_VISION = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2,
                    "mlp_ratio": 2, "initializer_range": 0.3}
+# Qwen2.5-VL's tower: windows of 56 pixels (2 x 2 merged tokens), block 1 of 3 attending to the
+# whole image.
+QWEN2_5_VL_VISION = {"depth": 3, "hidden_size": 32, "out_hidden_size": 64, "num_heads": 2,
+                     "intermediate_size": 48, "window_size": 56, "fullatt_block_indexes": [1],
+                     "initializer_range": 0.3}
 
 
-def write_qwen2_vl_model(path: Path, max_pixels: int = MAX_PIXELS, seed: int = 0) -> Path:
-    """A whole tiny Qwen2-VL checkpoint at `path` (float32), as transformers saves it."""
+def write_qwen2_vl_model(path: Path, max_pixels: int = MAX_PIXELS, seed: int = 0,
+                         family: str = "qwen2_vl") -> Path:
+    """A whole tiny Qwen2-VL (or, `family` qwen2_5_vl, Qwen2.5-VL) checkpoint at `path`
+    (float32), as transformers saves it."""
     import torch
-    from transformers import GenerationConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     write_qwen2_vl_router_files(path, max_pixels=max_pixels)
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
@@ -48,10 +61,15 @@ def write_qwen2_vl_model(path: Path, max_pixels: int = MAX_PIXELS, seed: int = 0
     text = {**QWEN2_VL_TEXT, "vocab_size": tok.get_vocab_size() + 2, **ids}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = Qwen2VLConfig(text_config=text, vision_config=QWEN2_VL_VISION,
-                               torch_dtype="float32", **vision_ids, **ids)
+        windowed = family == "qwen2_5_vl"
+        config_class = Qwen2_5_VLConfig if windowed else Qwen2VLConfig
+        config = config_class(text_config=text,
+                              vision_config=QWEN2_5_VL_VISION if windowed else QWEN2_VL_VISION,
+                              torch_dtype="float32", **vision_ids, **ids)
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).eval()
+        model_class = (Qwen2_5_VLForConditionalGeneration if windowed
+                       else Qwen2VLForConditionalGeneration)
+        model = model_class(config).eval()
         model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(**ids).save_pretrained(path)
     return path

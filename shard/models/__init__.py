@@ -59,6 +59,7 @@ MODELS: Mapping[str, ModelLoader] = MappingProxyType({
     "qwen2": Llama.load,
     "qwen3": Llama.load,
     "qwen2_vl": Qwen2VL.load,
+    "qwen2_5_vl": Qwen2VL.load,
     "gemma": Llama.loader(gemma_config),
     "gemma2": Llama.loader(gemma2_config),
     "gemma3_text": Llama.loader(gemma3_text_config),

@@ -1,4 +1,4 @@
-"""Qwen2-VL end to end (issue 28): the router reads, processes and sends images, the shard runs
+"""Qwen2-VL and Qwen2.5-VL end to end (issue 28): the router reads, processes and sends images, the shard runs
 its vision tower and M-RoPE decoder; the served greedy tokens and logprobs equal transformers'
 Qwen2VLForConditionalGeneration.generate on the same prompt ids and processed image, through
 /generate with a markdown data-URI image and /v1/chat/completions with a data: PNG part. Two
@@ -35,17 +35,28 @@ def png(seed: int, size: tuple[int, int] = (60, 40)) -> bytes:
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_qwen2_vl_model(tmp_path_factory.mktemp("qwen2_vl"))
+SERVED = [("qwen2_vl", 1), ("qwen2_vl", 2), ("qwen2_5_vl", 1)]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1rank", "2ranks"])
-def server(request: pytest.FixtureRequest, model: Path) -> Iterator[str]:
-    with start_shards(model, request.param) as shards, RouterProcess(
+@pytest.fixture(scope="module", params=SERVED, ids=[f"{f}-{n}rank" for f, n in SERVED])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, Path]]:
+    family, ranks = request.param
+    model = write_qwen2_vl_model(tmp_path_factory.mktemp(family), family=family)
+    with start_shards(model, ranks) as shards, RouterProcess(
         shards.urls[0], model, "--max-total-tokens", "256", "--max-input-tokens", "200",
     ) as router:
-        yield router.url
+        yield router.url, model
+
+
+@pytest.fixture
+def server(served: tuple[str, Path]) -> str:
+    return served[0]
+
+
+@pytest.fixture
+def model(served: tuple[str, Path]) -> Path:
+    return served[1]
 
 
 def post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:

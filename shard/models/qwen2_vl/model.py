@@ -1,6 +1,6 @@
-"""Qwen2-VL (`qwen2_vl`): the registry's Qwen2 decoder (shard/models/llama/) with M-RoPE
-positions (mrope.py), fed image embeddings from its vision tower (vision.py) in place of the
-image tokens' own.
+"""Qwen2-VL (`qwen2_vl`) and Qwen2.5-VL (`qwen2_5_vl`, its tower windowed): the registry's Qwen2
+decoder (shard/models/llama/) with M-RoPE positions (mrope.py), fed image embeddings from its
+vision tower (vision.py) in place of the image tokens' own.
 
 A forward without images (text-only requests, every decode step) is the Qwen2 decoder's, at
 the 1-D positions the engine gives (a request's index + its rope delta): M-RoPE with three equal
@@ -93,14 +93,15 @@ class Qwen2VL(Llama):
         self.mrope_section = section
         self.visual = VisionTower(weights, "visual", vision)
         self.image_merge = vision.spatial_merge_size
-        self.model_type = "qwen2_vl"
+        self.model_type = "qwen2_5_vl" if vision.windowed else "qwen2_vl"
         self.images = ImageEmbeddings()
 
     @classmethod
     def load(cls, config: ModelConfig, dtype: torch.dtype, dist: Dist,
              backend: AttentionBackend) -> Qwen2VL:
         decoder, section = text_config(config.raw)
-        vision = VisionConfig(config.raw.get("vision_config") or {})
+        vision = VisionConfig(config.raw.get("vision_config") or {},
+                              windowed=config.model_type == "qwen2_5_vl")
         return with_weights(config, dtype, dist,
                             lambda weights: cls(decoder, section, vision, weights, backend))
 

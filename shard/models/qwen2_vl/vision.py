@@ -1,5 +1,5 @@
-"""Qwen2-VL's vision tower: patches -> ViT blocks with 2-D rotary -> patch merger -> one
-embedding per image token, in the language model's hidden size.
+"""Qwen2-VL's and Qwen2.5-VL's vision tower: patches -> ViT blocks with 2-D rotary -> patch
+merger -> one embedding per image token, in the language model's hidden size.
 
     x = patch_embed(pixel_values)              # conv3d with stride = kernel: a linear per patch
     for each block:  x = x + proj(attention(rope2d(q), rope2d(k), v))   on layer_norm(x)
@@ -15,6 +15,11 @@ all-reduces per block; pytgi does not yet.
 
 Attention is full (not causal) within one image; every image is encoded on its own (t == 1 for
 images, so an image is one attention sequence), in float32 rotary arithmetic as trained.
+
+Qwen2.5-VL (`windowed`) differs in three places: RMSNorms instead of LayerNorms, a gated
+(SwiGLU) MLP with biases, and windowed attention: the merged patches are reordered window by
+window (window_size pixels square), every block but `fullatt_block_indexes` attends within its
+window only, and the merger's output is put back in the image's order.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytgi_shard.layers.layernorm import LayerNorm
+from pytgi_shard.layers.layernorm import LayerNorm, RMSNorm
 from pytgi_shard.layers.mlp import activation
 from pytgi_shard.weights.reader import Weights
 
@@ -84,29 +89,54 @@ class VisionAttention(nn.Module):
         return self.proj(out.transpose(0, 1).reshape(n, -1))
 
 
+def _norm(weights: Weights, prefix: str, config: VisionConfig) -> nn.Module:
+    if config.windowed:
+        return RMSNorm.load(weights, prefix, 1e-6)
+    return LayerNorm.load(weights, prefix, 1e-6)
+
+
 class VisionBlock(nn.Module):
     def __init__(self, weights: Weights, prefix: str, config: VisionConfig) -> None:
         super().__init__()
-        self.norm1 = LayerNorm.load(weights, f"{prefix}.norm1", 1e-6)
-        self.norm2 = LayerNorm.load(weights, f"{prefix}.norm2", 1e-6)
+        self.norm1 = _norm(weights, f"{prefix}.norm1", config)
+        self.norm2 = _norm(weights, f"{prefix}.norm2", config)
         self.attn = VisionAttention(weights, f"{prefix}.attn", config.embed_dim, config.num_heads)
-        self.fc1 = _Linear(weights, f"{prefix}.mlp.fc1")
-        self.fc2 = _Linear(weights, f"{prefix}.mlp.fc2")
+        self.gated = config.windowed
+        names = ("gate_proj", "up_proj", "down_proj") if self.gated else ("fc1", "fc2")
+        self.mlp = nn.ModuleList(_Linear(weights, f"{prefix}.mlp.{n}") for n in names)
         self.act = activation(config.hidden_act)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin)
-        return x + self.fc2(self.act(self.fc1(self.norm2(x))))
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                windows: list[int] | None = None) -> torch.Tensor:
+        normed = self.norm1(x)
+        if windows is None:
+            x = x + self.attn(normed, cos, sin)
+        else:
+            # Attention within each window: its rows are contiguous after the reordering.
+            parts = zip(normed.split(windows), cos.split(windows), sin.split(windows),
+                        strict=True)
+            x = x + torch.cat([self.attn(h, c, s) for h, c, s in parts])
+        normed = self.norm2(x)
+        if self.gated:
+            gate, up, down = self.mlp
+            return x + down(self.act(gate(normed)) * up(normed))
+        fc1, fc2 = self.mlp
+        return x + fc2(self.act(fc1(normed)))
 
 
 class VisionConfig:
-    """vision_config's fields the tower reads (transformers' Qwen2VLVisionConfig defaults)."""
+    """vision_config's fields the tower reads (transformers' Qwen2VLVisionConfig defaults, or
+    Qwen2_5_VLVisionConfig's with `windowed`)."""
 
-    def __init__(self, raw: Mapping[str, Any]) -> None:
+    def __init__(self, raw: Mapping[str, Any], windowed: bool = False) -> None:
+        self.windowed = windowed
         self.depth = int(raw.get("depth", 32))
-        self.embed_dim = int(raw.get("embed_dim", 1280))
+        # Qwen2.5-VL names the tower's width hidden_size (Qwen2-VL's hidden_size is its output).
+        self.embed_dim = int(raw["hidden_size"] if windowed else raw.get("embed_dim", 1280))
         self.num_heads = int(raw.get("num_heads", 16))
-        self.hidden_act = str(raw.get("hidden_act", "quick_gelu"))
+        self.hidden_act = str(raw.get("hidden_act", "silu" if windowed else "quick_gelu"))
+        self.window_size = int(raw.get("window_size", 112))
+        self.full_blocks = frozenset(int(i) for i in raw.get("fullatt_block_indexes", ()))
         self.patch_size = int(raw.get("patch_size", 14))
         self.temporal_patch_size = int(raw.get("temporal_patch_size", 2))
         self.in_channels = int(raw.get("in_channels", 3))
@@ -131,13 +161,14 @@ class VisionTower(nn.Module):
         self.blocks = nn.ModuleList(
             VisionBlock(weights, f"{prefix}.blocks.{i}", config) for i in range(config.depth)
         )
-        self.ln_q = LayerNorm.load(weights, f"{prefix}.merger.ln_q", 1e-6)
+        self.ln_q = _norm(weights, f"{prefix}.merger.ln_q", config)
         self.merge_in = _Linear(weights, f"{prefix}.merger.mlp.0")
         self.merge_out = _Linear(weights, f"{prefix}.merger.mlp.2")
         spatial = (config.embed_dim // config.num_heads) // 2
         exponents = torch.arange(0, spatial, 2, dtype=torch.float) / spatial
         self.inv_freq = (1.0 / config.rope_theta**exponents).to(conv.device)
         self.dtype = conv.dtype
+        self.unit = config.spatial_merge_size**2
 
     def rotary(self, grid: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 cos/sin [patches, head_dim]: the row's angles, then the column's, twice."""
@@ -155,7 +186,37 @@ class VisionTower(nn.Module):
                              f"{[t, h, w]} of patches of {self.patch_dim} values")
         x = F.linear(pixel_values.to(self.dtype), self.patch_weight)
         cos, sin = self.rotary(grid)
-        for block in self.blocks:
-            x = block(x, cos, sin)
-        merged = self.ln_q(x).reshape(-1, x.shape[-1] * self.config.spatial_merge_size**2)
-        return self.merge_out(F.gelu(self.merge_in(merged)))
+        order, windows = None, None
+        if self.config.windowed:
+            order, windows = window_order(grid, self.config)
+            x, cos, sin = (_by_unit(v, order, self.unit) for v in (x, cos, sin))
+        for i, block in enumerate(self.blocks):
+            full = windows is None or i in self.config.full_blocks
+            x = block(x, cos, sin, None if full else windows)
+        merged = self.ln_q(x).reshape(-1, x.shape[-1] * self.unit)
+        out = self.merge_out(F.gelu(self.merge_in(merged)))
+        return out if order is None else out[torch.argsort(order)]
+
+
+def _by_unit(x: torch.Tensor, order: torch.Tensor, unit: int) -> torch.Tensor:
+    """x's rows in groups of `unit` (one merged token's patches), the groups in `order`."""
+    return x.reshape(-1, unit, x.shape[-1])[order].reshape(x.shape)
+
+
+def window_order(grid: Sequence[int], config: VisionConfig) -> tuple[torch.Tensor, list[int]]:
+    """Qwen2.5-VL's windows: the merged tokens' order window by window (row-major windows of
+    window_size / patch_size / merge tokens a side, cut at the image's edges) and each
+    window's patch count (transformers' get_vision_window_index, for one image)."""
+    t, h, w = (int(v) for v in grid)
+    merge = config.spatial_merge_size
+    side = config.window_size // merge // config.patch_size
+    gh, gw = h // merge, w // merge
+    index = torch.arange(t * gh * gw).reshape(t, gh, gw)
+    order, windows = [], []
+    for frame in range(t):
+        for top in range(0, gh, side):
+            for left in range(0, gw, side):
+                window = index[frame, top : top + side, left : left + side].flatten()
+                order.append(window)
+                windows.append(window.numel() * merge * merge)
+    return torch.cat(order), windows

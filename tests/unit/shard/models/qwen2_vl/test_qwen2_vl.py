@@ -209,3 +209,53 @@ def test_two_ranks_serve_the_transformers_tokens(model_dir: Path, tmp_path: Path
         got_tokens, got_logprobs = torch.load(tmp_path / f"rank{rank}.pt")
         assert got_tokens[1] == tokens
         torch.testing.assert_close(got_logprobs[1], logprobs, rtol=TOL, atol=TOL)
+
+
+def test_decode_through_the_graph_runner_keeps_each_rows_rope_delta(
+    fresh: Engine, model_dir: Path
+) -> None:
+    """The decode graphs' buffers (padded buckets, run eagerly on the CPU) carry the 1-D
+    positions with each row's rope delta: image and text rows decode as transformers."""
+    from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+
+    prompts = [one_image(model_dir, seed=7), two_images(model_dir),
+               prompt_with(model_dir, [[40, 41, 42]])]
+    expected = [hf_generate(model_dir, p, MAX_NEW) for p in prompts]
+    fresh.runner.decode_graphs = DecodeGraphRunner(
+        fresh.model, (1, 2, 4), 16, BLOCK, pad_eagerly=True)
+    try:
+        assert fresh.model.graph_capturable
+        run = Run(fresh)
+        reqs = [vlm_request(i + 1, p) for i, p in enumerate(prompts)]
+        for i, r in enumerate(reqs):
+            r.blocks[:] = list(range(1 + 12 * i, 13 + 12 * i))
+        run.finish(run.prefill(pb.Batch(id=1, requests=reqs)))
+    finally:
+        fresh.runner.decode_graphs = None
+    for i, want in enumerate(expected):
+        assert_run(run, i + 1, want)
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_qwen2_vl_model(tmp_path_factory.mktemp("qwen2_5_vl"), family="qwen2_5_vl")
+
+
+def test_qwen2_5_vl_whole_and_in_chunks_equals_transformers(qwen2_5_vl: Path) -> None:
+    """Qwen2.5-VL (windowed tower, the same M-RoPE decoder): whole, and in chunks of 5 that
+    split both images."""
+    engine = build_engine(qwen2_5_vl)
+    assert engine.model.model_type == "qwen2_5_vl"
+    a, b = two_images(qwen2_5_vl), one_image(qwen2_5_vl, seed=8)
+    expected = {1: hf_generate(qwen2_5_vl, a, MAX_NEW), 2: hf_generate(qwen2_5_vl, b, MAX_NEW)}
+    whole = reference_run(engine, [vlm_request(1, a), vlm_request(2, b)])
+    engine.clear(None)
+    router = Router(engine)
+    batch_id = itertools.count(1).__next__
+    for r in (vlm_request(1, a), vlm_request(2, b)):
+        for start in range(0, len(r.input_ids), 5):
+            router.prefill(batch_id(), [as_router_sends(router.chunk(r, start, 5))])
+    router.finish()
+    for rid, want in expected.items():
+        assert_run(whole, rid, want)
+        assert_run(router.run, rid, want)

@@ -21,21 +21,33 @@ def qwen2_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_qwen2_vl_model(tmp_path_factory.mktemp("qwen2_vl"), max_pixels=28 * 28 * 64)
 
 
-@pytest.mark.parametrize("size", [(60, 40), (40, 100), (112, 112)])
-def test_tower_equals_transformers_visual(qwen2_vl: Path, size: tuple[int, int]) -> None:
-    from transformers import Qwen2VLForConditionalGeneration
+@pytest.fixture(scope="module")
+def qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_qwen2_vl_model(tmp_path_factory.mktemp("qwen2_5_vl"), max_pixels=28 * 28 * 64,
+                                family="qwen2_5_vl")
 
-    image = process(qwen2_vl, picture(size, seed=sum(size)))
-    hf = Qwen2VLForConditionalGeneration.from_pretrained(qwen2_vl, torch_dtype=torch.float32)
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("size", [(60, 40), (40, 100), (112, 112), (200, 90)])
+def test_tower_equals_transformers_visual(
+    request: pytest.FixtureRequest, family: str, size: tuple[int, int]
+) -> None:
+    """Qwen2.5-VL's windows (2 x 2 merged tokens) cut these images into whole and edge ones."""
+    from transformers import AutoModelForImageTextToText
+
+    path: Path = request.getfixturevalue(family)
+    image = process(path, picture(size, seed=sum(size)))
+    hf = AutoModelForImageTextToText.from_pretrained(path, torch_dtype=torch.float32)
     with torch.no_grad():
         expected = hf.model.get_image_features(
             image.pixel_values, torch.tensor([list(image.grid)])).pooler_output[0]
-    config = ModelConfig.read(qwen2_vl)
-    weights = Weights(qwen2_vl, torch.float32, single_process(torch.device("cpu")))
-    tower = VisionTower(weights, "visual", VisionConfig(config.raw["vision_config"]))
+    config = ModelConfig.read(path)
+    weights = Weights(path, torch.float32, single_process(torch.device("cpu")))
+    tower = VisionTower(weights, "visual", VisionConfig(config.raw["vision_config"],
+                                                        windowed=family == "qwen2_5_vl"))
     got = tower(image.pixel_values, image.grid)
     assert got.shape == (image.tokens, 64)
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_tower_refuses_pixels_that_do_not_fit_the_grid(qwen2_vl: Path) -> None:

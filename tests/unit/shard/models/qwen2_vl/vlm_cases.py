@@ -81,11 +81,11 @@ def wire_images(prompt: Prompt) -> list[pb.Image]:
 
 
 def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
-    """transformers' Qwen2VLForConditionalGeneration.generate, greedy, EOS ignored: tokens and
-    each one's logprob under the raw logits."""
-    from transformers import Qwen2VLForConditionalGeneration
+    """transformers' Qwen2VLForConditionalGeneration.generate (Qwen2_5_VL... for that family),
+    greedy, EOS ignored: tokens and each one's logprob under the raw logits."""
+    from transformers import AutoModelForImageTextToText
 
-    model = Qwen2VLForConditionalGeneration.from_pretrained(
+    model = AutoModelForImageTextToText.from_pretrained(
         model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
     model.generation_config.eos_token_id = None
     kwargs: dict[str, torch.Tensor] = {}
