@@ -202,7 +202,14 @@ class ModelRunner:
         """Runs the batch in a cache of its own size; returns the peak bytes beyond the cache."""
         try:
             self.resize_kv_cache(num_blocks)
-            return peak_bytes(self.model.device, lambda: run_batch(batch))
+            model = self.model
+
+            def run() -> None:
+                run_batch(batch)
+                # A vision tower's largest image peaks apart from the prefill: measured too.
+                model.warmup_images()
+
+            return peak_bytes(model.device, run)
         except (RuntimeError, MemoryError) as e:
             if not is_out_of_memory(e):
                 raise

@@ -38,6 +38,11 @@ class Model(ABC):
     # patch grid into image tokens); 0: the model takes no images and the shard refuses them.
     image_merge: int = 0
 
+    def warmup_images(self) -> None:
+        """Runs what the largest image a request may carry costs (a vision tower's forward),
+        so that Warmup's peak, which sizes the KV cache, includes it; nothing for a text model."""
+        return None
+
     @abstractmethod
     def forward(
         self,

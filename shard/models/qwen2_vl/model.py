@@ -13,9 +13,12 @@ prefill that splits an image runs the tower once.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +44,19 @@ log = logging.getLogger(__name__)
 # first: an evicted image is encoded again if a later chunk needs it, so this bounds memory
 # only; a request cancelled between two chunks of one image leaves its entry until then).
 KEPT_IMAGES = 32
+# transformers' Qwen2VLImageProcessor default max_pixels.
+DEFAULT_MAX_PIXELS = 28 * 28 * 1280
+
+
+def processor_max_pixels(path: Path) -> int:
+    """The image processor's max_pixels, as transformers reads preprocessor_config.json (the
+    top-level key, else size.longest_edge or size.max_pixels); Qwen2-VL's default without it."""
+    if not path.is_file():
+        return DEFAULT_MAX_PIXELS
+    config = json.loads(path.read_text())
+    size = config.get("size") or {}
+    return int(config.get("max_pixels") or size.get("longest_edge")
+               or size.get("max_pixels") or DEFAULT_MAX_PIXELS)
 
 
 def text_config(raw: Mapping[str, Any]) -> tuple[LlamaConfig, tuple[int, ...]]:
@@ -95,6 +111,8 @@ class Qwen2VL(Llama):
         self.image_merge = vision.spatial_merge_size
         self.model_type = "qwen2_5_vl" if vision.windowed else "qwen2_vl"
         self.images = ImageEmbeddings()
+        # The processor's largest image (preprocessor_config.json): what Warmup encodes.
+        self.max_pixels = DEFAULT_MAX_PIXELS
 
     @classmethod
     def load(cls, config: ModelConfig, dtype: torch.dtype, dist: Dist,
@@ -102,8 +120,21 @@ class Qwen2VL(Llama):
         decoder, section = text_config(config.raw)
         vision = VisionConfig(config.raw.get("vision_config") or {},
                               windowed=config.model_type == "qwen2_5_vl")
-        return with_weights(config, dtype, dist,
-                            lambda weights: cls(decoder, section, vision, weights, backend))
+        model = with_weights(config, dtype, dist,
+                             lambda weights: cls(decoder, section, vision, weights, backend))
+        model.max_pixels = processor_max_pixels(config.path / "preprocessor_config.json")
+        return model
+
+    def largest_grid(self) -> tuple[int, int, int]:
+        """The patch grid of the largest image the processor gives: a square of max_pixels."""
+        patch = self.visual.config.patch_size * self.image_merge
+        side = max(int(math.isqrt(self.max_pixels)) // patch, 1) * self.image_merge
+        return 1, side, side
+
+    def warmup_images(self) -> None:
+        grid = self.largest_grid()
+        pixels = torch.zeros(grid[1] * grid[2], self.visual.patch_dim, device=self.device)
+        self.encode(pixels, grid)
 
     def encode(self, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
         """One image's token embeddings [t*h*w / merge^2, hidden] in the model's dtype."""

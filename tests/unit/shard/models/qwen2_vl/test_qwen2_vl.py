@@ -259,3 +259,23 @@ def test_qwen2_5_vl_whole_and_in_chunks_equals_transformers(qwen2_5_vl: Path) ->
     for rid, want in expected.items():
         assert_run(whole, rid, want)
         assert_run(router.run, rid, want)
+
+
+def test_warmup_encodes_the_processors_largest_image(fresh: Engine) -> None:
+    """Warmup's peak (the KV cache's sizing) includes the tower on the largest image the
+    checkpoint's processor gives (max_pixels 28 * 28 * 16: a 4 x 4 merged square)."""
+    model = fresh.model
+    assert model.largest_grid() == (1, 8, 8)  # type: ignore[attr-defined]
+    grids: list[tuple[int, int, int]] = []
+    encode = model.encode  # type: ignore[attr-defined]
+
+    def counted(pixels: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+        grids.append(grid)
+        return encode(pixels, grid)
+
+    model.encode = counted  # type: ignore[attr-defined]
+    try:
+        fresh.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
+    finally:
+        del model.encode  # type: ignore[attr-defined]
+    assert grids == [(1, 8, 8)]
