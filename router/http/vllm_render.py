@@ -18,7 +18,6 @@ with `prompt` or `messages` and no `inputs` is vLLM's; one with both is a 422.""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -27,7 +26,7 @@ from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError, ValidationError
 from pytgi_router.http.http_io import json_response, other_api_body, read_json
-from pytgi_router.http.openai.errors import openai_error_response
+from pytgi_router.http.openai.errors import in_openai_shape, openai_error_response
 from pytgi_router.http.openai.routes_chat import ChatRoutes
 from pytgi_router.http.openai.schemas import ChatRequest, parse_chat, parse_completion
 from pytgi_router.http.routes_info import InfoRoutes
@@ -38,17 +37,6 @@ from pytgi_router.http.state import AppState
 # always adds the generation prompt; a final assistant message is never continued).
 CHAT_DEFAULTS = {"add_generation_prompt": True, "continue_final_message": False}
 
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def openai_errors(handler: Handler) -> Handler:
-    """Answers an InferError in OpenAI's shape (vLLM's clients, the router, parse that)."""
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except InferError as err:
-            return openai_error_response(err)
-    return wrapped
 
 
 def is_vllm_tokenize(body: Any) -> bool:
@@ -96,12 +84,12 @@ class VllmRoutes:
     def routes(self) -> list[Route]:
         """Before InfoRoutes' routes: this /tokenize hands TGI's body to InfoRoutes."""
         return [
-            Route("/v1/chat/completions/render", openai_errors(self.render_chat),
+            Route("/v1/chat/completions/render", in_openai_shape(self.render_chat),
                   methods=["POST"]),
-            Route("/v1/completions/render", openai_errors(self.render_completions),
+            Route("/v1/completions/render", in_openai_shape(self.render_completions),
                   methods=["POST"]),
             Route("/tokenize", self.tokenize, methods=["POST"]),
-            Route("/detokenize", openai_errors(self.detokenize), methods=["POST"]),
+            Route("/detokenize", in_openai_shape(self.detokenize), methods=["POST"]),
         ]
 
     async def ids(self, text: str, add_special_tokens: bool, truncate: int | None = None

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import Response
 
 from pytgi_router.core.errors import InferError
@@ -81,6 +83,22 @@ def owns(path: str) -> bool:
 
 def openai_error_response(err: InferError, headers: Any = None) -> Response:
     return json_response(openai_error(err), status_code=err.status_code, headers=headers)
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def in_openai_shape(handler: Handler) -> Handler:
+    """The handler with its errors answered in OpenAI's shape instead of TGI's (the Responses
+    API's routes, vLLM's worker routes: their clients parse only that shape)."""
+
+    async def answer(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except InferError as err:
+            return openai_error_response(err)
+
+    return answer
 
 
 def error_bytes(err: InferError) -> tuple[int, bytes]:

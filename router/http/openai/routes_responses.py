@@ -10,19 +10,19 @@ same tool-call machinery chat uses. Stored responses live in this replica's memo
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from pytgi_router.core.errors import InferError, ValidationError
+from pytgi_router.core.errors import ValidationError
 from pytgi_router.http.generate_flow import ClientDisconnected, GenerateFlow, StreamGroup
 from pytgi_router.http.http_io import json_response, read_json, watching_disconnect
 from pytgi_router.http.json_fields import obj, opt_str
 from pytgi_router.http.openai.chat_output import ChatOutputStream
-from pytgi_router.http.openai.errors import BadRequest, ResponseNotFound, openai_error_response
+from pytgi_router.http.openai.errors import BadRequest, ResponseNotFound, in_openai_shape
 from pytgi_router.http.openai.response_background import BackgroundRuns
 from pytgi_router.http.openai.response_input_items import items_page
 from pytgi_router.http.openai.response_object import ResponseHead, final_response
@@ -40,19 +40,6 @@ from pytgi_router.http.streaming import encode_generation
 log = logging.getLogger("pytgi.router")
 
 ROUTE = "responses"
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def in_openai_shape(handler: Handler) -> Handler:
-    """The handler with its errors answered in OpenAI's shape instead of TGI's."""
-
-    async def answer(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except InferError as err:
-            return openai_error_response(err)
-
-    return answer
 
 
 class ResponsesRoutes:
