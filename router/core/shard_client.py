@@ -54,6 +54,16 @@ class AdapterRefused(ShardCallError):
     reason, as the shards' start-up refusal would."""
 
 
+def _raise_refusal(err: ShardCallError, refusal: type[ShardCallError], default: str) -> None:
+    """Raises `refusal` with the shard's message when `err` is its INVALID_ARGUMENT: the
+    request's own fault (a grammar, an adapter), not a failed shard; else returns."""
+    cause = err.__cause__
+    if isinstance(cause, grpc.aio.AioRpcError) and (
+        cause.code() == grpc.StatusCode.INVALID_ARGUMENT
+    ):
+        raise refusal(cause.details() or default) from cause
+
+
 def _describe(err: BaseException) -> str:
     if isinstance(err, grpc.aio.AioRpcError):
         return err.details() or err.code().name.lower()
@@ -219,11 +229,7 @@ class ShardClient:
         try:
             response = await self._all("PrepareGrammar", request, timeout)
         except ShardCallError as err:
-            cause = err.__cause__
-            if isinstance(cause, grpc.aio.AioRpcError) and (
-                cause.code() == grpc.StatusCode.INVALID_ARGUMENT
-            ):
-                raise GrammarRefused(cause.details() or "invalid grammar") from cause
+            _raise_refusal(err, GrammarRefused, "invalid grammar")
             raise
         return bool(response.cached)
 
@@ -236,11 +242,7 @@ class ShardClient:
         try:
             response = await self._all("LoadAdapter", request, timeout)
         except ShardCallError as err:
-            cause = err.__cause__
-            if isinstance(cause, grpc.aio.AioRpcError) and (
-                cause.code() == grpc.StatusCode.INVALID_ARGUMENT
-            ):
-                raise AdapterRefused(cause.details() or "adapter refused") from cause
+            _raise_refusal(err, AdapterRefused, "adapter refused")
             raise
         return int(response.rank)
 
