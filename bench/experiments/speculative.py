@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.engine import drafting
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.service.startup import load_engine
@@ -249,8 +250,13 @@ def main() -> None:
                         "(\"batch 1\": the three at batch 1)")
     parser.add_argument("--model", type=Path, default=DEMO_MODEL,
                         help="the target model's directory (default: the demo model)")
+    parser.add_argument("--confident", type=float, default=drafting.CONFIDENT,
+                        help="a sampling row proposes only after a token of at least this "
+                        "probability (drafting.CONFIDENT; 0: no gate, the rule before it)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    # The speculating engine's gate (read by drafting.confident at each step).
+    drafting.CONFIDENT = args.confident
     torch.set_num_threads(args.threads)
     workdir = Path(tempfile.mkdtemp())
     draft = draft_model(args.draft, workdir, args.model) if args.draft else None
@@ -271,6 +277,7 @@ def main() -> None:
                    f"{args.drafting_batch}" + (f" --draft {args.draft}" if args.draft else "")
                    + (f" --temperature {args.temperature}" if args.temperature else "")
                    + (f" --workloads '{args.workloads}'" if args.workloads else "")
+                   + (f" --confident {args.confident}" if args.temperature else "")
                    + (f" --model {args.model}" if args.model != DEMO_MODEL else ""),
         "sampling": f"temperature {args.temperature}, seeded" if args.temperature else "greedy",
         "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO)
@@ -282,6 +289,7 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "step_tokens": STEP_TOKENS,
         "drafting_batch": args.drafting_batch,
+        "confident": args.confident,
         "results": rows,
     }
     if args.out is not None:

@@ -27,12 +27,22 @@ Adaptive, so that speculation never makes a busy server slower:
 - A request whose drafts keep missing (MISSES_TO_PAUSE proposals in a row with none kept)
   pauses drafting for a number of steps that doubles on each pause (up to MAX_PAUSE) and resets
   when a draft is kept.
+- A sampling row proposes only while the target gave its latest token a probability of at
+  least CONFIDENT (`confident`; the step notes it, verification.note_confidence, from the
+  logprob it reports anyway). A draft d at a sampling row is kept with probability p(d), the
+  target's (warped) probability of d there: where the model is unsure its drafts are almost
+  never kept, while each proposal costs a verification forward (~1.5 plain steps here). The
+  demo model at temperature 0.7 gives its sampled tokens a mean probability of 0.29-0.43, and
+  its n-gram drafts were kept 3 times in 123 before the gate (0.96-0.99x without speculation).
+  Where it quotes, its tokens' probabilities are near 1 and the gate is open. Greedy rows keep
+  a draft when it is the argmax, whatever its probability: they are not gated.
 - A miss of the index (no earlier occurrence of the sequence's suffix) costs a few dictionary
   lookups and drafts nothing.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,6 +66,9 @@ MISSES_TO_PAUSE = 2
 # Steps of the first pause; each further pause doubles it, up to MAX_PAUSE.
 FIRST_PAUSE = 4
 MAX_PAUSE = 64
+# A sampling row proposes only after a token the target gave at least this probability (the
+# module's docstring; 0 gates nothing, bench/experiments/speculative.py --confident).
+CONFIDENT = 0.5
 
 
 @dataclass(slots=True)
@@ -72,6 +85,9 @@ class DraftState:
     # With a draft model (--speculator-model): the sequence's first positions whose KV this
     # request's drafting wrote into the draft model's cache (shard/engine/draft_model.py).
     written: int = 0
+    # Whether the row may propose at its next step: False after a sampling row's token that the
+    # target gave less than CONFIDENT (`confident`).
+    confident: bool = True
 
     @classmethod
     def start(cls, sequence: Sequence[int]) -> DraftState:
@@ -88,6 +104,18 @@ class DraftState:
         if self.misses >= MISSES_TO_PAUSE:
             self.paused, self.misses = self.pause, 0
             self.pause = min(self.pause * 2, MAX_PAUSE)
+
+
+def confident(sampling: bool, logprob: float, threshold: float | None = None) -> bool:
+    """Whether a row whose latest token had `logprob` (the target's, after the row's warpers:
+    what a sampling row's draft is kept against) may propose next: greedy rows always (their
+    drafts are kept when they are the argmax, however flat the distribution), sampling rows
+    when the token's probability is at least `threshold` (CONFIDENT, read at each call)."""
+    if not sampling:
+        return True
+    if threshold is None:
+        threshold = CONFIDENT
+    return threshold <= 0.0 or math.exp(logprob) >= threshold
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +138,8 @@ def plan_asks(
     drafting_batch: int = DRAFTING_BATCH,
 ) -> list[tuple[int, int]]:
     """What the step asks the drafter for: (row, k) per row with a DraftState (None: the row
-    does not draft) that is not paused, k up to `speculate` tokens, at most room[row] (KV slots
-    held past its known tokens: each draft writes one) and left[row] - 1 (max_new_tokens must
+    does not draft) that is not paused and is `confident`, k up to `speculate` tokens, at most
+    room[row] (KV slots held past its known tokens: each draft writes one) and left[row] - 1 (max_new_tokens must
     hold the drafts and the target's token after them), within the step's STEP_TOKENS (each
     ask reserves its k); none in a batch of more than `drafting_batch` rows. A paused row's
     pause counts down here, once per step that may draft."""
@@ -124,6 +152,8 @@ def plan_asks(
             continue
         if state.paused:
             state.paused -= 1
+            continue
+        if not state.confident:
             continue
         k = min(speculate, budget, room[row], left[row] - 1)
         if k <= 0:
