@@ -8,6 +8,7 @@ same image and prompt again hits the cache."""
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,3 +144,32 @@ def test_different_images_differ_and_share_only_the_text_before_them(server: str
     assert [t["id"] for t in again["tokens"]] == [t["id"] for t in first["tokens"]]
     np.testing.assert_allclose([t["logprob"] for t in again["tokens"]],
                                [t["logprob"] for t in first["tokens"]], rtol=TOL, atol=TOL)
+
+
+def test_a_streamed_chat_with_an_image_gives_the_same_text(server: str) -> None:
+    """Streaming goes through the existing path: the same tokens (their logprobs) and text; a
+    stream holds back a last token that ends inside a UTF-8 character (random weights pick
+    byte tokens), which the whole answer shows as U+FFFD."""
+    image = png(5)
+    body: dict[str, Any] = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(image)}},
+        {"type": "text", "text": "describe"}]}], "max_tokens": MAX_NEW, "temperature": 0,
+        "logprobs": True}
+    whole = post(server, "/v1/chat/completions", body)
+    assert whole.status_code == 200, whole.text
+    pieces, logprobs = [], []
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json={**body, "stream": True},
+                      timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for choice in json.loads(line[6:])["choices"]:
+                    pieces.append(choice["delta"].get("content") or "")
+                    for t in (choice.get("logprobs") or {}).get("content") or ():
+                        logprobs.append(t["logprob"])
+    answer = whole.json()["choices"][0]
+    np.testing.assert_allclose(logprobs, [t["logprob"] for t in answer["logprobs"]["content"]],
+                               rtol=TOL, atol=TOL)
+    text = "".join(pieces)
+    assert answer["message"]["content"].startswith(text)
+    assert set(answer["message"]["content"][len(text):]) <= {"\ufffd"}
