@@ -8,18 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.multiprocessing as mp
-
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.lora_adapters import write_adapter
 from tests.unit.shard.engine.test_batch import batch_of, request
 from tests.unit.shard.engine.test_engine import Run
-from tests.unit.shard.models.test_models import _free_port
-
-PROMPTS = ([12, 40, 77, 9, 150, 33, 21], [5, 98, 61, 200, 14], [44, 17, 120, 63, 8, 91, 30, 11])
+from tests.unit.shard.lora.test_lora_two_ranks import PROMPTS, assert_like_one_rank, two_ranks
 
 
 def _live_run(model: Path, sources: dict[str, Path], rank: int = 0, world_size: int = 1,
@@ -42,15 +37,6 @@ def _live_run(model: Path, sources: dict[str, Path], rank: int = 0, world_size: 
     return run
 
 
-def _rank_main(rank: int, port: int, model: Path, sources: dict[str, Path], out: Path) -> None:
-    torch.set_num_threads(1)
-    run = _live_run(model, sources, rank, 2, port)
-    try:
-        torch.save((run.tokens, run.logprobs), out / f"rank{rank}.pt")
-    finally:
-        run.engine.dist.close()
-
-
 def test_two_ranks_load_evict_and_unload_like_one(
     tiny_model: Callable[..., Path], tmp_path: Path
 ) -> None:
@@ -60,11 +46,5 @@ def test_two_ranks_load_evict_and_unload_like_one(
         "beta": write_adapter(tmp_path / "beta", model, rank=4, alpha=8, seed=8,
                               modules=("q_proj", "v_proj", "o_proj", "gate_proj", "down_proj")),
     }
-    mp.spawn(_rank_main, args=(_free_port(), model, sources, tmp_path), nprocs=2, join=True)
-    expected = _live_run(model, sources)
-    assert len({tuple(t) for t in expected.tokens.values()}) == 3
-    for rank in range(2):
-        tokens, logprobs = torch.load(tmp_path / f"rank{rank}.pt")
-        assert tokens == expected.tokens
-        for rid, lps in expected.logprobs.items():
-            torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
+    ranks = two_ranks(_live_run, model, sources, tmp_path)
+    assert_like_one_rank(ranks, _live_run(model, sources))

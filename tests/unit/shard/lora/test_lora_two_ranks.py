@@ -41,13 +41,33 @@ def _mixed_run(model: Path, spec: str, rank: int = 0, world_size: int = 1, port:
     return run
 
 
-def _rank_main(rank: int, port: int, model: Path, spec: str, out: Path) -> None:
+def _rank_main(rank: int, port: int, served: Callable[..., Run], model: Path, arg: object,
+               out: Path) -> None:
+    """One of two ranks: `served(model, arg, rank, 2, port)`'s tokens and logprobs saved."""
     torch.set_num_threads(1)
-    run = _mixed_run(model, spec, rank, 2, port)
+    run = served(model, arg, rank, 2, port)
     try:
         torch.save((run.tokens, run.logprobs), out / f"rank{rank}.pt")
     finally:
         run.engine.dist.close()
+
+
+def two_ranks(served: Callable[..., Run], model: Path, arg: object, out: Path
+              ) -> list[tuple[dict[int, list[int]], dict[int, torch.Tensor]]]:
+    """Each of two gloo ranks' (tokens, logprobs) by request id, `served` running on both."""
+    mp.spawn(_rank_main, args=(_free_port(), served, model, arg, out), nprocs=2, join=True)
+    return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
+
+
+def assert_like_one_rank(ranks: list[tuple[dict[int, list[int]], dict[int, torch.Tensor]]],
+                         expected: Run) -> None:
+    """Every rank's tokens are one rank's, its logprobs within float tolerance; the rows
+    differ from each other, so a rank that ignored the adapters would fail."""
+    assert len({tuple(t) for t in expected.tokens.values()}) == len(expected.tokens)
+    for tokens, logprobs in ranks:
+        assert tokens == expected.tokens
+        for rid, lps in expected.logprobs.items():
+            torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
 
 
 def test_two_ranks_serve_a_mixed_batch_like_one(
@@ -58,11 +78,5 @@ def test_two_ranks_serve_a_mixed_batch_like_one(
     beta = write_adapter(tmp_path / "beta", model, rank=4, alpha=8, rslora=True, seed=6,
                          modules=("k_proj", "o_proj", "up_proj", "down_proj"))
     spec = f"alpha={alpha},beta={beta}"
-    mp.spawn(_rank_main, args=(_free_port(), model, spec, tmp_path), nprocs=2, join=True)
-    expected = _mixed_run(model, spec)
-    assert len({tuple(t) for t in expected.tokens.values()}) == 3
-    for rank in range(2):
-        tokens, logprobs = torch.load(tmp_path / f"rank{rank}.pt")
-        assert tokens == expected.tokens
-        for rid, lps in expected.logprobs.items():
-            torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
+    ranks = two_ranks(_mixed_run, model, spec, tmp_path)
+    assert_like_one_rank(ranks, _mixed_run(model, spec))
