@@ -66,6 +66,8 @@ class LoraRoutes:
 
 
 async def _body(request: Request) -> dict[str, Any]:
+    """The body as a JSON object, or vLLM's InvalidUserInput 400: these routes answer only in
+    vLLM's error shape, the body's own errors included."""
     try:
         body = await read_json(request)
     except InferError as err:
@@ -76,6 +78,8 @@ async def _body(request: Request) -> dict[str, Any]:
 
 
 def _text(body: dict[str, Any], field: str) -> str:
+    """A string field; absent or null is "" so that the caller's vLLM refusal ("must be
+    provided") names it, as vLLM's does."""
     value = body.get(field)
     if value is None:
         return ""

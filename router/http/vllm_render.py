@@ -127,6 +127,8 @@ class VllmRoutes:
         return json_response(out)
 
     async def tokenize(self, request: Request) -> Response:
+        """One path, two bodies: TGI's goes to InfoRoutes (its answer and error shape), vLLM's
+        is answered here in OpenAI's shape, as vLLM's clients parse it."""
         body = await read_json(request)
         try:
             vllm = is_vllm_tokenize(body)
@@ -162,6 +164,8 @@ class VllmRoutes:
                               "max_model_len": self.state.infer.info.max_total_tokens})
 
     async def detokenize(self, request: Request) -> Response:
+        """vLLM's /detokenize: the ids are checked against the vocabulary first (an id past it
+        is the client's 422, not a tokenizer error); decoding runs in the worker pool."""
         body = await read_json(request)
         if not isinstance(body, dict):
             raise ValidationError("the body must be an object with `tokens`")

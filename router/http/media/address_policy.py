@@ -64,6 +64,8 @@ class AddressPolicy:
         return Target(url, scheme, host, port, addresses[0])
 
     def _host_allowed(self, host: str, literal: Address | None) -> bool:
+        """The host rule alone (the addresses are checked after): a literal IP must lie in a
+        listed network, since a listed name says nothing about raw addresses."""
         if self.limits.allow_urls:
             return True
         if literal is not None:
@@ -73,6 +75,8 @@ class AddressPolicy:
         return any(host == n or (n.startswith("*.") and host.endswith(n[1:])) for n in self.names)
 
     async def _resolve(self, where: str, host: str, port: int) -> list[Address]:
+        """Every address `host` resolves to: all are checked, and the fetch connects to one of
+        them, so a second lookup (DNS rebinding) never decides where it goes."""
         try:
             found = await self.resolver(host, port)
         except OSError as err:

@@ -81,6 +81,8 @@ def _open_bounded(data: bytes, where: str, max_pixels: int) -> Image.Image:
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
+    """RGB as transformers' convert_rgb makes it: transparent pixels on white, not black, so
+    the model sees what the processor it was trained with would give it."""
     if image.mode == "RGB":
         return image
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:

@@ -60,6 +60,8 @@ class ImageFetcher:
             raise ImageError(where, f"{url!r} is not a valid URL ({err})") from None
 
     async def _follow(self, where: str, url: str) -> bytes:
+        """The hops by hand: each redirect's target goes through the policy again (an allowed
+        host may redirect into the private network)."""
         for _ in range(self.limits.max_redirects + 1):
             target = await self.policy.target(where, url)
             status, location, data = await self._get(where, target)
@@ -89,6 +91,8 @@ class ImageFetcher:
             await response.aclose()
 
     async def _body(self, where: str, url: str, response: httpx.Response) -> bytes:
+        """The body under --max-image-bytes, counted as it arrives: a Content-Length may be
+        absent or lie, so the declared size only refuses early."""
         limit = self.limits.max_image_bytes
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding != "identity":
