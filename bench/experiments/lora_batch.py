@@ -84,18 +84,27 @@ def interleaved(pair: tuple[tuple[Engine, int], tuple[Engine, int]], batch: int,
     for e, n in pair:
         serve(e, batch, n, max_new)
     times: list[list[float]] = [[], []]
+    cpu: list[list[float]] = [[], []]
     tokens = 0
     for rep in range(repeats):
         order = (0, 1) if rep % 2 == 0 else (1, 0)
         for k in order:
             e, n = pair[k]
+            start = time.process_time()
             seconds, tokens = serve(e, batch, n, max_new)
+            cpu[k].append(time.process_time() - start)
             times[k].append(seconds)
     ratios = sorted(a / b for a, b in zip(times[0], times[1], strict=True))
+    cpu_ratios = sorted(a / b for a, b in zip(cpu[0], cpu[1], strict=True))
     return {"generated_tokens": tokens,
             "tokens_per_s": [round(tokens / statistics.median(t), 1) for t in times],
             "ratio": round(statistics.median(ratios), 3),
-            "ratio_per_repeat": [round(r, 3) for r in ratios]}
+            "ratio_per_repeat": [round(r, 3) for r in ratios],
+            # The same from this process's CPU seconds (time.process_time) instead of the wall
+            # clock: on a shared host it leaves out the time spent waiting for a core, so it
+            # varies far less between repeats (on a GPU it means little: the host mostly waits).
+            "cpu_time_ratio": round(statistics.median(cpu_ratios), 3),
+            "cpu_time_ratio_per_repeat": [round(r, 3) for r in cpu_ratios]}
 
 
 def lora_path(e: Engine) -> str:

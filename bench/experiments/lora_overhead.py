@@ -77,7 +77,7 @@ def measure(k: int, n: int, pieces: tuple[int, ...], tokens: int, adapters: int,
         "grouped": lambda: grouped(out, x, a, bt, index),
         # The segments are built once per forward and shared by every layer: counted here.
         "segmented": lambda: torch_lora.add_segmented(
-            out, x, a, bt, torch_lora.segments(index, adapters + 1, x.dtype), pieces),
+            out, x, a, bt, torch_lora.segments(index, adapters + 1), pieces),
         "dense": lambda: torch_lora.add_dense(out, x, a, bt, index),
     }
     samples: dict[str, list[float]] = {name: [] for name in calls}

@@ -2,9 +2,10 @@
 adapter present in the forward, the base model's rows untouched.
 
 Every adapter's weights live in per-slot tensors of the layer (slot i = wire adapter index i,
-slot 0 the base model: zeros), `a` [slots, max_rank, in] and `bt` [slots, max_rank, out] (B
-transposed, so that a prefix of slots is contiguous for the dense path and a tile of one slot's
-output columns is contiguous for the kernel), written only through `LoraLinear.set_slot` — the
+slot 0 the base model: zeros), `a` [slots, max_rank, in] (a view of the storage `at`
+[slots, in, max_rank]: A transposed, the layout the CPU's batched shrink reads fastest) and `bt`
+[slots, max_rank, out] (B transposed, so that a tile of one slot's output columns is contiguous
+for the kernel and a slot's rank rows for the CPU's expand), written only through `LoraLinear.set_slot` — the
 one write path, used at start-up (attach.py) and by live load/unload. The rows say which slot
 each flat token uses through one index tensor (`RowAdapters.index`), so the update needs no
 host read of it: on CUDA a Triton shrink/expand kernel pair (triton_lora.py, the BGMV/SGMV idea
@@ -45,13 +46,14 @@ class RowAdapters:
         self.index = adapters
         self._segments = None
 
-    def segments(self, slots: int, dtype: torch.dtype) -> torch_lora.Segments:
-        """The bound rows' segments over `slots` slots (built once per forward; every layer of
-        one model has the same slot count)."""
+    def segments(self, slots: int) -> torch_lora.Segments:
+        """The bound rows' segments over `slots` slots (built once per forward and reused by
+        every layer: the row permutation is the same in each; every layer of one model has the
+        same slot count)."""
         assert self.index is not None
         seg = self._segments
-        if seg is None or seg.keep.shape[0] != slots - 1 or seg.keep.dtype != dtype:
-            seg = self._segments = torch_lora.segments(self.index, slots, dtype)
+        if seg is None or seg.slots != slots:
+            seg = self._segments = torch_lora.segments(self.index, slots)
         return seg
 
     def clear(self) -> None:
@@ -72,8 +74,9 @@ class LoraLinear(nn.Module):
     with the others'.
     """
 
-    # The slot tensors (buffers): [slots, max_rank, in] and [slots, max_rank, out].
-    a: torch.Tensor
+    # The slot tensors (buffers): A transposed [slots, in, max_rank] and B transposed
+    # [slots, max_rank, out].
+    at: torch.Tensor
     bt: torch.Tensor
 
     def __init__(self, base: nn.Module, rows: RowAdapters, *, in_features: int,
@@ -91,12 +94,18 @@ class LoraLinear(nn.Module):
         if sum(self.pieces) != out_features or max_rank % len(self.pieces):
             raise ValueError(f"LoraLinear: pieces {self.pieces} do not split {out_features} "
                              f"outputs and rank {max_rank} evenly")
-        self.register_buffer("a", torch.zeros(slots, max_rank, in_features, dtype=dtype,
-                                              device=device), persistent=False)
+        self.register_buffer("at", torch.zeros(slots, in_features, max_rank, dtype=dtype,
+                                               device=device), persistent=False)
         self.register_buffer("bt", torch.zeros(slots, max_rank, out_features, dtype=dtype,
                                                device=device), persistent=False)
         # Each slot's rank (0: empty), on the host, for the adapters' owners (live load/unload).
         self.ranks = [0] * slots
+
+    @property
+    def a(self) -> torch.Tensor:
+        """The slots' A as [slots, max_rank, in] (a view of `at`: writes through it land in
+        the storage)."""
+        return self.at.transpose(1, 2)
 
     @property
     def slots(self) -> int:
@@ -117,7 +126,7 @@ class LoraLinear(nn.Module):
         construction, or shapes that do not fit the layer."""
         if not 1 <= index < self.slots:
             raise ValueError(f"LoRA slot {index} is outside 1..{self.slots - 1}")
-        self.a[index].zero_()
+        self.at[index].zero_()
         self.bt[index].zero_()
         self.ranks[index] = 0
         if a is None or b is None:
@@ -158,7 +167,7 @@ class LoraLinear(nn.Module):
 
             add_lora(out, flat, self.a, self.bt, index)
         elif flat.device.type == "cpu":
-            seg = self.rows.segments(self.slots, self.a.dtype)
+            seg = self.rows.segments(self.slots)
             torch_lora.add_segmented(out, flat, self.a, self.bt, seg, self.pieces)
         else:
             torch_lora.add_dense(out, flat, self.a, self.bt, index)

@@ -24,58 +24,77 @@ import torch
 
 @dataclass(frozen=True, slots=True)
 class Segments:
-    """A forward's rows grouped by slot and padded to equal length: row `gather[s - 1, j]` is
-    slot s's j-th row (any row where `keep` is 0: padding), for slots 1..S-1, present or not."""
+    """A forward's adapted rows grouped by slot and padded to equal length, over the slots
+    `first`..`first + count - 1` (the range the present adapters span: a slot with no rows
+    beyond either end costs nothing): row `gather[(s - first) * length + j]` is slot s's j-th
+    row (padding: row 0, its result never read). `place[t]` is token t's row in the padded
+    result, or `count * length` (a zero row appended) for a token on the base model, so the
+    update goes back with one row gather and one add: no scatter, no mask."""
 
-    gather: torch.Tensor  # [(S - 1) * length] int64
-    keep: torch.Tensor  # [S - 1, length, 1] the dtype of the update: 1 real row, 0 padding
+    slots: int
+    first: int
+    count: int  # 0: no row is adapted
     length: int
+    gather: torch.Tensor  # [count * length] int64
+    place: torch.Tensor  # [tokens] int64
+    base_rows: bool  # some token is on the base model: the result needs the zero row
 
 
-def segments(index: torch.Tensor, slots: int, dtype: torch.dtype) -> Segments:
-    """`index`'s rows per slot (one host read: the longest segment), built once per forward
+def segments(index: torch.Tensor, slots: int) -> Segments:
+    """`index`'s rows per slot (one host read: the slots' row counts), built once per forward
     and shared by every layer of that forward."""
-    tokens = index.shape[0]
+    tokens, device = index.shape[0], index.device
+    counts = torch.bincount(index, minlength=slots)
+    host = counts.tolist()
+    present = [s for s in range(1, slots) if host[s]]
+    if not present:
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return Segments(slots, 1, 0, 0, empty, empty, tokens > 0)
+    first, count = present[0], present[-1] - present[0] + 1
+    length = max(host[first:first + count])
     order = torch.argsort(index, stable=True)
     ordered = index[order]
-    counts = torch.bincount(index, minlength=slots)
     starts = torch.cumsum(counts, 0) - counts
-    length = max(1, int(counts[1:].max()) if slots > 1 else 1)
-    position = torch.arange(tokens, device=index.device) - starts[ordered]
+    padded = (ordered - first) * length + torch.arange(tokens, device=device) - starts[ordered]
     adapted = ordered > 0
-    where = (ordered[adapted] - 1) * length + position[adapted]
-    gather = torch.zeros((slots - 1) * length, dtype=torch.long, device=index.device)
-    gather[where] = order[adapted]
-    keep = torch.zeros((slots - 1) * length, dtype=dtype, device=index.device)
-    keep[where] = 1
-    return Segments(gather, keep.view(slots - 1, length, 1), length)
+    padded = torch.where(adapted, padded, count * length)
+    gather = torch.zeros(count * length, dtype=torch.long, device=device)
+    gather[padded[adapted]] = order[adapted]
+    place = torch.empty(tokens, dtype=torch.long, device=device)
+    place[order] = padded
+    return Segments(slots, first, count, length, gather, place, host[0] > 0)
 
 
 # Below this many outputs one expand over the whole block-diagonal B beats one per piece (the
-# per-call cost outweighs the zeros' work): measured on the CPU, 8 adapters of rank 16, batch 64:
-# the demo model's q|k|v (384 outputs) 0.31 ms whole vs 0.42 per piece; Llama-3-8B's (6144)
-# 7.6 ms whole vs 3.5 per piece, its gate|up (28672) 26.9 vs 18.4.
+# per-call cost outweighs the zeros' work).
 PIECEWISE_MIN_OUT = 1024
 
 
 def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
                   seg: Segments, pieces: Sequence[int]) -> None:
-    """out += each row's update, as batched matmuls over slots 1..S-1: the rows of each slot
-    gathered into its padded segment, shrunk by its A, padding zeroed, expanded by its B (on
-    wide layers one batched matmul per fused piece, from the piece's own rank columns:
-    LoraLinear's layout), added back. A fixed handful of ops whatever the number of adapters."""
-    slots, rank, n = bt.shape
-    rows = x.index_select(0, seg.gather).view(slots - 1, seg.length, -1)
-    shrunk = torch.bmm(rows, a[1:].transpose(1, 2)) * seg.keep
+    """out += each row's update, as batched matmuls over the present slots' range: the rows of
+    each slot gathered into its padded segment, shrunk by its A, expanded by its B (on wide
+    layers one batched matmul per fused piece, from the piece's own rank columns: LoraLinear's
+    layout) into a result with a zero row for base rows, gathered back in token order and
+    added. A fixed handful of ops whatever the number of adapters."""
+    if seg.count == 0:
+        return
+    _, rank, n = bt.shape
+    lo, hi, size = seg.first, seg.first + seg.count, seg.count * seg.length
+    rows = x.index_select(0, seg.gather).view(seg.count, seg.length, -1)
+    shrunk = torch.bmm(rows, a[lo:hi].transpose(1, 2))
+    delta = torch.empty(size + seg.base_rows, n, dtype=shrunk.dtype, device=out.device)
     if len(pieces) == 1 or n < PIECEWISE_MIN_OUT:
-        delta = torch.bmm(shrunk, bt[1:])
+        torch.bmm(shrunk, bt[lo:hi], out=delta[:size].view(seg.count, seg.length, n))
     else:
         step, starts = rank // len(pieces), [0, *itertools.accumulate(pieces)]
-        delta = torch.cat([
+        torch.cat([
             torch.bmm(shrunk[:, :, p * step:(p + 1) * step],
-                      bt[1:, p * step:(p + 1) * step, starts[p]:starts[p + 1]])
-            for p in range(len(pieces))], dim=2)
-    out.index_add_(0, seg.gather, delta.view(-1, n).to(out.dtype))
+                      bt[lo:hi, p * step:(p + 1) * step, starts[p]:starts[p + 1]])
+            for p in range(len(pieces))], dim=2, out=delta[:size].view(seg.count, seg.length, n))
+    if seg.base_rows:
+        delta[size].zero_()
+    out.add_(delta.index_select(0, seg.place))
 
 
 def add_dense(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,

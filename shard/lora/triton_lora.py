@@ -35,7 +35,7 @@ def _tile_has_slot(index_ptr, rows, T, slot):
 
 @triton.jit
 def _shrink_kernel(x_ptr, a_ptr, h_ptr, index_ptr, T, K, R,
-                   stride_xm, stride_as, stride_ar, stride_hm,
+                   stride_xm, stride_as, stride_ar, stride_ak, stride_hm,
                    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                    K_PER_SPLIT: tl.constexpr, PRECISION: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -52,7 +52,8 @@ def _shrink_kernel(x_ptr, a_ptr, h_ptr, index_ptr, T, K, R,
             x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
                         mask=mine[:, None] & (ks[None, :] < K), other=0.0)
             # A[slot] read as [BLOCK_K, BLOCK_R] (Aᵀ's tile).
-            a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * stride_ar + ks[:, None],
+            a = tl.load(a_ptr + slot * stride_as + ranks[None, :] * stride_ar
+                        + ks[:, None] * stride_ak,
                         mask=(ranks[None, :] < R) & (ks[:, None] < K), other=0.0)
             acc += tl.dot(x, a.to(x.dtype), input_precision=PRECISION)
         tl.atomic_add(h_ptr + rows[:, None] * stride_hm + ranks[None, :], acc,
@@ -100,7 +101,8 @@ def _split_k(k: int, block_k: int, tiles: int, device: torch.device) -> int:
 def add_lora(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
              index: torch.Tensor) -> None:
     """y [T, out] += each row's (x [T, in] · A[slot]ᵀ) · Bᵀ[slot] in place; `index` [T] the
-    rows' slots (0: base, untouched). `a` [S, R, in] and `bt` [S, R, out] contiguous."""
+    rows' slots (0: base, untouched). `a` [S, R, in] (any strides: LoraLinear's is a
+    transposed view of its [S, in, R] storage) and `bt` [S, R, out] contiguous."""
     tokens, k = x.shape
     slots, rank, n = bt.shape
     if tokens == 0 or slots < 2:
@@ -117,7 +119,7 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor
     precision = dot_precision(x.dtype == torch.float32)
     _shrink_kernel[(tiles, slots - 1, triton.cdiv(k, per_split))](
         x, a, h, index, tokens, k, rank,
-        x.stride(0), a.stride(0), a.stride(1), h.stride(0),
+        x.stride(0), a.stride(0), a.stride(1), a.stride(2), h.stride(0),
         BLOCK_M=block_m, BLOCK_R=block_r, BLOCK_K=block_k, K_PER_SPLIT=per_split,
         PRECISION=precision)
     if y.stride(1) != 1:

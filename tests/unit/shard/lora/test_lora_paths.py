@@ -130,3 +130,26 @@ def test_fused_pieces_expand_from_their_own_columns(
     check(layer, 30, 3, seed=3, tol=1e-4)
     with pytest.raises(ValueError, match="multiple of 3"):
         layer.set_slot(1, torch.zeros(4, k), torch.zeros(40, 4))
+
+
+@pytest.mark.parametrize("index", [
+    [0, 0, 0],  # every row on the base model: nothing added
+    [4, 4, 0, 4],  # one slot, not the first: the range starts at it
+    [5, 2, 5, 5, 2],  # slots 3 and 4 absent inside the range, no base row (no zero row)
+    [0, 2, 5, 0, 5, 5, 1],  # uneven segments (padding) and base rows between them
+])
+def test_segmented_rows_in_any_slot_pattern(index: list[int]) -> None:
+    """The segments span only the present slots' range (absent slots at either end cost
+    nothing), pad uneven ones, and send each row's update back to its own row: padding rows'
+    results are never read and base rows get the appended zero row."""
+    layer = layer_with(6, 4, 12, 10, torch.float32, torch.device("cpu"), seed=len(index))
+    layer.set_slot(3, torch.randn(4, 12), torch.randn(10, 4))  # refill the cleared slot
+    rows = torch.tensor(index)
+    seg = torch_lora.segments(rows, 6)
+    present = sorted({s for s in index if s})
+    assert seg.count == (present[-1] - present[0] + 1 if present else 0)
+    x = torch.randn(len(index), 12)
+    layer.rows.bind(rows)
+    got = layer(x)
+    want = torch_lora.reference_update(x, layer.a, layer.bt, rows)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
