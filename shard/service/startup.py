@@ -15,6 +15,7 @@ from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.kv_format import fp8_refusal
 from pytgi_shard.lora.adapter_set import AdapterSet, load_adapter_set
 from pytgi_shard.models import MODELS, get_model
+from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -115,6 +116,13 @@ def load_engine(settings: ShardSettings) -> Engine:
     refusal = fp8_refusal(settings, model)
     if refusal is not None:
         raise StartupRefused(refusal)
+    if settings.speculate and not settings.speculator_model and isinstance(
+        model, EncoderDecoderModel
+    ):
+        # The engine sets it aside (its decoder's steps are not the varlen verification step);
+        # /info reports speculate 0, so the router holds no draft slots either.
+        log.warning("--speculate %d: %s is an encoder-decoder, which does not speculate",
+                    settings.speculate, model.model_type)
     adapters = load_lora(settings, model, dtype, dist)
     detokenizer = Detokenizer.from_model_dir(settings.model_path, config.raw)
     try:
