@@ -3,8 +3,8 @@ matmul alone against the update computed three ways, rows spread evenly over the
 `--adapters` adapters of rank `--rank`:
 - grouped: the first version's, per adapter present: gather its rows, shrink, expand, add back
   (index_select, two matmuls, index_add_: four ops per adapter, one host read per forward);
-- segmented: rows padded per slot once per forward, batched matmuls over all slots, the expand
-  per fused piece (the CPU's path);
+- segmented: rows padded per slot once per forward, batched matmuls over the present slots, A
+  stored transposed, the expand per fused piece from its own contiguous B (the CPU's path);
 - dense: every row through every slot's A and B, masked to its own (CUDA without Triton).
 Layers: the demo model's (launcher/demo_model: hidden 128) q|k|v, o, gate|up and down, and one
 Llama-3-8B q|k|v (4096 -> 6144), at 64 tokens (a decode step of batch 64) and 512 (a prefill).
@@ -72,12 +72,17 @@ def measure(k: int, n: int, pieces: tuple[int, ...], tokens: int, adapters: int,
     x = torch.randn(tokens, k, generator=gen)
     index = torch.arange(tokens) % (adapters + 1)
     out = torch.zeros(tokens, n)
+    # The CPU path's storage (LoraLinear on the CPU): A transposed, B per fused piece.
+    a_stored = a.transpose(1, 2).contiguous().transpose(1, 2)
+    starts = [sum(pieces[:p]) for p in range(len(pieces) + 1)]
+    b_pieces = [bt[:, p * rank:(p + 1) * rank, starts[p]:starts[p + 1]].contiguous()
+                for p in range(len(pieces))]
     calls: dict[str, Callable[[], object]] = {
         "base": lambda: F.linear(x, weight),
         "grouped": lambda: grouped(out, x, a, bt, index),
         # The segments are built once per forward and shared by every layer: counted here.
         "segmented": lambda: torch_lora.add_segmented(
-            out, x, a, bt, torch_lora.segments(index, adapters + 1), pieces),
+            out, x, a_stored, b_pieces, torch_lora.segments(index, adapters + 1)),
         "dense": lambda: torch_lora.add_dense(out, x, a, bt, index),
     }
     samples: dict[str, list[float]] = {name: [] for name in calls}

@@ -75,9 +75,9 @@ class LoraLinear(nn.Module):
     """
 
     # The slot tensors (buffers): A transposed [slots, in, max_rank] and B transposed
-    # [slots, max_rank, out].
+    # [slots, max_rank, out] (`bt_0`), or per fused piece (`bt_0`..: `split`).
     at: torch.Tensor
-    bt: torch.Tensor
+    bt_0: torch.Tensor
 
     def __init__(self, base: nn.Module, rows: RowAdapters, *, in_features: int,
                  out_features: int, slots: int, max_rank: int, dtype: torch.dtype,
@@ -96,8 +96,18 @@ class LoraLinear(nn.Module):
                              f"outputs and rank {max_rank} evenly")
         self.register_buffer("at", torch.zeros(slots, in_features, max_rank, dtype=dtype,
                                                device=device), persistent=False)
-        self.register_buffer("bt", torch.zeros(slots, max_rank, out_features, dtype=dtype,
-                                               device=device), persistent=False)
+        self.out_features = out_features
+        # A fused layer on the CPU keeps each piece's B apart, contiguous ([slots,
+        # max_rank/P, piece's outputs]: the expand reads only the nonzero blocks, measured
+        # ~35% faster on the demo gate|up than a strided slice of the block-diagonal B);
+        # elsewhere one block-diagonal B (the kernel's and the dense path's layout).
+        self.split = (len(self.pieces) > 1 and path == TORCH_PATH
+                      and torch.device(device).type == "cpu")
+        shapes = ([(max_rank // len(self.pieces), size) for size in self.pieces] if self.split
+                  else [(max_rank, out_features)])
+        for p, (rank, size) in enumerate(shapes):
+            self.register_buffer(f"bt_{p}", torch.zeros(slots, rank, size, dtype=dtype,
+                                                         device=device), persistent=False)
         # Each slot's rank (0: empty), on the host, for the adapters' owners (live load/unload).
         self.ranks = [0] * slots
 
@@ -106,6 +116,27 @@ class LoraLinear(nn.Module):
         """The slots' A as [slots, max_rank, in] (a view of `at`: writes through it land in
         the storage)."""
         return self.at.transpose(1, 2)
+
+    @property
+    def b_pieces(self) -> tuple[torch.Tensor, ...]:
+        """The B storage: one [slots, max_rank, out] tensor, or per piece [slots,
+        max_rank/P, piece's outputs] (`split`)."""
+        return tuple(getattr(self, f"bt_{p}")
+                     for p in range(len(self.pieces) if self.split else 1))
+
+    @property
+    def bt(self) -> torch.Tensor:
+        """The slots' Bᵀ as [slots, max_rank, out], block-diagonal over the pieces: the
+        storage itself, or (split layers) a copy assembled from the pieces."""
+        pieces = self.b_pieces
+        if not self.split:
+            return pieces[0]
+        out = pieces[0].new_zeros(self.slots, self.max_rank, self.out_features)
+        rank, start = self.max_rank // len(pieces), 0
+        for p, piece in enumerate(pieces):
+            out[:, p * rank:(p + 1) * rank, start:start + piece.shape[2]] = piece
+            start += piece.shape[2]
+        return out
 
     @property
     def slots(self) -> int:
@@ -127,7 +158,8 @@ class LoraLinear(nn.Module):
         if not 1 <= index < self.slots:
             raise ValueError(f"LoRA slot {index} is outside 1..{self.slots - 1}")
         self.at[index].zero_()
-        self.bt[index].zero_()
+        for piece in self.b_pieces:
+            piece[index].zero_()
         self.ranks[index] = 0
         if a is None or b is None:
             if a is not None or b is not None:
@@ -140,13 +172,18 @@ class LoraLinear(nn.Module):
         if rank > self.max_rank:
             raise ValueError(f"LoRA slot {index}: rank {rank} exceeds this layer's capacity "
                              f"{self.max_rank}")
-        if a.shape[1] != self.a.shape[2] or b.shape[0] != self.bt.shape[2]:
+        if a.shape[1] != self.a.shape[2] or b.shape[0] != self.out_features:
             raise ValueError(f"LoRA slot {index}: A {tuple(a.shape)} / B {tuple(b.shape)} do not "
-                             f"fit a {self.bt.shape[2]}×{self.a.shape[2]} layer")
-        r, stride = rank // count, self.max_rank // count
+                             f"fit a {self.out_features}×{self.a.shape[2]} layer")
+        r, stride, start = rank // count, self.max_rank // count, 0
         for p in range(count):
             self.a[index, p * stride:p * stride + r].copy_(a[p * r:(p + 1) * r])
-            self.bt[index, p * stride:p * stride + r].copy_(b[:, p * r:(p + 1) * r].t())
+            if self.split:
+                end = start + self.pieces[p]
+                getattr(self, f"bt_{p}")[index, :r].copy_(b[start:end, p * r:(p + 1) * r].t())
+                start = end
+            else:
+                self.bt_0[index, p * stride:p * stride + r].copy_(b[:, p * r:(p + 1) * r].t())
         self.ranks[index] = rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +205,7 @@ class LoraLinear(nn.Module):
             add_lora(out, flat, self.a, self.bt, index)
         elif flat.device.type == "cpu":
             seg = self.rows.segments(self.slots)
-            torch_lora.add_segmented(out, flat, self.a, self.bt, seg, self.pieces)
+            torch_lora.add_segmented(out, flat, self.a, self.b_pieces, seg)
         else:
             torch_lora.add_dense(out, flat, self.a, self.bt, index)
         return y

@@ -15,7 +15,6 @@ Measured on the CPU by bench/experiments/lora_overhead.py (its numbers: /tmp/doc
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -65,33 +64,28 @@ def segments(index: torch.Tensor, slots: int) -> Segments:
     return Segments(slots, first, count, length, gather, place, host[0] > 0)
 
 
-# Below this many outputs one expand over the whole block-diagonal B beats one per piece (the
-# per-call cost outweighs the zeros' work).
-PIECEWISE_MIN_OUT = 1024
-
-
-def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, bt: torch.Tensor,
-                  seg: Segments, pieces: Sequence[int]) -> None:
+def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
+                  b_pieces: Sequence[torch.Tensor], seg: Segments) -> None:
     """out += each row's update, as batched matmuls over the present slots' range: the rows of
-    each slot gathered into its padded segment, shrunk by its A, expanded by its B (on wide
-    layers one batched matmul per fused piece, from the piece's own rank columns: LoraLinear's
-    layout) into a result with a zero row for base rows, gathered back in token order and
-    added. A fixed handful of ops whatever the number of adapters."""
+    each slot gathered into its padded segment, shrunk by its A ([slots, rank, in], read as
+    its contiguous transposed storage), expanded by its B — one batched matmul, or one per
+    fused piece from the piece's own rank columns and contiguous B (LoraLinear.b_pieces) —
+    into a result with a zero row for base rows, gathered back in token order and added. A
+    fixed handful of ops whatever the number of adapters."""
     if seg.count == 0:
         return
-    _, rank, n = bt.shape
+    n = out.shape[1]
     lo, hi, size = seg.first, seg.first + seg.count, seg.count * seg.length
     rows = x.index_select(0, seg.gather).view(seg.count, seg.length, -1)
     shrunk = torch.bmm(rows, a[lo:hi].transpose(1, 2))
     delta = torch.empty(size + seg.base_rows, n, dtype=shrunk.dtype, device=out.device)
-    if len(pieces) == 1 or n < PIECEWISE_MIN_OUT:
-        torch.bmm(shrunk, bt[lo:hi], out=delta[:size].view(seg.count, seg.length, n))
+    result = delta[:size].view(seg.count, seg.length, n)
+    if len(b_pieces) == 1:
+        torch.bmm(shrunk, b_pieces[0][lo:hi], out=result)
     else:
-        step, starts = rank // len(pieces), [0, *itertools.accumulate(pieces)]
-        torch.cat([
-            torch.bmm(shrunk[:, :, p * step:(p + 1) * step],
-                      bt[lo:hi, p * step:(p + 1) * step, starts[p]:starts[p + 1]])
-            for p in range(len(pieces))], dim=2, out=delta[:size].view(seg.count, seg.length, n))
+        step = shrunk.shape[2] // len(b_pieces)
+        torch.cat([torch.bmm(shrunk[:, :, p * step:(p + 1) * step], piece[lo:hi])
+                   for p, piece in enumerate(b_pieces)], dim=2, out=result)
     if seg.base_rows:
         delta[size].zero_()
     out.add_(delta.index_select(0, seg.place))

@@ -103,14 +103,19 @@ def test_set_slot_rewrites_in_place() -> None:
     assert (layer.a.data_ptr(), layer.bt.data_ptr()) == address
 
 
-@pytest.mark.parametrize("piecewise_from", [0, torch_lora.PIECEWISE_MIN_OUT])
-def test_fused_pieces_expand_from_their_own_columns(
-        piecewise_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_fused_pieces_expand_from_their_own_columns(device: str) -> None:
     """A q|k|v-like layer of three pieces: each adapter's A rows and block-diagonal B columns of
     piece p land in the piece's own slot columns (capacity 3 x 6, adapters of rank 4 and 2, one
-    without the middle piece), and the expand gives the reference, per piece (as on wide
-    layers) or whole."""
-    monkeypatch.setattr(torch_lora, "PIECEWISE_MIN_OUT", piecewise_from)
+    without the middle piece), and the expand gives the reference: on the CPU from each
+    piece's own contiguous B (`split`); on another device the one block-diagonal B is kept
+    (checked for its layout only: the meta device computes nothing)."""
+    if device == "meta":
+        layer = LoraLinear(_Zero(40), RowAdapters(), in_features=16, out_features=40,
+                           slots=3, max_rank=18, dtype=torch.float32,
+                           device=torch.device("meta"), pieces=(24, 8, 8))
+        assert not layer.split and layer.bt.shape == (3, 18, 40) and len(layer.b_pieces) == 1
+        return
     gen = torch.Generator().manual_seed(7)
     pieces, k = (24, 8, 8), 16
     layer = LoraLinear(_Zero(40), RowAdapters(), in_features=k, out_features=40, slots=3,
@@ -127,6 +132,8 @@ def test_fused_pieces_expand_from_their_own_columns(
         layer.set_slot(slot, a, b)
         assert torch.equal(layer.a[slot, 6:6 + r], a[r:2 * r])  # piece 1 at its columns
         assert torch.equal(layer.a[slot, r:6], torch.zeros(6 - r, k))
+    assert layer.split and [p.shape for p in layer.b_pieces] == [(3, 6, 24), (3, 6, 8),
+                                                                 (3, 6, 8)]
     check(layer, 30, 3, seed=3, tol=1e-4)
     with pytest.raises(ValueError, match="multiple of 3"):
         layer.set_slot(1, torch.zeros(4, k), torch.zeros(40, 4))
