@@ -235,6 +235,12 @@ def draft_model(spec: str, workdir: Path, target: Path) -> Path:
     return out
 
 
+def back_off(text: str) -> drafting.BackOff:
+    """--sampling-back-off's MISSES,FIRST,LONGEST."""
+    misses, first, longest = (int(v) for v in text.split(","))
+    return drafting.BackOff(misses, first, longest)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
@@ -250,13 +256,14 @@ def main() -> None:
                         "(\"batch 1\": the three at batch 1)")
     parser.add_argument("--model", type=Path, default=DEMO_MODEL,
                         help="the target model's directory (default: the demo model)")
-    parser.add_argument("--confident", type=float, default=drafting.CONFIDENT,
-                        help="a sampling row proposes only after a token of at least this "
-                        "probability (drafting.CONFIDENT; 0: no gate, the rule before it)")
+    parser.add_argument("--sampling-back-off", type=back_off, default=drafting.SAMPLING_BACK_OFF,
+                        help="a sampling row's back-off, MISSES,FIRST,LONGEST "
+                        "(drafting.SAMPLING_BACK_OFF; 2,4,64: the greedy rows' rule)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    # The speculating engine's gate (read by drafting.confident at each step).
-    drafting.CONFIDENT = args.confident
+    # The speculating engine's back-off (read by drafting.back_off at each record).
+    drafting.SAMPLING_BACK_OFF = args.sampling_back_off
+    rule = args.sampling_back_off
     torch.set_num_threads(args.threads)
     workdir = Path(tempfile.mkdtemp())
     draft = draft_model(args.draft, workdir, args.model) if args.draft else None
@@ -277,7 +284,8 @@ def main() -> None:
                    f"{args.drafting_batch}" + (f" --draft {args.draft}" if args.draft else "")
                    + (f" --temperature {args.temperature}" if args.temperature else "")
                    + (f" --workloads '{args.workloads}'" if args.workloads else "")
-                   + (f" --confident {args.confident}" if args.temperature else "")
+                   + (f" --sampling-back-off {rule.misses},{rule.first},{rule.longest}"
+                      if args.temperature else "")
                    + (f" --model {args.model}" if args.model != DEMO_MODEL else ""),
         "sampling": f"temperature {args.temperature}, seeded" if args.temperature else "greedy",
         "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO)
@@ -289,7 +297,8 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(),
         "step_tokens": STEP_TOKENS,
         "drafting_batch": args.drafting_batch,
-        "confident": args.confident,
+        "sampling_back_off": {"misses": rule.misses, "first_pause": rule.first,
+                              "longest_pause": rule.longest},
         "results": rows,
     }
     if args.out is not None:

@@ -27,22 +27,24 @@ Adaptive, so that speculation never makes a busy server slower:
 - A request whose drafts keep missing (MISSES_TO_PAUSE proposals in a row with none kept)
   pauses drafting for a number of steps that doubles on each pause (up to MAX_PAUSE) and resets
   when a draft is kept.
-- A sampling row proposes only while the target gave its latest token a probability of at
-  least CONFIDENT (`confident`; the step notes it, verification.note_confidence, from the
-  logprob it reports anyway). A draft d at a sampling row is kept with probability p(d), the
-  target's (warped) probability of d there: where the model is unsure its drafts are almost
-  never kept, while each proposal costs a verification forward (~1.5 plain steps here). The
-  demo model at temperature 0.7 gives its sampled tokens a mean probability of 0.29-0.43, and
-  its n-gram drafts were kept 3 times in 123 before the gate (0.96-0.99x without speculation).
-  Where it quotes, its tokens' probabilities are near 1 and the gate is open. Greedy rows keep
-  a draft when it is the argmax, whatever its probability: they are not gated.
+- A sampling row backs off harder (SAMPLING_BACK_OFF: a pause after its first miss, 16 steps
+  doubling up to 256, against a greedy row's GREEDY_BACK_OFF: after 2 misses, 4 steps doubling
+  up to 64). A sampling row's draft d is kept with probability p(d), the target's (warped)
+  probability of d there, so a request that samples keeps n-gram drafts only where the model
+  is nearly certain of the quote; elsewhere its proposals are almost all missed (the demo
+  model at temperature 0.7: 3 drafts kept in 123 on quoting prompts), each costing a
+  verification forward (~1.5 plain steps here). A row that never keeps a draft proposes at
+  most 4 times in 96 steps this way, against 10 under the greedy rule.
+  Tried and dropped: proposing only after a token the target gave >= 0.5 (or >= 0.8):
+  most missed proposals followed tokens of probability >= 0.95, so the latest token's
+  probability did not tell the proposals that pay from the others; and a pause after one miss
+  with the greedy pauses (4 doubling to 64): 98 drafts instead of 123 there.
 - A miss of the index (no earlier occurrence of the sequence's suffix) costs a few dictionary
   lookups and drafts nothing.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -61,14 +63,33 @@ DRAFTING_BATCH = 2
 # verification costs ~1.5 plain steps on this CPU.
 MAX_NGRAM = 4
 MIN_NGRAM = 2
-# Proposals in a row with no draft kept before a request pauses drafting.
+# A greedy row's back-off: proposals in a row with no draft kept before a request pauses
+# drafting; steps of the first pause; each further pause doubles it, up to MAX_PAUSE.
 MISSES_TO_PAUSE = 2
-# Steps of the first pause; each further pause doubles it, up to MAX_PAUSE.
 FIRST_PAUSE = 4
 MAX_PAUSE = 64
-# A sampling row proposes only after a token the target gave at least this probability (the
-# module's docstring; 0 gates nothing, bench/experiments/speculative.py --confident).
-CONFIDENT = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class BackOff:
+    """When a request whose drafts keep missing pauses drafting, and for how long."""
+
+    # Proposals in a row with none kept before a pause.
+    misses: int
+    # Steps of the first pause since a draft was last kept; each further pause doubles it.
+    first: int
+    # The longest pause.
+    longest: int
+
+    def pause(self, pauses: int) -> int:
+        """Steps of the pause that follows `pauses` others since a draft was last kept."""
+        return min(self.first << min(pauses, 30), self.longest)
+
+
+GREEDY_BACK_OFF = BackOff(MISSES_TO_PAUSE, FIRST_PAUSE, MAX_PAUSE)
+# A sampling row's (the module's docstring). Read at each record, so that
+# bench/experiments/speculative.py --sampling-back-off can measure others.
+SAMPLING_BACK_OFF = BackOff(1, 16, 256)
 
 
 @dataclass(slots=True)
@@ -80,14 +101,11 @@ class DraftState:
     misses: int = 0
     # Steps left to skip before the next proposal.
     paused: int = 0
-    # Length of the next pause.
-    pause: int = FIRST_PAUSE
+    # Pauses since a draft was last kept (the next one's length: BackOff.pause).
+    pauses: int = 0
     # With a draft model (--speculator-model): the sequence's first positions whose KV this
     # request's drafting wrote into the draft model's cache (shard/engine/draft_model.py).
     written: int = 0
-    # Whether the row may propose at its next step: False after a sampling row's token that the
-    # target gave less than CONFIDENT (`confident`).
-    confident: bool = True
 
     @classmethod
     def start(cls, sequence: Sequence[int]) -> DraftState:
@@ -95,27 +113,23 @@ class DraftState:
         index.extend(sequence)
         return cls(index)
 
-    def record(self, drafted: int, kept: int) -> None:
-        """A verification's outcome for this request: a miss streak pauses drafting."""
+    def record(self, drafted: int, kept: int, sampling: bool = False) -> None:
+        """A verification's outcome for this request: a miss streak pauses drafting, by the
+        back-off of its kind of row (back_off)."""
         if kept:
-            self.misses, self.pause = 0, FIRST_PAUSE
+            self.misses = self.pauses = 0
             return
+        rule = back_off(sampling)
         self.misses += 1
-        if self.misses >= MISSES_TO_PAUSE:
-            self.paused, self.misses = self.pause, 0
-            self.pause = min(self.pause * 2, MAX_PAUSE)
+        if self.misses >= rule.misses:
+            self.paused, self.misses = rule.pause(self.pauses), 0
+            self.pauses += 1
 
 
-def confident(sampling: bool, logprob: float, threshold: float | None = None) -> bool:
-    """Whether a row whose latest token had `logprob` (the target's, after the row's warpers:
-    what a sampling row's draft is kept against) may propose next: greedy rows always (their
-    drafts are kept when they are the argmax, however flat the distribution), sampling rows
-    when the token's probability is at least `threshold` (CONFIDENT, read at each call)."""
-    if not sampling:
-        return True
-    if threshold is None:
-        threshold = CONFIDENT
-    return threshold <= 0.0 or math.exp(logprob) >= threshold
+def back_off(sampling: bool) -> BackOff:
+    """A row's back-off: a sampling row's drafts are kept only where the model is nearly
+    certain, so its first miss already says it is not, and it waits longer."""
+    return SAMPLING_BACK_OFF if sampling else GREEDY_BACK_OFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,8 +152,8 @@ def plan_asks(
     drafting_batch: int = DRAFTING_BATCH,
 ) -> list[tuple[int, int]]:
     """What the step asks the drafter for: (row, k) per row with a DraftState (None: the row
-    does not draft) that is not paused and is `confident`, k up to `speculate` tokens, at most
-    room[row] (KV slots held past its known tokens: each draft writes one) and left[row] - 1 (max_new_tokens must
+    does not draft) that is not paused, k up to `speculate` tokens, at most room[row] (KV slots
+    held past its known tokens: each draft writes one) and left[row] - 1 (max_new_tokens must
     hold the drafts and the target's token after them), within the step's STEP_TOKENS (each
     ask reserves its k); none in a batch of more than `drafting_batch` rows. A paused row's
     pause counts down here, once per step that may draft."""
@@ -152,8 +166,6 @@ def plan_asks(
             continue
         if state.paused:
             state.paused -= 1
-            continue
-        if not state.confident:
             continue
         k = min(speculate, budget, room[row], left[row] - 1)
         if k <= 0:

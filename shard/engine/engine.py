@@ -48,13 +48,7 @@ from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline
-from pytgi_shard.engine.verification import (
-    Verifying,
-    kept_tokens,
-    note_confidence,
-    step_drafts,
-    verify_inputs,
-)
+from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
 from pytgi_shard.errors import InvalidRequest
 from pytgi_shard.lora.adapter_set import AdapterSet, HostAdapter, place_adapters
@@ -408,8 +402,6 @@ class Engine:
             generations, finished = emit_generations(batch, choice, self.detokenizer, self.writer)
             if verifying is not None:
                 finished = kept_tokens(batch, generations, finished, verifying, self.detokenizer)
-            if self.speculate and len(batch) <= self.drafting_batch:
-                note_confidence(batch, generations)
             live: Batch | None = batch
             if finished:
                 done = set(finished)

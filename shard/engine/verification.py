@@ -37,13 +37,7 @@ from pytgi_shard.engine.draft_positions import (
     position_chooser,
 )
 from pytgi_shard.engine.drafter import Drafter, NgramDrafter
-from pytgi_shard.engine.drafting import (
-    DRAFTING_BATCH,
-    STEP_TOKENS,
-    Drafts,
-    confident,
-    plan_asks,
-)
+from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS, Drafts, plan_asks
 from pytgi_shard.engine.generation import set_generated_text
 from pytgi_shard.engine.request_state import RequestState
 from pytgi_shard.engine.step_inputs import ForwardInputs
@@ -69,15 +63,6 @@ def step_drafts(
     if not asks:
         return None
     return (drafter or NGRAM).propose(batch, asks)
-
-
-def note_confidence(batch: Batch, response: generate_pb2.DecodeResponse) -> None:
-    """After a step's tokens are emitted (its Generations in row order, a verification's kept
-    tokens included): whether each drafting row may propose next (drafting.confident), from
-    the logprob the step reports for the row's latest token; no extra work on the device."""
-    for r, g in zip(batch.requests, response.generations, strict=False):
-        if r.draft is not None and g.tokens.logprobs:
-            r.draft.confident = confident(r.seed is not None, g.tokens.logprobs[-1])
 
 
 # The drafter of --speculate alone.
@@ -246,7 +231,7 @@ def emit_kept(
     for i, row in enumerate(drafts.rows):
         r = requests[row]
         if r.draft is not None:
-            r.draft.record(len(drafts.tokens[i]), verified.accepted[i])
+            r.draft.record(len(drafts.tokens[i]), verified.accepted[i], r.seed is not None)
         if r.id in done or not verified.accepted[i]:
             continue
         g = generations[row]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.engine import drafting
 from pytgi_shard.engine.engine import Engine
 from tests.unit.shard.engine.test_engine import Run
 from tests.unit.shard.engine.test_speculation import greedy, pair, serve
@@ -18,6 +19,14 @@ __all__ = ["pair"]  # the fixture, shared with test_speculation.py
 
 Params = pb.NextTokenChooserParameters
 QUOTED = prompt_of(12, 0) * 2
+
+
+@pytest.fixture(autouse=True)
+def greedy_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sampling rows back off as greedy rows do here: these short runs check kept drafts'
+    tokens, and a sampling row's own back-off (a long pause at its first miss,
+    test_draft_gate.py) would leave some of them without any."""
+    monkeypatch.setattr(drafting, "SAMPLING_BACK_OFF", drafting.GREEDY_BACK_OFF)
 
 
 def kept(run: Run, rid: int) -> int:
