@@ -38,7 +38,7 @@ from pytgi_router.core.errors import (
 )
 from pytgi_router.core.infer_settings import InferSettings
 from pytgi_router.core.lora_adapters import AdapterTable
-from pytgi_router.core.lora_updates import replay_loads
+from pytgi_router.core.lora_updates import LoraUpdates
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry, ValidRequest
 from pytgi_router.core.request_stream import RequestStream
@@ -86,6 +86,8 @@ class Infer:
         self._probe = ShardProbe(self._health_rpc, settings.health_cache_s)
         # The LoRA adapters served, by name (the shards' Info at start; live loads and unloads).
         self.adapters = AdapterTable()
+        # /v1/load_lora_adapter and /v1/unload_lora_adapter, and their replay on a restart.
+        self.lora_updates = LoraUpdates(self)
 
     async def start(self) -> ShardInfo:
         """Info, ClearCache, Warmup; sizes budgets and KV blocks; starts the batching task."""
@@ -110,12 +112,15 @@ class Infer:
         self._down = True
         await self._stop_batching(GenerationError("the shards were lost"))
         if self._connect is not None:
-            await self.client.close()
-            self.client = await self._connect()
-        # The validator was built for the limits already served: the group must take them.
-        info = await self._handshake(pinned_settings(self.settings, self.info), explain=False)
-        await replay_loads(self.client, self.adapters, info.lora_adapters,
-                           self.settings.shard_step_timeout_s)
+            await self.client.close()  # fails a live load's call on the lost group
+        # No live LoRA load or unload until the new group holds the table's adapters.
+        async with self.lora_updates.held():
+            if self._connect is not None:
+                self.client = await self._connect()
+            # The validator was built for the limits already served: the group must take them.
+            info = await self._handshake(pinned_settings(self.settings, self.info),
+                                         explain=False)
+            await self.lora_updates.replay(info.lora_adapters)
         self._install(info)
         self._probe.forget()
         self._down = False

@@ -6,7 +6,8 @@ the start-up checks and refuses in one line), and makes the name selectable only
 have it; a rank's refusal unloads the index on all of them. An unload makes the name unselectable
 at once (new requests get the unknown-adapter 422), then waits for the requests in flight under
 it to end before the shards free the index, so they finish under the weights they started with.
-One update at a time.
+One update at a time, and none while a restarted shard group gets the table's adapters back
+(Infer.reconnect holds `held()` around its new client, handshake and `replay`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from pytgi_router.core.errors import InferError
@@ -52,6 +53,21 @@ class LoraUpdates:
     @property
     def table(self) -> AdapterTable:
         return self.infer.adapters
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """No load or unload runs meanwhile: a shard-group restart holds this from the new
+        client to the end of `replay`, so a live load neither races the replay nor lands on
+        the new group before it and is then loaded there twice (refused, and dropped)."""
+        async with self._lock:
+            yield
+
+    async def replay(self, served: Sequence[str]) -> None:
+        """Under `held()`: replay_loads on the (new) client; an adapter dropped there loses its
+        per-adapter metric series, as an unload does."""
+        dropped = await replay_loads(self.infer.client, self.table, served, self._timeout())
+        for name in dropped:
+            self.infer.metrics.forget_adapter(name)
 
     async def load(self, name: str, path: str) -> str:
         """vLLM's POST /v1/load_lora_adapter: its success text, or LoraUpdateError."""
@@ -141,10 +157,12 @@ async def _roll_back(client: ShardClient, index: int, timeout: float | None) -> 
 
 
 async def replay_loads(client: ShardClient, table: AdapterTable, served: Sequence[str],
-                       timeout: float | None) -> None:
+                       timeout: float | None) -> list[str]:
     """Brings a shard group that restarted (it knows only its --lora-adapters, `served`) back
     to the table: a start-up adapter unloaded since is unloaded again, the live-loaded ones are
-    loaded again at their indices; one that no longer loads is dropped, with a warning."""
+    loaded again at their indices; one that no longer loads is dropped, with a warning. The
+    names dropped (the caller forgets their metrics)."""
+    dropped: list[str] = []
     for index, name in enumerate(served, 1):
         ref = table.get(name) if name else None
         if name and (ref is None or ref.index != index):
@@ -159,3 +177,5 @@ async def replay_loads(client: ShardClient, table: AdapterTable, served: Sequenc
                            ref.name, err)
             table.remove(ref.name)
             table.release(ref.index)
+            dropped.append(ref.name)
+    return dropped

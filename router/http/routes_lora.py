@@ -23,7 +23,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from pytgi_router.core.errors import InferError
-from pytgi_router.core.lora_updates import LoraUpdateError, LoraUpdates
+from pytgi_router.core.lora_updates import LoraUpdateError
 from pytgi_router.http.http_io import json_response, read_json
 from pytgi_router.http.state import AppState
 
@@ -38,7 +38,7 @@ def vllm_error(err: InferError) -> Response:
 class LoraRoutes:
     def __init__(self, state: AppState) -> None:
         self.state = state
-        self.updates = LoraUpdates(state.infer)
+        self.updates = state.infer.lora_updates
 
     def routes(self) -> list[Route]:
         if not self.state.infer.adapters.runtime_updates:
