@@ -217,7 +217,7 @@ class Infer:
             entry.trace_context = span_context
         self._in_flight += 1
         self._idle.clear()
-        self.adapters.enter(request.adapter_index)
+        self.adapters.enter(entry_id, request.adapter_index)
         if pb.parameters.grammar_type != generate_pb2.GRAMMAR_TYPE_NONE:
             task = asyncio.get_running_loop().create_task(self._prepare_then_queue(entry))
             self._preparing[task] = entry
@@ -319,15 +319,24 @@ class Infer:
             self._scheduler.cancel(entry.id)
 
     def _release(self, entry: Entry) -> None:
-        """Gives back the entry's permit, once, whichever of finish/fail/cancel comes first."""
+        """Gives back the entry's permit, once, whichever of finish/fail/cancel comes first.
+        Its adapter's in-flight count drops only once it is out of the running batch: a
+        cancelled entry stays there (on the shards too) until the scheduler retires it, which
+        calls this again."""
+        if not self._in_running_batch(entry):
+            self.adapters.leave(entry.id)
         if not entry.holds_permit:
             return
         entry.holds_permit = False
         entry.stream.detach()
-        self.adapters.leave(entry.request.adapter_index)
         self._in_flight -= 1
         if self._in_flight == 0:
             self._idle.set()
+
+    def _in_running_batch(self, entry: Entry) -> bool:
+        running = self._scheduler.running if self._scheduler is not None else None
+        return running is not None and (entry.id in running.entries
+                                        or entry.id in running.prefilling)
 
     async def health(self) -> bool:
         """`/health`: False at once while the shards are lost or the server stops. True while a

@@ -42,8 +42,10 @@ class AdapterTable:
         # Indices taken by no loaded adapter yet not free: a load in progress, or an unloaded
         # adapter whose requests in flight have not all ended.
         self._reserved: set[int] = set()
-        # Requests submitted and not yet ended, per wire index.
+        # Requests submitted and not yet out of the scheduler (its queue or running batch), per
+        # wire index; and each such request's index, by entry id (a leave is idempotent).
         self._in_flight: Counter[int] = Counter()
+        self._members: dict[int, int] = {}
         for index, name in enumerate(names, 1):
             if name:
                 self._by_name[name] = AdapterRef(name, index, next(self._keys))
@@ -90,12 +92,16 @@ class AdapterTable:
     def release(self, index: int) -> None:
         self._reserved.discard(index)
 
-    def enter(self, index: int) -> None:
-        if index:
+    def enter(self, entry_id: int, index: int) -> None:
+        """Request `entry_id` runs under `index` (0, the base model, is not counted)."""
+        if index and entry_id not in self._members:
+            self._members[entry_id] = index
             self._in_flight[index] += 1
 
-    def leave(self, index: int) -> None:
-        if index and self._in_flight[index] > 0:
+    def leave(self, entry_id: int) -> None:
+        """Request `entry_id` is out of the scheduler; a second leave does nothing."""
+        index = self._members.pop(entry_id, 0)
+        if index:
             self._in_flight[index] -= 1
             if not self._in_flight[index]:
                 del self._in_flight[index]
@@ -104,6 +110,7 @@ class AdapterTable:
         return self._in_flight[index]
 
     async def until_idle(self, index: int) -> None:
-        """Returns once no request submitted under `index` is in flight."""
+        """Returns once no request submitted under `index` is in flight: none queued, none in
+        the running batch (a cancelled one stays there until the scheduler retires it)."""
         while self._in_flight[index]:
             await asyncio.sleep(IDLE_POLL_S)

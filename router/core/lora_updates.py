@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING
 
 from pytgi_router.core.errors import InferError
-from pytgi_router.core.lora_adapters import IDLE_POLL_S, AdapterTable
+from pytgi_router.core.lora_adapters import AdapterTable
 from pytgi_router.core.shard_client import AdapterRefused, ShardCallError, ShardClient
 
 if TYPE_CHECKING:
@@ -121,14 +121,11 @@ class LoraUpdates:
         return f"Success: LoRA adapter '{name}' removed successfully."
 
     async def _free(self, index: int) -> None:
-        """Frees `index` on the shards, then for a new load. A request ends for the table when
-        its stream does (a cancel included), but its rows stay in the running batch, on the
-        shards too, until the scheduler's next step drops them; a load reusing the index before
-        that would be refused by the shards (the index still unloading there), so the index is
-        freed only once the running batch no longer holds it."""
+        """Frees `index` on the shards, then for a new load, once no request under it is queued
+        or in the running batch (a cancelled one included: its rows stay there, on the shards
+        too, until the scheduler retires it; a load reusing the index before that would be
+        refused by the shards, the index still unloading there)."""
         await self.table.until_idle(index)
-        while index in self.infer.adapter_activity()[1]:
-            await asyncio.sleep(IDLE_POLL_S)
         try:
             await self.infer.client.unload_adapter(index, self._timeout())
         except ShardCallError as err:  # a shard group that restarted has no such index

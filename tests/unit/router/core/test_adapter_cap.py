@@ -103,16 +103,18 @@ def test_until_idle_waits_for_the_requests_in_flight() -> None:
 
     async def run() -> list[str]:
         events: list[str] = []
-        table.enter(1)
-        table.enter(1)
-        table.enter(0)  # the base model is not counted
+        table.enter(10, 1)
+        table.enter(11, 1)
+        table.enter(11, 1)  # counted once
+        table.enter(12, 0)  # the base model is not counted
 
         async def finish() -> None:
             await asyncio.sleep(0.06)
-            table.leave(1)
+            table.leave(10)
+            table.leave(10)  # a second leave does nothing
             events.append("one")
             await asyncio.sleep(0.06)
-            table.leave(1)
+            table.leave(11)
             events.append("two")
 
         task = asyncio.ensure_future(finish())
