@@ -127,6 +127,8 @@ class RouterServer:
         self.state: AppState | None = None
         self._infer: Infer | None = None
         self._watchdog: Watchdog | None = None
+        # The image intake (vision models): its fetcher's HTTP client is closed on shutdown.
+        self._intake: ImageIntake | None = None
         self._executor = ThreadPoolExecutor(settings.validation_workers, "pytgi-validation")
         self._stop = asyncio.Event()
         self._draining: asyncio.Task[None] | None = None
@@ -172,7 +174,7 @@ class RouterServer:
         config = files.read_json("config.json")
         images = image_support(config, files.read_json("preprocessor_config.json"), tokenizer)
         if images.vision is not None:
-            intake = ImageIntake(s.media_limits(), self._executor)
+            intake = self._intake = ImageIntake(s.media_limits(), self._executor)
             validator.images = ImagePreparer(images.vision, intake)
         log.info(images.describe())
         self.state = AppState(
@@ -256,6 +258,8 @@ class RouterServer:
         if self._infer is not None:
             await self._infer.stop(0.0)
             await self._infer.client.close()
+        if self._intake is not None:
+            await self._intake.aclose()
         if self._draining is not None:
             self._draining.cancel()
         if self.sock is not None:

@@ -25,6 +25,10 @@ class ImageIntake:
         self.executor = executor
         self.fetcher = fetcher or ImageFetcher(limits)
 
+    async def aclose(self) -> None:
+        """Closes the fetcher's HTTP client (the router's shutdown)."""
+        await self.fetcher.aclose()
+
     def check_count(self, refs: Sequence[ImageRef]) -> None:
         """Too many images are refused before any is read."""
         most = self.limits.max_images
