@@ -205,7 +205,10 @@ class LoraLinear(nn.Module):
             add_lora(out, flat, self.a, self.bt, index)
         elif flat.device.type == "cpu":
             seg = self.rows.segments(self.slots)
-            torch_lora.add_segmented(out, flat, self.a, self.b_pieces, seg)
+            in_use = self.ranks[seg.first:seg.first + seg.count]
+            used = max(in_use, default=0) // len(self.pieces) if self.split or len(
+                self.pieces) == 1 else None
+            torch_lora.add_segmented(out, flat, self.a, self.b_pieces, seg, used or None)
         else:
             torch_lora.add_dense(out, flat, self.a, self.bt, index)
         return y

@@ -65,26 +65,31 @@ def segments(index: torch.Tensor, slots: int) -> Segments:
 
 
 def add_segmented(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor,
-                  b_pieces: Sequence[torch.Tensor], seg: Segments) -> None:
+                  b_pieces: Sequence[torch.Tensor], seg: Segments, used: int | None = None) -> None:
     """out += each row's update, as batched matmuls over the present slots' range: the rows of
     each slot gathered into its padded segment, shrunk by its A ([slots, rank, in], read as
     its contiguous transposed storage), expanded by its B — one batched matmul, or one per
     fused piece from the piece's own rank columns and contiguous B (LoraLinear.b_pieces) —
     into a result with a zero row for base rows, gathered back in token order and added. A
-    fixed handful of ops whatever the number of adapters."""
+    fixed handful of ops whatever the number of adapters. `used`: the largest rank per piece
+    among the present slots (None: all of the capacity): the columns past it are zeros in
+    every present slot and are skipped (with runtime updates the capacity is --max-lora-rank,
+    64 by default, whatever the loaded adapters' ranks)."""
     if seg.count == 0:
         return
     n = out.shape[1]
     lo, hi, size = seg.first, seg.first + seg.count, seg.count * seg.length
+    count, capacity = len(b_pieces), a.shape[1] // len(b_pieces)
+    used = capacity if used is None else used
     rows = x.index_select(0, seg.gather).view(seg.count, seg.length, -1)
-    shrunk = torch.bmm(rows, a[lo:hi].transpose(1, 2))
+    shrunk = torch.bmm(rows, a[lo:hi, :used if count == 1 else None].transpose(1, 2))
     delta = torch.empty(size + seg.base_rows, n, dtype=shrunk.dtype, device=out.device)
     result = delta[:size].view(seg.count, seg.length, n)
-    if len(b_pieces) == 1:
-        torch.bmm(shrunk, b_pieces[0][lo:hi], out=result)
+    if count == 1:
+        torch.bmm(shrunk, b_pieces[0][lo:hi, :used], out=result)
     else:
-        step = shrunk.shape[2] // len(b_pieces)
-        torch.cat([torch.bmm(shrunk[:, :, p * step:(p + 1) * step], piece[lo:hi])
+        torch.cat([torch.bmm(shrunk[:, :, p * capacity:p * capacity + used],
+                             piece[lo:hi, :used])
                    for p, piece in enumerate(b_pieces)], dim=2, out=result)
     if seg.base_rows:
         delta[size].zero_()

@@ -160,3 +160,23 @@ def test_segmented_rows_in_any_slot_pattern(index: list[int]) -> None:
     got = layer(x)
     want = torch_lora.reference_update(x, layer.a, layer.bt, rows)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("pieces", [(10,), (6, 4)])
+def test_rank_columns_past_the_ranks_in_use_are_skipped(pieces: tuple[int, ...]) -> None:
+    """Adapters of rank 3 and 2 per piece in slots of capacity 8 per piece (runtime updates'
+    default is --max-lora-rank 64): the CPU computes only the columns in use and still gives
+    the reference, for a plain and a fused (split) layer."""
+    gen = torch.Generator().manual_seed(11)
+    count = len(pieces)
+    layer = LoraLinear(_Zero(10), RowAdapters(), in_features=12, out_features=10, slots=4,
+                       max_rank=8 * count, dtype=torch.float32, device=torch.device("cpu"),
+                       pieces=pieces)
+    for slot, r in ((1, 3), (2, 2)):
+        layer.set_slot(slot, torch.randn(count * r, 12, generator=gen),
+                       torch.randn(10, count * r, generator=gen))
+    rows = torch.tensor([1, 0, 2, 2, 1, 3])
+    x = torch.randn(6, 12, generator=gen)
+    layer.rows.bind(rows)
+    want = torch_lora.reference_update(x, layer.a, layer.bt, rows)
+    torch.testing.assert_close(layer(x), want, atol=1e-5, rtol=1e-5)
