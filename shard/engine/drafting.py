@@ -34,7 +34,7 @@ Adaptive, so that speculation never makes a busy server slower:
   is nearly certain of the quote; elsewhere its proposals are almost all missed (the demo
   model at temperature 0.7: 3 drafts kept in 123 on quoting prompts), each costing a
   verification forward (~1.5 plain steps here). A row that never keeps a draft proposes at
-  most 4 times in 96 steps this way, against 10 under the greedy rule.
+  most 3 times in 96 steps this way, against 10 under the greedy rule.
   Tried and dropped: proposing only after a token the target gave >= 0.5 (or >= 0.8):
   most missed proposals followed tokens of probability >= 0.95, so the latest token's
   probability did not tell the proposals that pay from the others; and a pause after one miss
