@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext
-from typing import NamedTuple, TypeVar, cast
 
 import torch
 from opentelemetry import trace
 
 from pytgi_proto import generate_pb2
 from pytgi_shard.device.distributed import Dist
+from pytgi_shard.engine.adapter_verbs import install_adapter, read_adapter, unload_adapter
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.batch_cache import BatchCache
 from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
@@ -47,6 +47,7 @@ from pytgi_shard.engine.prefill_ladder import resolve_prefill
 from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.engine.request_validation import check_decode_batches, check_new_batch
 from pytgi_shard.engine.step_inputs import ForwardInputs
+from pytgi_shard.engine.step_result import StepResult, no_sample, reply
 from pytgi_shard.engine.step_timeline import DECODE, MIXED, PREFILL, StepClock, StepTimeline
 from pytgi_shard.engine.verification import Verifying, kept_tokens, step_drafts, verify_inputs
 from pytgi_shard.engine.warmup import warmup_limits, warmup_response
@@ -60,19 +61,6 @@ from pytgi_shard.sample.chooser import Watermark
 from pytgi_shard.settings import ShardSettings
 from pytgi_shard.structured_output.compiler import GrammarCompiler
 from pytgi_shard.structured_output.worker import MaskWorker
-
-_Response = TypeVar("_Response", generate_pb2.PrefillResponse, generate_pb2.DecodeResponse)
-
-
-class _Step(NamedTuple):
-    """One forward and token choice: the generations (in a DecodeResponse, see _reply), the
-    batch of the requests still running (None when all finished), and the forward and decode
-    times in ns."""
-
-    generations: generate_pb2.DecodeResponse
-    live: Batch | None
-    forward_ns: int
-    decode_ns: int
 
 
 class Engine:
@@ -105,16 +93,15 @@ class Engine:
         self.drafter: Drafter = draft if draft is not None else NgramDrafter()
         # An encoder-decoder's requests run as their decoder's (shard/engine/encoder_decoder_batch.py).
         self.encoder_decoder = isinstance(model, EncoderDecoderModel)
-        # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
-        # asynchronously (dist.caps.async_forward: CUDA); on the CPU it would only compute ahead
-        # what it waits for anyway.
-        # Drafts per greedy row and decode step (--speculate; shard/engine/drafting.py); not
-        # for an encoder-decoder (its decoder's steps are not the varlen path verification
-        # takes).
+        # Drafts per row and decode step (--speculate; shard/engine/drafting.py); not for an
+        # encoder-decoder (its decoder's steps are not the varlen path verification takes).
         self.speculate = 0 if self.encoder_decoder else settings.speculate
         # The largest batch that drafts (drafting.DRAFTING_BATCH; tests raise it).
         self.drafting_batch = DRAFTING_BATCH
-        # Not for an encoder-decoder: its decode inputs are not the batch's look-ahead inputs.
+        # The overlap scheduler (shard/engine/lookahead.py): on by default where the forward runs
+        # asynchronously (dist.caps.async_forward: CUDA); on the CPU it would only compute ahead
+        # what it waits for anyway. Not for an encoder-decoder: its decode inputs are not the
+        # batch's look-ahead inputs.
         # While speculating, only for batches too large to draft (_sample): a step's drafts
         # come from the previous step's tokens, which a look-ahead queues its forward without
         # (a step with a look-ahead takes the plain path).
@@ -154,33 +141,18 @@ class Engine:
         return out
 
     def read_adapter(self, request: generate_pb2.LoadAdapterRequest) -> HostAdapter:
-        """LoadAdapter's reading and checks, safe off the engine thread (InvalidRequest naming
-        why an adapter does not fit)."""
-        try:
-            return self.adapters.read(request.name, request.source)
-        except ValueError as e:
-            raise InvalidRequest(str(e)) from e
-        except Exception as e:  # noqa: BLE001 - an unreadable file is the caller's, in one line
-            first = (str(e).splitlines() or [""])[0]
-            raise InvalidRequest(f"LoRA adapter {request.name!r}: cannot read {request.source}: "
-                                 f"{type(e).__name__}: {first}") from e
+        """LoadAdapter's reading, safe off the engine thread (shard/engine/adapter_verbs.py)."""
+        return read_adapter(self.adapters, request)
 
     def load_adapter(self, request: generate_pb2.LoadAdapterRequest,
                      host: HostAdapter | None = None) -> generate_pb2.LoadAdapterResponse:
         """LoadAdapter, between steps: `host` read by read_adapter (else read here)."""
         host = host if host is not None else self.read_adapter(request)
-        try:
-            self.adapters.install(request.index, host, self.cache.adapters())
-        except ValueError as e:
-            raise InvalidRequest(str(e)) from e
-        return generate_pb2.LoadAdapterResponse(rank=host.rank)
+        return install_adapter(self.adapters, self.cache.adapters(), request, host)
 
     def unload_adapter(self, request: generate_pb2.UnloadAdapterRequest) -> None:
         """UnloadAdapter: new requests for it are refused; its live rows finish first."""
-        try:
-            self.adapters.unload(request.index, self.cache.adapters())
-        except KeyError:
-            raise InvalidRequest(f"no LoRA adapter is loaded at index {request.index}") from None
+        unload_adapter(self.adapters, self.cache.adapters(), request)
 
     def prepare_grammar(self, request: generate_pb2.PrepareGrammarRequest) -> Future[bool]:
         """PrepareGrammar, compiled off the engine's thread (GrammarCompiler.prepare_request)."""
@@ -215,7 +187,8 @@ class Engine:
                 self.cache.delete(cached_id)
             self.runner.lookaheads.clear()
             raise
-        return self._reply(generate_pb2.PrefillResponse, step, start, concat_ns)
+        return reply(generate_pb2.PrefillResponse, step, start, concat_ns, self.cache, self.clock,
+                     self.timeline)
 
     def _decode_inputs(self, batch: Batch) -> ForwardInputs:
         return decoder_inputs(batch) if self.encoder_decoder else batch.decode_inputs()
@@ -223,7 +196,7 @@ class Engine:
     @torch.inference_mode()
     def _prefill_step(
         self, new: Batch, cached: Batch | None, grants: Grants, encoding: Encoding | None = None
-    ) -> tuple[_Step, int | None]:
+    ) -> tuple[StepResult, int | None]:
         """One forward over the cached batch's decode rows (unless its logits were computed
         ahead) and every newcomer's chunk (an encoder-decoder's: its prompt encoded, its decoder
         started); then the cached requests and the newcomers whose chunk completed their
@@ -267,23 +240,13 @@ class Engine:
                 also=ahead_timer,
             )
         else:
-            step = self._no_sample(timer, ahead_timer)
+            step = no_sample(self.clock, timer, ahead_timer)
         for r in new.requests:
             if not r.complete and r.id in prefill:
                 step.generations.generations.add(request_id=r.id).prefill_tokens.CopyFrom(
                     prefill[r.id]
                 )
         return step, concat_ns
-
-    def _no_sample(self, timer: ForwardTimer, ahead: ForwardTimer | None) -> _Step:
-        """A step whose chunks were all partial: no token chosen; reading the forward's time
-        is its synchronisation (on CUDA)."""
-        clock = self.clock
-        clock.no_sample()
-        forward_ns = timer.elapsed_ns()
-        clock.device_ns = forward_ns + (ahead.elapsed_ns() if ahead is not None else 0)
-        clock.synced = clock.emitted = time.perf_counter_ns()
-        return _Step(generate_pb2.DecodeResponse(), None, forward_ns, 0)
 
     def decode(self, request: generate_pb2.DecodeRequest) -> generate_pb2.DecodeResponse:
         start = time.perf_counter_ns()
@@ -306,35 +269,11 @@ class Engine:
         except BaseException:
             self.runner.lookaheads.clear()
             raise
-        return self._reply(generate_pb2.DecodeResponse, step, start, concat_ns)
-
-    def _reply(
-        self, response: type[_Response], step: _Step, start: int, concat_ns: int | None
-    ) -> _Response:
-        """Caches the step's live batch and answers with its generations and timings.
-
-        A Decode answers with the step's own DecodeResponse, so its Generations (one per request,
-        every step) are never copied; a Prefill copies them into its PrefillResponse.
-        """
-        self.cache.set(step.live)
-        if response is generate_pb2.DecodeResponse:
-            out = cast(_Response, step.generations)
-        else:
-            out = response(generations=step.generations.generations)
-        if step.live is not None:
-            out.batch.CopyFrom(step.live.to_pb())
-        out.forward_ns = step.forward_ns
-        out.decode_ns = step.decode_ns
-        if concat_ns is not None:
-            out.concat_ns = concat_ns
-        end = time.perf_counter_ns()
-        out.total_ns = end - start
-        if self.timeline is not None:
-            self.timeline.record(self.clock, end)
-        return out
+        return reply(generate_pb2.DecodeResponse, step, start, concat_ns, self.cache, self.clock,
+                     self.timeline)
 
     @torch.inference_mode()
-    def _decode_step(self, batch: Batch, grants: Grants) -> _Step:
+    def _decode_step(self, batch: Batch, grants: Grants) -> StepResult:
         """One token per request, from the logits computed ahead when there are (overlap)."""
         start = time.perf_counter_ns()
         clock = self.clock
@@ -358,7 +297,7 @@ class Engine:
             clock.forwarded = time.perf_counter_ns()
         return self._sample(batch, last, {}, timer, start, computed_ahead=ahead is not None)
 
-    def _verify_step(self, batch: Batch, drafts: Drafts, start: int) -> _Step:
+    def _verify_step(self, batch: Batch, drafts: Drafts, start: int) -> StepResult:
         """A decode step whose rows carry drafts: one varlen forward over every row's last
         token and drafts (eager: the decode graphs take one token per row), the plain choice
         at each row's first position, then the drafts kept (shard/engine/verification.py)."""
@@ -383,7 +322,7 @@ class Engine:
         computed_ahead: bool = False,
         also: ForwardTimer | None = None,
         verifying: Verifying | None = None,
-    ) -> _Step:
+    ) -> StepResult:
         """Next tokens from `last` (a logits row per request of `batch`); with overlap, the next
         decode forward is queued before the host reads this step's tokens back. `also`: the
         look-ahead forward a mixed step took its decode rows' logits from (its device time).
@@ -416,7 +355,7 @@ class Engine:
         step_ns, forward_ns = clock.emitted - start, timer.elapsed_ns()
         clock.device_ns = forward_ns + (also.elapsed_ns() if also is not None else 0)
         decode_ns = step_ns if computed_ahead else max(step_ns - forward_ns, 0)
-        return _Step(generations, live, forward_ns, decode_ns)
+        return StepResult(generations, live, forward_ns, decode_ns)
 
     def _look_ahead(self, batch: Batch) -> None:
         """Queues the next decode forward of every request of `batch` (shard/engine/lookahead.py)."""
