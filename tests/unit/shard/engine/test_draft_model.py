@@ -13,7 +13,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine import warmup
 from pytgi_shard.engine.draft_model import DraftModel
 from pytgi_shard.engine.engine import Engine
@@ -21,24 +20,19 @@ from pytgi_shard.engine.warmup import Limits, cache_blocks
 from pytgi_shard.service.startup import StartupRefused, load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.tiny_models import build_model, train_tokenizer, write_tokenizer
-from tests.unit.shard.engine.test_engine import Run
-from tests.unit.shard.engine.test_speculation import SpeculatingRouter, greedy
+from tests.unit.shard.engine.speculator_cases import (
+    BLOCK,
+    SPECULATE,
+    assert_ranks_served,
+    assert_same,
+    build,
+    requests,
+    serve,
+    serve_on_rank,
+)
+from tests.unit.shard.engine.test_speculation import greedy
 from tests.unit.shard.models.test_models import _free_port
 from tests.unit.shard.router_steps import prompt_of
-
-SPECULATE = 3
-BLOCK = 4
-
-
-def build(model: Path, speculate: int = 0, draft: Path | None = None, **fields: object) -> Engine:
-    fields.setdefault("attention", "reference")
-    engine = load_engine(ShardSettings(
-        model_path=model, block_size=BLOCK, overlap=False,
-        speculate=speculate, speculator_model=draft, **fields,  # type: ignore[arg-type]
-    ))
-    engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
-    engine.drafting_batch = 64
-    return engine
 
 
 @pytest.fixture(scope="module")
@@ -49,66 +43,6 @@ def engines(tiny_model: Callable[..., Path]) -> Iterator[dict[str, Engine]]:
         "self": build(target, SPECULATE, target),
         "other": build(target, SPECULATE, tiny_model("qwen2")),
     }
-
-
-class Served:
-    """A run through SpeculatingRouter with the drafts proposed and kept counted."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.router = SpeculatingRouter(engine)
-        self.drafted = self.kept = 0
-
-    @property
-    def run(self) -> Run:
-        return self.router.run
-
-    def prefill(self, batch_id: int, r: pb.Request, start: int, size: int) -> None:
-        self.router.prefill(batch_id, [self.router.chunk(r, start, size)])
-
-    def finish(self) -> None:
-        while self.router.cached is not None:
-            response = self.router.decode()
-            self.drafted += response.drafted_tokens
-            self.kept += sum(len(g.tokens.ids) - 1 for g in response.generations)
-
-
-def serve(engine: Engine, reqs: list[pb.Request], chunk: int = 0,
-          prefix: dict[int, list[int]] | None = None) -> Served:
-    """Each request prefilled (in chunks of `chunk` tokens when given; after `prefix[id]`'s
-    blocks, cached, when given), all decoded together to the end."""
-    served = Served(engine)
-    for r in reqs:
-        total = len(r.input_ids) + len(r.generated_ids)
-        start = 0
-        if prefix and r.id in prefix:
-            served.router.blocks[r.id] = list(prefix[r.id])
-            served.router.next_block = max(served.router.next_block, max(prefix[r.id]) + 1)
-            start = len(prefix[r.id]) * BLOCK
-        size = chunk or total
-        while start < total:
-            served.prefill(100 + r.id * 50 + start, r, start, size)
-            start += size
-    served.finish()
-    return served
-
-
-def assert_same(got: Run, expected: Run) -> None:
-    assert got.tokens == expected.tokens
-    for rid, lps in expected.logprobs.items():
-        torch.testing.assert_close(got.logprobs[rid], lps, rtol=1e-4, atol=1e-4)
-        assert got.finals[rid].text == expected.finals[rid].text
-        assert got.finals[rid].finish_reason == expected.finals[rid].finish_reason
-
-
-def requests(sampling: bool = True) -> list[pb.Request]:
-    """Greedy requests and, when `sampling`, a seeded sampling one (whose drafts, the draft's
-    argmax, the target's draws keep only when they agree)."""
-    params = pb.NextTokenChooserParameters(do_sample=True, seed=5, top_k=20)
-    return [
-        greedy(0, prompt_of(12, 0) * 2, 24),
-        greedy(1, prompt_of(11, 1), 21, top_n_tokens=2),
-        *([greedy(2, prompt_of(9, 2), 12, parameters=params)] if sampling else []),
-    ]
 
 
 @pytest.mark.parametrize("draft", ["self", "other"])
@@ -201,22 +135,6 @@ def test_start_up_refusals(tiny_model: Callable[..., Path], tmp_path: Path) -> N
         load_engine(ShardSettings(model_path=target, speculate=2, speculator_model=tmp_path))
 
 
-def _rank_main(rank: int, port: int, target: Path, draft: Path, out: Path) -> None:
-    torch.set_num_threads(1)
-    engine = load_engine(ShardSettings(
-        model_path=target, block_size=BLOCK, rank=rank, world_size=2, master_port=port,
-        speculate=SPECULATE, speculator_model=draft, attention="reference",
-    ))
-    try:
-        engine.warmup(pb.WarmupRequest(max_prefill_tokens=64, max_batch_total_tokens=1024))
-        engine.drafting_batch = 64
-        served = serve(engine, requests(sampling=False), chunk=6)
-        torch.save((served.run.tokens, served.run.logprobs, served.drafted, served.kept),
-                   out / f"rank{rank}-{draft.name}.pt")
-    finally:
-        engine.dist.close()
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_two_ranks_draft_like_one(
     tiny_model: Callable[..., Path], tmp_path: Path, engines: dict[str, Engine], family: str
@@ -225,16 +143,11 @@ def test_two_ranks_draft_like_one(
     plain engine's tokens; the target as its own draft keeps every draft."""
     target = tiny_model("llama", sharded=True)
     draft = target if family == "llama" else tiny_model(family)
-    mp.spawn(_rank_main, args=(_free_port(), target, draft, tmp_path), nprocs=2, join=True)
-    expected = serve(engines["plain"], requests(sampling=False), chunk=6).run
-    for rank in range(2):
-        tokens, logprobs, drafted, kept = torch.load(tmp_path / f"rank{rank}-{draft.name}.pt")
-        assert tokens == expected.tokens
-        for rid, lps in expected.logprobs.items():
-            torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
-        assert drafted > 0
-        if family == "llama":
-            assert kept == drafted
+    mp.spawn(serve_on_rank, args=(_free_port(), target, draft, tmp_path, False), nprocs=2,
+             join=True)
+    counts = assert_ranks_served(engines["plain"], tmp_path, draft, sampling=False)
+    if family == "llama":
+        assert all(kept == drafted for drafted, kept in counts)
 
 
 def test_the_draft_runs_on_the_triton_attention(

@@ -15,15 +15,21 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
 
-from pytgi_proto import generate_pb2 as pb
-from pytgi_shard.engine.batch import Batch
-from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.service.startup import StartupRefused, load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.tiny_models import VOCAB_SIZE
-from tests.unit.shard.engine.test_draft_model import BLOCK, SPECULATE, assert_same, build, serve
+from tests.unit.shard.engine.speculator_cases import (
+    SPECULATE,
+    assert_ranks_served,
+    assert_same,
+    build,
+    requests,
+    serve,
+    serve_on_rank,
+    watch_newest_token_drafts,
+)
 from tests.unit.shard.engine.test_speculation import greedy
 from tests.unit.shard.models.test_models import _free_port
 from tests.unit.shard.router_steps import prompt_of
@@ -63,15 +69,6 @@ def engines(
     }
 
 
-def requests() -> list[pb.Request]:
-    sampling = pb.NextTokenChooserParameters(do_sample=True, seed=5, top_k=20)
-    return [
-        greedy(0, prompt_of(12, 0) * 2, 24),
-        greedy(1, prompt_of(11, 1), 21, top_n_tokens=2),
-        greedy(2, prompt_of(9, 2), 12, parameters=sampling),
-    ]
-
-
 @pytest.mark.parametrize("heads", ["own", "lm_head"])
 def test_served_greedy_tokens_equal_those_without_speculation(
     engines: dict[str, Engine], heads: str
@@ -103,20 +100,7 @@ def test_each_row_reads_the_hidden_state_of_its_position_before_last(
     state at position L - 2, the greedy token the target chose there: the row's newest token.
     Any other position's hidden state would propose another token."""
     engine = engines["identity"]
-    drafter = engine.drafter
-    assert isinstance(drafter, HiddenStateDrafter)
-    propose = drafter.propose
-    seen: list[bool] = []
-
-    def checked(batch: Batch, asks: list[tuple[int, int]]) -> Drafts | None:
-        drafts = propose(batch, asks)
-        if drafts is not None:
-            last = batch.last_ids.tolist()
-            seen.extend(set(t) == {last[row]} for row, t in zip(drafts.rows, drafts.tokens,
-                                                                strict=True))
-        return drafts
-
-    monkeypatch.setattr(drafter, "propose", checked)
+    seen = watch_newest_token_drafts(engine, monkeypatch)
     reqs = [greedy(0, prompt_of(12, 7) * 2, 20), greedy(1, prompt_of(8, 8), 16)]
     expected = serve(engines["plain"], reqs, chunk=5)
     got = serve(engine, reqs, chunk=5)
@@ -138,22 +122,6 @@ def test_misfit_checkpoints_are_refused(tiny_model: Callable[..., Path], tmp_pat
         load_engine(ShardSettings(model_path=target, speculate=2, speculator_model=missing))
 
 
-def _rank_main(rank: int, port: int, target: Path, heads: Path, out: Path) -> None:
-    torch.set_num_threads(1)
-    engine = load_engine(ShardSettings(
-        model_path=target, block_size=BLOCK, rank=rank, world_size=2, master_port=port,
-        speculate=SPECULATE, speculator_model=heads, attention="reference",
-    ))
-    try:
-        engine.warmup(pb.WarmupRequest(max_prefill_tokens=64, max_batch_total_tokens=1024))
-        engine.drafting_batch = 64
-        served = serve(engine, requests(), chunk=6)
-        torch.save((served.run.tokens, served.run.logprobs, served.drafted),
-                   out / f"rank{rank}.pt")
-    finally:
-        engine.dist.close()
-
-
 def test_two_ranks_draft_like_one(
     tiny_model: Callable[..., Path], tmp_path: Path, engines: dict[str, Engine]
 ) -> None:
@@ -161,11 +129,6 @@ def test_two_ranks_draft_like_one(
     tensor-parallel: every rank serves the one-rank plain engine's tokens."""
     target = tiny_model("llama", sharded=True)
     heads = write_heads(tmp_path / "heads", False)
-    mp.spawn(_rank_main, args=(_free_port(), target, heads, tmp_path), nprocs=2, join=True)
-    expected = serve(engines["plain"], requests(), chunk=6).run
-    for rank in range(2):
-        tokens, logprobs, drafted = torch.load(tmp_path / f"rank{rank}.pt")
-        assert tokens == expected.tokens
-        for rid, lps in expected.logprobs.items():
-            torch.testing.assert_close(logprobs[rid], lps, rtol=1e-4, atol=1e-4)
-        assert drafted > 0
+    mp.spawn(serve_on_rank, args=(_free_port(), target, heads, tmp_path, True), nprocs=2,
+             join=True)
+    assert_ranks_served(engines["plain"], tmp_path, heads, sampling=True)

@@ -14,15 +14,20 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from pytgi_shard.engine.batch import Batch
-from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.service.startup import StartupRefused, load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.tiny_models import VOCAB_SIZE
-from tests.unit.shard.engine.test_draft_model import SPECULATE, assert_same, build, serve
-from tests.unit.shard.engine.test_medusa import HIDDEN, requests
+from tests.unit.shard.engine.speculator_cases import (
+    SPECULATE,
+    assert_same,
+    build,
+    requests,
+    serve,
+    watch_newest_token_drafts,
+)
+from tests.unit.shard.engine.test_medusa import HIDDEN
 from tests.unit.shard.engine.test_speculation import greedy
 from tests.unit.shard.router_steps import prompt_of
 
@@ -92,20 +97,7 @@ def test_the_stages_start_from_each_row_s_newest_token(
     engines: dict[str, Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = engines["copy"]
-    drafter = engine.drafter
-    assert isinstance(drafter, HiddenStateDrafter)
-    propose = drafter.propose
-    seen: list[bool] = []
-
-    def checked(batch: Batch, asks: list[tuple[int, int]]) -> Drafts | None:
-        drafts = propose(batch, asks)
-        if drafts is not None:
-            last = batch.last_ids.tolist()
-            seen.extend(set(t) == {last[row]} for row, t in zip(drafts.rows, drafts.tokens,
-                                                                strict=True))
-        return drafts
-
-    monkeypatch.setattr(drafter, "propose", checked)
+    seen = watch_newest_token_drafts(engine, monkeypatch)
     reqs = [greedy(0, prompt_of(12, 7) * 2, 20), greedy(1, prompt_of(8, 8), 16)]
     assert_same(serve(engine, reqs, chunk=5).run, serve(engines["plain"], reqs, chunk=5).run)
     assert len(seen) >= 4 and all(seen)

@@ -36,7 +36,7 @@ from tests.tiny_models import (
     MOE_FAMILIES,
     build_model,
 )
-from tests.unit.shard.engine.test_draft_model import Served, assert_same, serve
+from tests.unit.shard.engine.speculator_cases import Served, assert_same, serve
 from tests.unit.shard.engine.test_engine import Run
 from tests.unit.shard.engine.test_speculation import greedy
 from tests.unit.shard.models.test_models import CPU, _free_port
