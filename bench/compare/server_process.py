@@ -1,5 +1,7 @@
-"""A real pytgi server for a benchmark: `pytgi-launcher` in a child process, ready when /health
-answers 200, stopped (SIGTERM, then SIGKILL) on exit. Its logs go to a file, shown on failure."""
+"""A server under benchmark in a child process (`ServerProcess`: ready when /health answers 200,
+stopped with SIGTERM, then SIGKILL, on exit; its log goes to a file whose tail a failure shows),
+and the real pytgi server on it: `pytgi-launcher` (`PytgiServer`). llama.cpp's server
+(`llama_cpp_server.LlamaCppServer`) is the other one, so both start, wait and stop alike."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import httpx
 
@@ -32,8 +35,95 @@ def _tail(path: Path, lines: int = 30) -> str:
         return "(no log)"
 
 
-class PytgiServer:
+class ServerProcess:
+    """A child server's life: `start` launches `command()` in a session of its own (so a stop
+    reaches its children too) and waits for /health; `stop` asks with SIGTERM, then kills the
+    group. Subclasses give the command and their name, and may give an environment."""
+
+    name = "server"
+    poll_s = 0.5  # between /health tries while it starts
+    stop_timeout_s = 30.0  # between SIGTERM and SIGKILL
+
+    def __init__(self, log_path: Path, port: int | None, start_timeout_s: float) -> None:
+        self.log_path = log_path
+        self.port = port or free_port()
+        self.start_timeout_s = start_timeout_s
+        self.startup_s: float | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _env(self) -> dict[str, str] | None:
+        """The child's environment; None: this process's own."""
+        return None
+
+    def _started(self, process: subprocess.Popen[bytes]) -> None:
+        """Called once the child is launched, before waiting for it to be healthy."""
+
+    def _stopped(self) -> None:
+        """Called once the child is gone (or was never launched) after `stop`."""
+
+    def start(self) -> Self:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with self.log_path.open("wb") as log:
+            self._process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                             env=self._env(), start_new_session=True)
+        self._started(self._process)
+        deadline = started + self.start_timeout_s
+        while time.perf_counter() < deadline:
+            if self._process.poll() is not None:
+                raise ServerStartError(
+                    f"{self.name} exited with code {self._process.returncode} while starting; "
+                    f"log {self.log_path}:\n{_tail(self.log_path)}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    self.startup_s = time.perf_counter() - started
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(self.poll_s)
+        self.stop()
+        raise ServerStartError(
+            f"{self.name} was not healthy after {self.start_timeout_s:.0f} s; "
+            f"log {self.log_path}:\n{_tail(self.log_path)}"
+        )
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            if process.poll() is None:
+                # A launcher owns its children: SIGTERM lets it shut them down cleanly.
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=self.stop_timeout_s)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
+        finally:
+            self._stopped()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class PytgiServer(ServerProcess):
     """`with PytgiServer(model_dir, log) as server:` ... `server.url`."""
+
+    name = "pytgi"
 
     def __init__(
         self,
@@ -45,19 +135,11 @@ class PytgiServer:
         extra_args: list[str] | None = None,
         start_timeout_s: float = 300.0,
     ) -> None:
+        super().__init__(log_path, port, start_timeout_s)
         self.model_dir = model_dir
-        self.log_path = log_path
-        self.port = port or free_port()
         self.threads = threads
         self.extra_args = extra_args or []
-        self.start_timeout_s = start_timeout_s
-        self.startup_s: float | None = None
-        self._process: subprocess.Popen[bytes] | None = None
         self._uds = f"/tmp/pytgi-bench-{os.getpid()}-{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     @property
     def pid_path(self) -> Path:
@@ -92,63 +174,8 @@ class PytgiServer:
             env["MKL_NUM_THREADS"] = str(self.threads)
         return env
 
-    def start(self) -> PytgiServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("wb")
-        started = time.perf_counter()
-        self._process = subprocess.Popen(
-            self.command(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=self._env(),
-            start_new_session=True,
-        )
-        log.close()
-        self.pid_path.write_text(f"{self._process.pid}\n")
-        deadline = started + self.start_timeout_s
-        while time.perf_counter() < deadline:
-            if self._process.poll() is not None:
-                raise ServerStartError(
-                    f"pytgi exited with code {self._process.returncode} while starting; "
-                    f"log {self.log_path}:\n{_tail(self.log_path)}"
-                )
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    self.startup_s = time.perf_counter() - started
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise ServerStartError(
-            f"pytgi was not healthy after {self.start_timeout_s:.0f} s; "
-            f"log {self.log_path}:\n{_tail(self.log_path)}"
-        )
+    def _started(self, process: subprocess.Popen[bytes]) -> None:
+        self.pid_path.write_text(f"{process.pid}\n")
 
-    def stop(self) -> None:
-        process, self._process = self._process, None
-        if process is None:
-            return
-        try:
-            self._stop(process)
-        finally:
-            self.pid_path.unlink(missing_ok=True)
-
-    def _stop(self, process: subprocess.Popen[bytes]) -> None:
-        if process.poll() is not None:
-            return
-        # The launcher owns its children: SIGTERM lets it shut them down cleanly.
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-    def __enter__(self) -> PytgiServer:
-        return self.start()
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+    def _stopped(self) -> None:
+        self.pid_path.unlink(missing_ok=True)
