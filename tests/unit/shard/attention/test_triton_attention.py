@@ -7,7 +7,6 @@ starts as random data, so a kernel that reads a wrong block or position cannot p
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass
 
@@ -15,23 +14,15 @@ import pytest
 import torch
 
 from pytgi_shard.attention import AttentionMetadata, get_backend
+from tests.unit.shard.triton_device import kernel_dtypes, triton_device
 
-pytest.importorskip("triton", reason="triton is not installed")
+DEVICE, INTERPRETED = triton_device()
 
 from pytgi_shard.attention.triton_backend import TritonAttention  # noqa: E402
 from pytgi_shard.attention.triton_cache import write_kv_cache  # noqa: E402
 from pytgi_shard.attention.triton_decode import decode_splits  # noqa: E402
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRETED:
-    DEVICE = torch.device("cpu")
-elif torch.cuda.is_available():
-    DEVICE = torch.device("cuda")
-else:
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
-
-# The interpreter computes bf16 tl.dot wrongly (numpy has no bf16), so bf16 runs on CUDA only.
-ATTENTION_DTYPES = [torch.float32, torch.float16] + ([] if INTERPRETED else [torch.bfloat16])
+ATTENTION_DTYPES = kernel_dtypes(INTERPRETED)
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 

@@ -6,24 +6,14 @@ empty slots, fused ranks above one tile."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from tests.unit.shard.lora.test_lora_paths import check, layer_with
+from tests.unit.shard.triton_device import kernel_dtypes, triton_device
 
-pytest.importorskip("triton", reason="triton is not installed")
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-if INTERPRETED:
-    DEVICE = torch.device("cpu")
-elif torch.cuda.is_available():
-    DEVICE = torch.device("cuda")
-else:
-    pytest.skip("no GPU and TRITON_INTERPRET is not set", allow_module_level=True)
-# The interpreter computes bf16 tl.dot wrongly (numpy has no bf16), so bf16 runs on CUDA only.
-DTYPES = [torch.float32, torch.float16] + ([] if INTERPRETED else [torch.bfloat16])
+DEVICE, INTERPRETED = triton_device()
+DTYPES = kernel_dtypes(INTERPRETED)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-2, torch.bfloat16: 6e-2}
 
 
