@@ -16,26 +16,26 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_speculative_serving import PLAIN, REPEATING, generate, ids, metric
-from tests.router_process import RouterProcess
-from tests.shard_process import start_shards
+from tests.integration.speculative_cases import (
+    PLAIN,
+    REPEATING,
+    chunked_server,
+    generate,
+    ids,
+    metric,
+)
 
 
 @pytest.fixture(scope="module")
 def url(model: Path) -> Iterator[str]:
-    with start_shards(model, extra_args=["--speculate", "3"],
-                      env={"SPECULATOR_MODEL": str(model)}) as shards, RouterProcess(
-        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
-    ) as router:
-        yield router.url
+    with chunked_server(model, ["--speculate", "3"], {"SPECULATOR_MODEL": str(model)}) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def plain(model: Path) -> Iterator[str]:
-    with start_shards(model) as shards, RouterProcess(
-        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
-    ) as router:
-        yield router.url
+    with chunked_server(model) as served:
+        yield served
 
 
 def test_greedy_tokens_equal_the_plain_server_s_and_every_draft_is_kept(

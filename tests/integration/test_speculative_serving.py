@@ -14,53 +14,31 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.router_process import RouterProcess
-from tests.shard_process import start_shards
-
-REPEATING = "the quick fox jumps over the lazy dog. " * 4
-PLAIN = "Hello world! café 東京 and then something else entirely"
+from tests.integration.speculative_cases import (
+    PLAIN,
+    REPEATING,
+    chunked_server,
+    generate,
+    ids,
+    metric,
+)
 
 
 @pytest.fixture(scope="module")
 def url(model: Path) -> Iterator[str]:
-    with start_shards(model, extra_args=["--speculate", "3"]) as shards, RouterProcess(
-        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
-    ) as router:
-        yield router.url
+    with chunked_server(model, ["--speculate", "3"]) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
 def plain(model: Path) -> Iterator[str]:
     """The same server without --speculate."""
-    with start_shards(model) as shards, RouterProcess(
-        shards.urls[0], model, "--max-batch-prefill-tokens", "16"
-    ) as router:
-        yield router.url
-
-
-def generate(url: str, inputs: str, **params: Any) -> dict[str, Any]:
-    body = {"inputs": inputs, "parameters": {"details": True, **params}}
-    r = httpx.post(f"{url}/generate", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()  # type: ignore[no-any-return]
-
-
-def ids(answer: dict[str, Any]) -> list[int]:
-    return [t["id"] for t in answer["details"]["tokens"]]
-
-
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError(f"{name} not in /metrics")
+    with chunked_server(model) as served:
+        yield served
 
 
 def test_info_reports_speculate(url: str) -> None:
