@@ -361,6 +361,19 @@ class Llama(nn.Module, Model):
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
         rotations = self._rotations(positions, hidden.dtype)
+        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)
+
+    def _layers_to_logits(
+        self,
+        hidden: torch.Tensor,
+        rotations: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        lm_head_indices: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The decoder layers over embedded rows, then the final norm and the logits: what
+        every input path shares once its embeddings and rotations are made (Qwen2-VL's image
+        rows with M-RoPE come in here too)."""
         residual: torch.Tensor | None = None
         for layer, (cos, sin) in zip(self.layers, rotations, strict=True):
             hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)

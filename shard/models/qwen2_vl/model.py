@@ -186,10 +186,4 @@ class Qwen2VL(Llama):
         for image in media.images:
             hidden[image.row : image.row + image.hi - image.lo] = self._image_rows(image)
         rotations = self._mrope_rotations(media.positions.to(positions.device), hidden.dtype)
-        residual: torch.Tensor | None = None
-        for layer, (cos, sin) in zip(self.layers, rotations, strict=True):
-            hidden, residual = layer(hidden, residual, cos, sin, kv_cache, meta)
-        if lm_head_indices is not None:
-            hidden = hidden[lm_head_indices]
-            residual = residual[lm_head_indices] if residual is not None else None
-        return self._logits(self.norm.add_forward(hidden, residual)[0])
+        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)
