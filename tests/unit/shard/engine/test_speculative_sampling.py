@@ -14,16 +14,14 @@ from pytgi_shard.engine import verification
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.generation import choose_tokens, emit_generations
-from pytgi_shard.engine.request_state import BatchContext
 from pytgi_shard.engine.verification import Verifying, kept_tokens, verify_inputs
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.output.wire import GenerationWriter
-from pytgi_shard.sample.chooser import Watermark
-from tests.tiny_models import train_tokenizer, write_tokenizer
 from tests.unit.shard.engine.test_batch import batch_of, request
+from tests.unit.shard.engine.test_speculation import VOCAB, context, detok
 
-VOCAB = 120
-EOS = 2
+__all__ = ["detok"]  # the fixture: the same tokenizer as test_speculation.py's
+
 # The chain's states: six tokens of the vocabulary (the others have probability 0).
 STATES = [40, 41, 42, 43, 44, 45]
 TOKENS = 3
@@ -33,19 +31,6 @@ CHI2_CRITICAL = 20.515
 SAMPLED = pb.NextTokenChooserParameters(do_sample=True)
 WARPED = pb.NextTokenChooserParameters(temperature=0.7, top_k=4)
 PENALISED = pb.NextTokenChooserParameters(temperature=0.8, repetition_penalty=1.5)
-
-
-@pytest.fixture(scope="module")
-def detok(tmp_path_factory: pytest.TempPathFactory) -> Detokenizer:
-    path = tmp_path_factory.mktemp("tok")
-    write_tokenizer(path, train_tokenizer(["Hello world! the quick fox jumps"]), 256)
-    return Detokenizer.from_model_dir(path, {})
-
-
-def context() -> BatchContext:
-    return BatchContext(
-        torch.device("cpu"), 4, 512, VOCAB, frozenset({EOS}), Watermark(), speculate=3
-    )
 
 
 def chain() -> torch.Tensor:
