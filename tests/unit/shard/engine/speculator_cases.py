@@ -156,3 +156,16 @@ def assert_ranks_served(plain: Engine, out: Path, speculator: Path,
         assert drafted > 0
         counts.append((drafted, kept))
     return counts
+
+
+def assert_chunked_and_resumed_served(plain: Engine, engine: Engine) -> Served:
+    """A request prefilled in chunks of 7 and one resumed after 11 generated tokens, both
+    served by `engine` as by `plain` (the resumed one ends as the whole run does); returns
+    `engine`'s run for the caller's draft counts."""
+    whole = serve(plain, [greedy(0, prompt_of(10, 3) * 2, 30)]).run.tokens[0]
+    reqs = [greedy(1, prompt_of(10, 3) * 2, 30),
+            greedy(2, prompt_of(10, 3) * 2, 30, generated_ids=whole[:11])]
+    got = serve(engine, reqs, chunk=7)
+    assert_same(got.run, serve(plain, reqs, chunk=7).run)
+    assert got.run.tokens[2] == whole[11:]
+    return got

@@ -23,6 +23,7 @@ from tests.tiny_models import build_model, train_tokenizer, write_tokenizer
 from tests.unit.shard.engine.speculator_cases import (
     BLOCK,
     SPECULATE,
+    assert_chunked_and_resumed_served,
     assert_ranks_served,
     assert_same,
     build,
@@ -63,13 +64,7 @@ def test_served_greedy_tokens_equal_those_without_speculation(
 
 @pytest.mark.parametrize("draft", ["self", "other"])
 def test_chunked_prefill_and_a_resumed_request(engines: dict[str, Engine], draft: str) -> None:
-    whole = serve(engines["plain"], [greedy(0, prompt_of(10, 3) * 2, 30)]).run.tokens[0]
-    reqs = [greedy(1, prompt_of(10, 3) * 2, 30),
-            greedy(2, prompt_of(10, 3) * 2, 30, generated_ids=whole[:11])]
-    expected = serve(engines["plain"], reqs, chunk=7)
-    got = serve(engines[draft], reqs, chunk=7)
-    assert_same(got.run, expected.run)
-    assert got.run.tokens[2] == whole[11:]
+    got = assert_chunked_and_resumed_served(engines["plain"], engines[draft])
     if draft == "self":
         assert got.drafted > 0 and got.kept == got.drafted
 

@@ -21,6 +21,7 @@ from pytgi_shard.settings import ShardSettings
 from tests.tiny_models import VOCAB_SIZE
 from tests.unit.shard.engine.speculator_cases import (
     SPECULATE,
+    assert_chunked_and_resumed_served,
     assert_same,
     build,
     requests,
@@ -87,10 +88,7 @@ def test_served_greedy_tokens_equal_those_without_speculation(
     got = serve(engine, requests())
     assert_same(got.run, expected.run)
     assert got.drafted > 0
-    whole = serve(engines["plain"], [greedy(0, prompt_of(10, 3) * 2, 30)]).run.tokens[0]
-    reqs = [greedy(1, prompt_of(10, 3) * 2, 30),
-            greedy(2, prompt_of(10, 3) * 2, 30, generated_ids=whole[:11])]
-    assert_same(serve(engine, reqs, chunk=7).run, serve(engines["plain"], reqs, chunk=7).run)
+    assert_chunked_and_resumed_served(engines["plain"], engine)
 
 
 def test_the_stages_start_from_each_row_s_newest_token(
