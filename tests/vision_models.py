@@ -14,6 +14,11 @@ from tokenizers import Tokenizer
 from tests.tiny_models import BOS, EOS, PAD
 from tests.vision_checkpoints import MAX_PIXELS, write_qwen2_vl_router_files
 
+# The vision-language families these tiny checkpoints cover: served (against transformers, with
+# images, on 1 and 2 ranks) by tests/integration/test_qwen2_vl_serving.py rather than by the text
+# families' serving test.
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+
 # The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
 # rotary frequencies M-RoPE splits into temporal, height and width sections. Weights 15x
 # transformers' default spread: attention sharp enough that a wrong position or image changes

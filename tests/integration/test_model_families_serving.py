@@ -36,6 +36,7 @@ from pytgi_shard.service.startup import load_engine, peer_urls
 from pytgi_shard.settings import ShardSettings
 from tests.hf_reference import hf_greedy
 from tests.tiny_models import EOS, FALLBACK, FAMILIES, build_model
+from tests.vision_models import VISION_FAMILIES
 
 BLOCK = 16  # the shard's default --block-size
 TEXTS = [
@@ -50,8 +51,11 @@ STD = 0.3
 
 
 def test_every_registered_architecture_has_a_tiny_model() -> None:
-    """Adding an architecture to the registry means adding its tiny model, so it is served here."""
-    assert set(MODELS) <= set(FAMILIES) - set(FALLBACK)
+    """Adding an architecture to the registry means adding its tiny model, so it is served here
+    (a vision-language one: in tests/vision_models.py, served with images by
+    test_qwen2_vl_serving.py)."""
+    assert set(VISION_FAMILIES) <= set(MODELS)
+    assert set(MODELS) - set(VISION_FAMILIES) <= set(FAMILIES) - set(FALLBACK)
 
 
 # (model, prompts, transformers' greedy tokens and their logprobs per prompt)
