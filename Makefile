@@ -53,9 +53,10 @@ $(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
 run: install
 	$(BIN)/pytgi-launcher --port $(PORT)
 
-# PYTEST_ARGS reach the main run only.
+# PYTEST_ARGS reach the main run only; the 40 slowest tests are listed at the end of it, to
+# keep the suite's time in view.
 test: install install-lowest
-	$(BIN)/python -m pytest -q -x $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -x $(XDIST) --durations=40 $(PYTEST_ARGS)
 	$(LOWEST)/bin/python -m pytest -q -x $(XDIST) $(LOWEST_TESTS)
 
 test-lowest: install-lowest
