@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pytgi_proto import generate_pb2
 from pytgi_router.http.media.intake import ImageIntake
 from pytgi_router.http.media.markdown import markdown_images
-from pytgi_router.http.media.qwen2_vl import ProcessedImage
+from pytgi_router.http.media.processed import ProcessedImage
 from pytgi_router.http.media.source import ImageRef
 from pytgi_router.http.media.vision_model import VisionModel
 

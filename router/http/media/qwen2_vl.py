@@ -15,25 +15,10 @@ from PIL import Image
 
 from pytgi_router.http.media.decode import DecodedImage
 from pytgi_router.http.media.errors import ImageError
+from pytgi_router.http.media.pixels import CLIP_MEAN, CLIP_STD, normalized
+from pytgi_router.http.media.processed import ProcessedImage
 
-# OpenAI CLIP's mean and std (transformers' OPENAI_CLIP_MEAN / _STD), Qwen2-VL's defaults.
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 MAX_ASPECT_RATIO = 200
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessedImage:
-    """What the vision tower takes for one image: pixel values [patches, C * T * P * P] in
-    float32, its grid (t, h, w) in patches, and how many tokens stand for it in the prompt;
-    with the decoded image's place in the body and content hash (decode.py), all that is kept
-    of it once processed."""
-
-    pixel_values: np.ndarray
-    grid: tuple[int, int, int]
-    tokens: int
-    where: str = ""
-    content_hash: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,11 +85,7 @@ class Qwen2VLImageProcessor:
         width, height = image.size
         h, w = self.resized(image.where, height, width)
         resized = image.image.resize((w, h), resample=Image.Resampling.BICUBIC)
-        pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1)  # C, H, W
-        pixels = pixels * np.float32(self.rescale_factor)
-        mean = np.asarray(self.image_mean, dtype=np.float32)[:, None, None]
-        std = np.asarray(self.image_std, dtype=np.float32)[:, None, None]
-        pixels = (pixels - mean) / std
+        pixels = normalized(resized, self.rescale_factor, self.image_mean, self.image_std)
         p, m, t = self.patch_size, self.merge_size, self.temporal_patch_size
         gh, gw = h // p, w // p
         patches = pixels.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)

@@ -6,40 +6,38 @@ preprocessor_config.json and tokenizer."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tokenizers import Tokenizer
 
 from pytgi_router.http.media.errors import ImageError, ImagesNotAccepted
+from pytgi_router.http.media.families import (
+    VISION_FAMILIES,
+    VLM_MODEL_TYPES,
+    PromptImages,
+    VisionFamily,
+)
 from pytgi_router.http.media.markdown import MarkdownImages
-from pytgi_router.http.media.qwen2_vl import Qwen2VLImageProcessor
+from pytgi_router.http.media.processed import ImageProcessor
 from pytgi_router.http.media.source import ImageRef
-
-# config.json model types of the vision-language models TGI, vLLM or SGLang serve.
-VLM_MODEL_TYPES = frozenset({
-    "qwen2_vl", "qwen2_5_vl", "llava", "llava_next", "gemma3", "idefics", "idefics2",
-    "idefics3", "paligemma", "mllama", "llama4", "smolvlm",
-})
-# Those whose image processor the router runs (qwen2_vl.py), and their image text: TGI's
-# rendering of a markdown image for Qwen2-VL, with the image token once per image token.
-QWEN2_VL_TYPES = ("qwen2_vl", "qwen2_5_vl")
-QWEN2_VL_IMAGE = "<|vision_start|>{}<|vision_end|>"
-QWEN2_VL_IMAGE_TOKEN = "<|image_pad|>"
 
 
 @dataclass(frozen=True, slots=True)
 class VisionModel:
     model_type: str
-    processor: Qwen2VLImageProcessor
+    # The family's prompt rendering, its image token the one this tokenizer has.
+    prompt: PromptImages
+    processor: ImageProcessor
     image_token: str
     image_token_id: int
 
     def chat_text(self, text: str, refs: Sequence[ImageRef], counts: Sequence[int]) -> str:
         """The rendered chat prompt with each image's one placeholder token repeated once per
-        image token (transformers' processor does the same); a template that did not place
-        every image once is refused, not guessed at."""
-        pieces = text.split(self.image_token)
+        image token (transformers' processor does the same; the family says what stands for an
+        image, `PromptImages.chat`); a template that did not place every image once is
+        refused, not guessed at."""
+        pieces = text.split(self.prompt.placeholder)
         if len(pieces) - 1 != len(refs):
             where = refs[0].where if refs else "messages"
             raise ImageError(where, f"the chat template placed {len(pieces) - 1} images for the "
@@ -47,15 +45,15 @@ class VisionModel:
                                     "template does not render?)")
         out = [pieces[0]]
         for count, piece in zip(counts, pieces[1:], strict=True):
-            out += [self.image_token * count, piece]
+            out += [self.prompt.chat_text(count), piece]
         return "".join(out)
 
     def markdown_text(self, found: MarkdownImages, counts: Sequence[int]) -> str:
         """`/generate` inputs with each markdown image replaced by the model's image text (TGI's
-        rendering for Qwen2-VL)."""
+        rendering for the family, `PromptImages.markdown`)."""
         out = [found.texts[0]]
         for count, piece in zip(counts, found.texts[1:], strict=True):
-            out += [QWEN2_VL_IMAGE.format(self.image_token * count), piece]
+            out += [self.prompt.markdown_text(count), piece]
         return "".join(out)
 
     def spans(self, where: Sequence[str], ids: Sequence[int], counts: Sequence[int]
@@ -100,18 +98,43 @@ class ImageSupport:
 
 def image_support(config: dict[str, Any] | None, preprocessor: dict[str, Any] | None,
                   tokenizer: Tokenizer) -> ImageSupport:
-    """Whether (and how) this checkpoint takes images."""
-    model_type = str((config or {}).get("model_type", ""))
+    """Whether (and how) this checkpoint takes images: its family's row in VISION_FAMILIES,
+    its processor built from the checkpoint, and the tokenizer's image token."""
+    config = config or {}
+    model_type = str(config.get("model_type", ""))
     if model_type not in VLM_MODEL_TYPES:
         return ImageSupport(why_not="a text-only model")
-    if model_type not in QWEN2_VL_TYPES:
+    family = VISION_FAMILIES.get(model_type)
+    if family is None:
         return ImageSupport(why_not=f"images for {model_type} are not prepared by "
-                                                "this server yet")
+                                    "this server yet")
     if preprocessor is None:
         return ImageSupport(why_not="its checkpoint has no preprocessor_config.json")
-    token_id = tokenizer.token_to_id(QWEN2_VL_IMAGE_TOKEN)
+    token, token_id = image_token(family, config, tokenizer)
     if token_id is None:
-        return ImageSupport(why_not=f"its tokenizer has no {QWEN2_VL_IMAGE_TOKEN}")
-    processor = Qwen2VLImageProcessor.from_config(preprocessor)
-    return ImageSupport(VisionModel(model_type, processor, QWEN2_VL_IMAGE_TOKEN,
-                                                token_id))
+        return ImageSupport(why_not=f"its tokenizer has no {family.prompt.image_token}")
+    try:
+        processor = family.processor(config, preprocessor)
+    except (ValueError, KeyError, TypeError) as e:
+        return ImageSupport(why_not=f"its image processor is not served: {e}")
+    prompt = family.prompt
+    if token != prompt.image_token:
+        placeholder = token if prompt.placeholder == prompt.image_token else prompt.placeholder
+        prompt = replace(prompt, image_token=token, placeholder=placeholder)
+    return ImageSupport(VisionModel(model_type, prompt, processor, token, token_id))
+
+
+def image_token(family: VisionFamily, config: dict[str, Any], tokenizer: Tokenizer
+                ) -> tuple[str, int | None]:
+    """The image token and its id: the family's token by name, else the one config.json's
+    image token id names (a checkpoint that renamed it)."""
+    name = family.prompt.image_token
+    token_id = tokenizer.token_to_id(name)
+    if token_id is not None:
+        return name, token_id
+    for key in family.token_id_keys:
+        value = config.get(key)
+        named = tokenizer.id_to_token(int(value)) if isinstance(value, int) else None
+        if named is not None:
+            return named, int(value)
+    return name, None

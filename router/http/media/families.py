@@ -1,0 +1,82 @@
+"""The vision-language families whose images the router prepares, in one table keyed by
+config.json's `model_type`: each family's image processor (a port of transformers' onto numpy +
+Pillow) and how its prompts carry an image (`PromptImages`). Adding a family = its processor
+module and one row here; vision_model.py, prepare.py and the wire stay as they are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from pytgi_router.http.media.llava_next import LlavaNextImageProcessor
+from pytgi_router.http.media.processed import ImageProcessor
+from pytgi_router.http.media.qwen2_vl import Qwen2VLImageProcessor
+
+# config.json model types of the vision-language models TGI, vLLM or SGLang serve (those not in
+# VISION_FAMILIES are refused with "not prepared by this server yet", not served as text).
+VLM_MODEL_TYPES = frozenset({
+    "qwen2_vl", "qwen2_5_vl", "llava", "llava_next", "gemma3", "idefics", "idefics2",
+    "idefics3", "paligemma", "mllama", "llama4", "smolvlm",
+})
+
+
+@dataclass(frozen=True, slots=True)
+class PromptImages:
+    """How a family's prompt carries one image of n tokens.
+
+    image_token: the token repeated once per image token (the shard's rows are found by its id).
+    placeholder: what the model's chat template writes for each image part (transformers'
+    processor expands it; so does VisionModel.chat_text).
+    chat: what replaces each placeholder in a rendered chat prompt; "{}" = image_token * n.
+    markdown: what replaces each `![](…)` in `/generate` inputs (TGI's rendering for the
+    family); "{}" = image_token * n.
+    """
+
+    image_token: str
+    placeholder: str
+    chat: str = "{}"
+    markdown: str = "{}"
+
+    def chat_text(self, count: int) -> str:
+        return self.chat.format(self.image_token * count)
+
+    def markdown_text(self, count: int) -> str:
+        return self.markdown.format(self.image_token * count)
+
+
+# Builds a family's processor from (config.json, preprocessor_config.json); raises ValueError
+# naming what the checkpoint lacks.
+ProcessorFactory = Callable[[Mapping[str, Any], Mapping[str, Any]], ImageProcessor]
+
+
+@dataclass(frozen=True, slots=True)
+class VisionFamily:
+    name: str
+    prompt: PromptImages
+    processor: ProcessorFactory
+    # config.json keys that may hold the image token's id, used when the tokenizer has no token
+    # named prompt.image_token (checkpoints that renamed it).
+    token_id_keys: tuple[str, ...] = ("image_token_id", "image_token_index")
+
+
+QWEN2_VL = VisionFamily(
+    "qwen2_vl",
+    PromptImages("<|image_pad|>", "<|image_pad|>",
+                 markdown="<|vision_start|>{}<|vision_end|>"),
+    lambda config, pre: Qwen2VLImageProcessor.from_config(dict(pre)),
+)
+# TGI renders a LLaVA-NeXT markdown image as the image tokens alone; its templates write one
+# `<image>` per image part.
+LLAVA_NEXT = VisionFamily(
+    "llava_next",
+    PromptImages("<image>", "<image>"),
+    LlavaNextImageProcessor.from_checkpoint,
+)
+
+VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
+    "qwen2_vl": QWEN2_VL,
+    "qwen2_5_vl": QWEN2_VL,
+    "llava_next": LLAVA_NEXT,
+})
