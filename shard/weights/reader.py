@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,8 @@ class Weights:
         self.linear_format = linear_format
         self._handles: dict[Path, Any] = {}
         self._routing: dict[str, Path] = {}
+        # Names a view reads as another stored tensor (with_names); empty for the checkpoint.
+        self._stored: dict[str, str] = {}
         for file in find_weight_files(model_path):
             for name in self._handle(file).keys():  # noqa: SIM118 (safe_open is no mapping)
                 if name in self._routing:
@@ -96,6 +99,20 @@ class Weights:
         view = copy.copy(self)
         view.dtype = dtype
         return view
+
+    def with_names(self, stored: Mapping[str, str]) -> Weights:
+        """The same checkpoint with extra names, each read as the stored tensor it maps to: a
+        vision-language checkpoint's text half (`language_model.model.*`) read under the names
+        the text decoder loads (`model.*`). Handles are shared and close with these, as
+        with_dtype's."""
+        view = copy.copy(self)
+        view._stored = {**self._stored, **stored}
+        view._routing = {**self._routing,
+                         **{alias: self._file(name) for alias, name in stored.items()}}
+        return view
+
+    def _slice(self, name: str) -> Any:
+        return self._handle(self._file(name)).get_slice(self._stored.get(name, name))
 
     def _handle(self, file: Path) -> Any:
         if file not in self._handles:
@@ -117,7 +134,7 @@ class Weights:
         return sorted(self._routing)
 
     def shape(self, name: str) -> list[int]:
-        return list(self._handle(self._file(name)).get_slice(name).get_shape())
+        return list(self._slice(name).get_shape())
 
     @property
     def linear_loader(self) -> LinearLoader:
@@ -131,7 +148,7 @@ class Weights:
 
     def dtype_name(self, name: str) -> str:
         """The stored dtype of `name` as safetensors spells it ("F8_E4M3", "BF16", "I32")."""
-        return str(self._handle(self._file(name)).get_slice(name).get_dtype())
+        return str(self._slice(name).get_dtype())
 
     def _place(self, name: str, t: torch.Tensor, cast: bool) -> torch.Tensor:
         if cast and t.is_floating_point():
@@ -147,7 +164,8 @@ class Weights:
     def get_tensor(self, name: str, *, cast: bool = True) -> torch.Tensor:
         """The whole tensor (replicated weights: norms, unsharded heads). `cast=False` keeps
         the stored dtype (quantization scales, whose precision the kernels rely on)."""
-        return self._place(name, self._handle(self._file(name)).get_tensor(name), cast)
+        stored = self._stored.get(name, name)
+        return self._place(name, self._handle(self._file(name)).get_tensor(stored), cast)
 
     def get_range(
         self, name: str, dim: int, start: int, stop: int, *, cast: bool = True
@@ -156,7 +174,7 @@ class Weights:
         shape = self.shape(name)
         dim = dim % len(shape)
         index = tuple(slice(start, stop) if d == dim else slice(None) for d in range(len(shape)))
-        return self._place(name, self._handle(self._file(name)).get_slice(name)[index], cast)
+        return self._place(name, self._slice(name)[index], cast)
 
     def get_part(
         self, name: str, dim: int, index: int, parts: int, *, cast: bool = True
