@@ -17,6 +17,7 @@ from pytgi_shard.engine.drafting import DraftState
 from pytgi_shard.engine.request_media import RequestMedia, request_media
 from pytgi_shard.engine.request_validation import chunk_end, validate_request
 from pytgi_shard.errors import InvalidRequest
+from pytgi_shard.models.media_inputs import ImageLayout
 from pytgi_shard.output.detokenizer import TextStream
 from pytgi_shard.output.stopping import StoppingCriteria
 from pytgi_shard.sample.chooser import SamplingParams, Watermark
@@ -39,8 +40,8 @@ class BatchContext:
     speculate: int = 0
     # The wire indices of the LoRA adapters loaded (AdapterSet.loaded): what adapter_index may name.
     loaded_adapters: frozenset[int] = frozenset()
-    # The model's vision tower's spatial merge size (Model.image_merge); 0: images are refused.
-    image_merge: int = 0
+    # The model's reading of wire images (Model.image_layout); None: images are refused.
+    image_layout: ImageLayout | None = None
 
 
 @dataclass(slots=True)
@@ -112,5 +113,5 @@ def request_state(
         sequence_length=len(sequence),
         resumed=len(pb.generated_ids),
         adapter_index=pb.adapter_index,
-        media=request_media(pb, ctx.image_merge),
+        media=request_media(pb, ctx.image_layout),
     )

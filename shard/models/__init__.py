@@ -41,8 +41,8 @@ from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.mpt import MPT
 from pytgi_shard.models.opt import OPT
 from pytgi_shard.models.quantized_families import check_model_family, log_linear_kernels
-from pytgi_shard.models.qwen2_vl.model import Qwen2VL
 from pytgi_shard.models.t5 import T5
+from pytgi_shard.models.vision_families import VISION_FAMILIES
 from pytgi_shard.quantization.detection import detect_quantization
 from pytgi_shard.quantization.kernel_table import linear_format
 from pytgi_shard.quantization.spec import QuantizationSpec
@@ -58,8 +58,7 @@ MODELS: Mapping[str, ModelLoader] = MappingProxyType({
     "mistral": Llama.load,
     "qwen2": Llama.load,
     "qwen3": Llama.load,
-    "qwen2_vl": Qwen2VL.load,
-    "qwen2_5_vl": Qwen2VL.load,
+    **VISION_FAMILIES,
     "gemma": Llama.loader(gemma_config),
     "gemma2": Llama.loader(gemma2_config),
     "gemma3_text": Llama.loader(gemma3_text_config),

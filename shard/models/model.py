@@ -8,6 +8,7 @@ import torch
 
 from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.models.media_inputs import ImageLayout
 
 
 class Model(ABC):
@@ -34,9 +35,10 @@ class Model(ABC):
     # Why this model cannot keep an FP8 KV cache (--kv-cache-dtype); None: its attention layers
     # pass their scales to the backend (KVCache.scales_of), so it can.
     fp8_kv_refusal: str | None = None
-    # A vision-language model's vision tower's spatial merge size (what turns a processor's
-    # patch grid into image tokens); 0: the model takes no images and the shard refuses them.
-    image_merge: int = 0
+    # A vision-language model's reading of its wire images (shard/models/media_inputs.py: their
+    # grids, pixel shapes and token counts; M-RoPE or 1-D positions); None: the model takes no
+    # images and the shard refuses them.
+    image_layout: ImageLayout | None = None
 
     def warmup_images(self) -> None:
         """Runs what the largest image a request may carry costs (a vision tower's forward),

@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +32,15 @@ from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.models.fused_qkv_decoder import with_weights
 from pytgi_shard.models.llama.config import LlamaConfig
 from pytgi_shard.models.llama.model import Llama
-from pytgi_shard.models.media_inputs import ImageRows, StepMedia
+from pytgi_shard.models.media_inputs import StepMedia
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.qwen2_vl.mrope import mrope_cos_sin
 from pytgi_shard.models.qwen2_vl.vision import VisionConfig, VisionTower
+from pytgi_shard.models.vision_language import ImageEmbeddings, ImageEncoder
 from pytgi_shard.weights.reader import Weights
 
 log = logging.getLogger(__name__)
 
-# Images whose embeddings are kept between the chunks of a prefill at most (oldest dropped
-# first: an evicted image is encoded again if a later chunk needs it, so this bounds memory
-# only; a request cancelled between two chunks of one image leaves its entry until then).
-KEPT_IMAGES = 32
 # transformers' Qwen2VLImageProcessor default max_pixels.
 DEFAULT_MAX_PIXELS = 28 * 28 * 1280
 
@@ -78,37 +75,41 @@ def text_config(raw: Mapping[str, Any]) -> tuple[LlamaConfig, tuple[int, ...]]:
     return decoder, section
 
 
-class ImageEmbeddings:
-    """The tower's output per (request, image offset), kept while chunks still need it."""
+@dataclass(frozen=True, slots=True)
+class Qwen2VLImages:
+    """Qwen2-VL's wire images: grid (t, h, w) in patches, t = 1 (no video), h and w whole
+    multiples of the merge; t*h*w / merge^2 tokens; pixels [t*h*w, patch values]."""
 
-    def __init__(self, limit: int = KEPT_IMAGES) -> None:
-        self.limit = limit
-        self._kept: OrderedDict[tuple[int, int], torch.Tensor] = OrderedDict()
+    mrope_merge: int
+    patch_dim: int
 
-    def get(self, key: tuple[int, int]) -> torch.Tensor | None:
-        return self._kept.get(key)
+    def refusal(self, grid: tuple[int, ...], shape: tuple[int, ...] | None, tokens: int
+                ) -> str | None:
+        merge = self.mrope_merge
+        if len(grid) != 3 or min(grid) <= 0:
+            return f"grid {list(grid)} is not (t, h, w)"
+        t, h, w = grid
+        if h % merge or w % merge:
+            return f"grid {list(grid)} does not merge by {merge}"
+        if t != 1:
+            return f"{t} frames: videos are not served"
+        if t * h * w // merge**2 != tokens:
+            return f"grid {list(grid)} gives {t * h * w // merge**2} tokens, not {tokens}"
+        if shape is not None and shape != (t * h * w, self.patch_dim):
+            return (f"pixel values of shape {list(shape)} are not float32 "
+                    f"[{t * h * w}, {self.patch_dim}]")
+        return None
 
-    def keep(self, key: tuple[int, int], embeddings: torch.Tensor) -> None:
-        self._kept[key] = embeddings
-        while len(self._kept) > self.limit:
-            self._kept.popitem(last=False)
 
-    def drop(self, key: tuple[int, int]) -> None:
-        self._kept.pop(key, None)
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-
-class Qwen2VL(Llama):
-    accepts_images = True
+class Qwen2VL(Llama, ImageEncoder):
 
     def __init__(self, config: LlamaConfig, section: tuple[int, ...], vision: VisionConfig,
                  weights: Weights, backend: AttentionBackend) -> None:
         super().__init__(config, weights, backend)
         self.mrope_section = section
         self.visual = VisionTower(weights, "visual", vision)
-        self.image_merge = vision.spatial_merge_size
+        self.image_layout = Qwen2VLImages(vision.spatial_merge_size, self.visual.patch_dim)
+        self.spatial_merge = vision.spatial_merge_size
         self.model_type = "qwen2_5_vl" if vision.windowed else "qwen2_vl"
         self.images = ImageEmbeddings()
         # The processor's largest image (preprocessor_config.json): what Warmup encodes.
@@ -127,8 +128,8 @@ class Qwen2VL(Llama):
 
     def largest_grid(self) -> tuple[int, int, int]:
         """The patch grid of the largest image the processor gives: a square of max_pixels."""
-        patch = self.visual.config.patch_size * self.image_merge
-        side = max(int(math.isqrt(self.max_pixels)) // patch, 1) * self.image_merge
+        patch = self.visual.config.patch_size * self.spatial_merge
+        side = max(int(math.isqrt(self.max_pixels)) // patch, 1) * self.spatial_merge
         return 1, side, side
 
     def warmup_images(self) -> None:
@@ -136,30 +137,10 @@ class Qwen2VL(Llama):
         pixels = torch.zeros(grid[1] * grid[2], self.visual.patch_dim, device=self.device)
         self.encode(pixels, grid)
 
-    def encode(self, pixel_values: torch.Tensor, grid: tuple[int, int, int]) -> torch.Tensor:
+    def encode(self, pixel_values: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
         """One image's token embeddings [t*h*w / merge^2, hidden] in the model's dtype."""
-        return self.visual(pixel_values.to(self.device), grid).to(self.dtype)
-
-    def _image_rows(self, image: ImageRows) -> torch.Tensor:
-        """The rows [lo, hi) of an image's embeddings, encoding it first unless kept; dropped
-        once its last token is computed."""
-        key = (image.request_id, image.offset)
-        embeddings = self.images.get(key)
-        if embeddings is None:
-            if image.pixel_values is None:
-                raise ValueError(f"request {image.request_id}: the image at token "
-                                 f"{image.offset} has no pixel values and none are kept")
-            embeddings = self.encode(image.pixel_values, image.grid)
-            if embeddings.shape[0] != image.count:
-                raise ValueError(
-                    f"request {image.request_id}: the image at token {image.offset} has "
-                    f"{image.count} tokens, its grid {list(image.grid)} gives "
-                    f"{embeddings.shape[0]}")
-        if image.hi < image.count:
-            self.images.keep(key, embeddings)
-        else:
-            self.images.drop(key)
-        return embeddings[image.lo : image.hi]
+        t, h, w = grid
+        return self.visual(pixel_values.to(self.device), (t, h, w)).to(self.dtype)
 
     def _mrope_rotations(self, positions3: torch.Tensor, dtype: torch.dtype
                          ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -182,8 +163,7 @@ class Qwen2VL(Llama):
     ) -> torch.Tensor:
         if media is None:
             return super().forward(input_ids, positions, kv_cache, meta, lm_head_indices)
-        hidden = self.embed_tokens(input_ids)
-        for image in media.images:
-            hidden[image.row : image.row + image.hi - image.lo] = self._image_rows(image)
+        hidden = self.place_images(self.embed_tokens(input_ids), media)
+        assert media.positions is not None  # an M-RoPE model's StepMedia carries them
         rotations = self._mrope_rotations(media.positions.to(positions.device), hidden.dtype)
         return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)

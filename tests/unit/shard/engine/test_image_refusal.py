@@ -15,7 +15,7 @@ from tests.unit.shard.engine.test_batch import CTX, batch_of, request
 def test_a_text_model_refuses_images() -> None:
     image = pb.Image(token_offset=1, token_count=2, dtype="float32", shape=[8, 1176],
                      grid=[1, 2, 4], content_hash=b"h" * 16)
-    assert CTX.image_merge == 0
+    assert CTX.image_layout is None
     with pytest.raises(InvalidRequest, match="request 1: 1 images, and this model has no vision "
                                              "tower: this shard serves text only"):
         Batch.from_pb(batch_of(request(1, [5, 6, 6, 7], images=[image])), CTX)
