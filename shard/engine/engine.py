@@ -127,7 +127,7 @@ class Engine:
             grammars=self.grammars,
             speculate=self.speculate,
             loaded_adapters=self.adapters.loaded(),
-            image_merge=self.model.image_merge,
+            image_layout=self.model.image_layout,
         )
 
     def info(self) -> generate_pb2.InfoResponse:
