@@ -10,6 +10,12 @@ eagerly. With LoRA adapters each row's adapter slot is one more input buffer (pa
 the base model): the adapted layers read it on the device (shard/lora/layer.py), so a step of
 any mix of adapters replays the same graph.
 
+A varlen step that wants logits at every token (a --speculate verification step: each row's
+last token and its drafts) runs as a decode step of one row per token (`token_rows`: each
+token's request's block table and its own context, position + 1), bucketed by its token count:
+shard/engine/verify_graphs.py says why this is exact and why it is preferred to capturing the
+varlen kernel.
+
 A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
 states the largest context (max_seqlen_k = max_blocks_per_seq * block_size) rather than the
 step's: only a backend whose launches do not depend on that value gains from a graph (Triton's
@@ -57,6 +63,22 @@ def bucket_for(buckets: Sequence[int], batch_size: int) -> int | None:
     """The smallest bucket that holds `batch_size` (buckets sorted), None when none does."""
     i = bisect.bisect_left(buckets, batch_size)
     return buckets[i] if i < len(buckets) else None
+
+
+def token_rows(meta: AttentionMetadata, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per flat token of a varlen step: its request's row [T] int64 and the context it attends
+    to as a decode query, its position + 1 [T] int32. On the device, without a host
+    synchronisation (a replay's inputs are copied on the stream).
+
+    Request r's q_len new tokens sit at context positions seqlens_k[r] - q_len ..
+    seqlens_k[r] - 1, so its flat token t (cu[r] <= t < cu[r + 1]) is at seqlens_k[r] -
+    cu[r + 1] + t.
+    """
+    ends = meta.cu_seqlens_q[1:].long()
+    t = torch.arange(num_tokens, device=ends.device)
+    rows = torch.searchsorted(ends, t, right=True)
+    seqlens = meta.seqlens_k.long()[rows] - ends[rows] + t + 1
+    return rows, seqlens.to(torch.int32)
 
 
 def graphs_off_reason(
@@ -156,24 +178,26 @@ class DecodeGraphRunner:
 
     def takes(self, inputs: ForwardInputs, kv_cache: KVCache) -> bool:
         """Whether `forward` runs this step through a graph (or its eager padding): a decode step
-        that fits a bucket and the block-table width, over the cache the graphs were captured on."""
+        (or a varlen step with logits at every token, one row per token) that fits a bucket and
+        the block-table width, over the cache the graphs were captured on."""
         bucket = self._bucket(inputs)
         if bucket is None:
             return False
         return self.pad_eagerly or (kv_cache is self._captured_cache and bucket in self._graphs)
 
     def _bucket(self, inputs: ForwardInputs) -> int | None:
-        """The bucket of a decode step that fits the buffers; None for anything else."""
-        meta = inputs.meta
-        if meta.is_prefill or inputs.lm_head_indices is not None:
+        """The bucket of a step with logits at every token (a decode step, or a verification
+        step as one row per token) that fits the buffers; None for anything else."""
+        if inputs.lm_head_indices is not None:
             return None
-        if meta.block_tables.shape[1] > self.max_blocks_per_seq:
+        if inputs.meta.block_tables.shape[1] > self.max_blocks_per_seq:
             return None
-        return bucket_for(self.buckets, meta.batch_size)
+        return bucket_for(self.buckets, _tokens(inputs))
 
     @torch.inference_mode()
     def forward(self, inputs: ForwardInputs, kv_cache: KVCache) -> torch.Tensor:
-        """Float32 logits [batch, vocab] of a decode step, as Model.forward returns them.
+        """Float32 logits [tokens, vocab] of a decode (or verification) step, as Model.forward
+        returns them.
 
         After a replay they are a view of the graph's output: valid until the next forward of
         this runner (consume or copy them first; work queued on the same stream is ordered).
@@ -185,7 +209,7 @@ class DecodeGraphRunner:
                 return self.model.forward(
                     inputs.input_ids, inputs.positions, kv_cache, meta, inputs.lm_head_indices
                 )
-        n = meta.batch_size
+        n = _tokens(inputs)
         self._load(inputs)
         graph = self._graphs.get(bucket) if kv_cache is self._captured_cache else None
         if graph is not None:
@@ -194,17 +218,24 @@ class DecodeGraphRunner:
         return self._run(bucket, kv_cache, meta.max_seqlen_k)[:n]
 
     def _load(self, inputs: ForwardInputs) -> None:
-        """Copies the step's n requests into rows [0, n) and leaves every later row a padding row.
+        """Copies the step's n tokens into rows [0, n) and leaves every later row a padding row:
+        a decode step's requests as they are, a varlen step's tokens as one row each (its
+        request's block table, its own context: `token_rows`).
 
         The one path by which inputs reach the buffers, for the eager run as for the replay.
         """
         b, meta = self._buffers, inputs.meta
-        n, width = meta.batch_size, meta.block_tables.shape[1]
+        n, width = _tokens(inputs), meta.block_tables.shape[1]
         b.input_ids[:n].copy_(inputs.input_ids)
         b.positions[:n].copy_(inputs.positions)
         b.slot_mapping[:n].copy_(meta.slot_mapping)
-        b.seqlens_k[:n].copy_(meta.seqlens_k)
-        b.block_tables[:n, :width].copy_(meta.block_tables)
+        if n == meta.batch_size:
+            b.seqlens_k[:n].copy_(meta.seqlens_k)
+            b.block_tables[:n, :width].copy_(meta.block_tables)
+        else:
+            rows, seqlens = token_rows(meta, n)
+            b.seqlens_k[:n].copy_(seqlens)
+            b.block_tables[:n, :width].copy_(meta.block_tables.index_select(0, rows))
         if inputs.adapters is not None:
             b.adapters[:n].copy_(inputs.adapters)
         elif self._lora is not None:
@@ -304,3 +335,8 @@ class DecodeGraphRunner:
         self._graphs.clear()
         self._outputs.clear()
         self._captured_cache = None
+
+
+def _tokens(inputs: ForwardInputs) -> int:
+    """The step's flat tokens: its rows in the buffers (a decode step: one per request)."""
+    return int(inputs.input_ids.shape[0])

@@ -32,8 +32,12 @@ Its cost: a request's first drafting step runs its sequence through the draft mo
 larger than the target peaks below it); a longer sequence is caught up over several steps and
 drafts once it is.
 
-Draft forwards run eagerly (the decode CUDA graphs are the target's) and choose the argmax of
-the draft's logits over the vocabulary both models share.
+Draft forwards choose the argmax of the draft's logits over the vocabulary both models share.
+With CUDA graphs the draft has decode graphs of its own (`graphs`, captured over its cache by
+the ModelRunner, buckets verify_graphs.draft_buckets): its one-token forwards replay them, and so
+does a catch-up small enough for a bucket (the one to k + 1 tokens kept since the last step, as
+one row per token: decode_graphs.token_rows), with logits at every token; a longer catch-up (a
+request's first) runs eagerly.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ import torch
 from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.drafting import Drafts
+from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.models.model import Model
 
 # Catch-up tokens per step until Warmup sets the prefill budget.
@@ -64,6 +70,8 @@ class DraftModel:
         self.block_size = block_size
         self.catch_up_tokens = CATCH_UP_TOKENS
         self.kv_cache = self._allocate(1)
+        # Its decode graphs over `kv_cache` (None: every forward eager); the ModelRunner's.
+        self.graphs: DecodeGraphRunner | None = None
 
     def bytes_per_token(self) -> int:
         """Bytes of this rank's draft cache per token of context (in the draft's dtype)."""
@@ -153,9 +161,12 @@ class DraftModel:
         )
         ends = [sum(counts[: i + 1]) - 1 for i in drafting]
         last = torch.tensor(ends or [total - 1], dtype=torch.long, device=device)
-        logits = self.model.forward(
-            batch.all_ids[row_of_token, positions], positions, self.kv_cache, meta, last
-        )
+        ids = batch.all_ids[row_of_token, positions]
+        every = ForwardInputs(ids, positions, meta, None, last)
+        if self.graphs is not None and self.graphs.takes(every, self.kv_cache):
+            logits = self.graphs.forward(every, self.kv_cache).index_select(0, last)
+        else:
+            logits = self.model.forward(ids, positions, self.kv_cache, meta, last)
         return logits[:, : self.vocab].argmax(dim=-1)
 
     def _continue(
@@ -185,9 +196,18 @@ class DraftModel:
                 max_seqlen_k=max(lengths[j] for j in active) + i,
                 block_size=self.block_size,
             )
-            logits = self.model.forward(out[at, i - 1], positions, self.kv_cache, meta, None)
+            logits = self._decode(ForwardInputs(out[at, i - 1], positions, meta, None, at))
             out[at, i] = logits[:, : self.vocab].argmax(dim=-1)
         return [row[:k] for row, k in zip(out.tolist(), ks, strict=True)]
+
+    def _decode(self, inputs: ForwardInputs) -> torch.Tensor:
+        """A one-token forward's logits, through the draft's graphs when they take it (then a
+        view of the graph's output: consumed before the next forward)."""
+        if self.graphs is not None and self.graphs.takes(inputs, self.kv_cache):
+            return self.graphs.forward(inputs, self.kv_cache)
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, None
+        )
 
 
 def draft_share_line(draft: DraftModel, target: KVCache, num_blocks: int) -> str:

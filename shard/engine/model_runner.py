@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -24,13 +25,18 @@ from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch
-from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason
 from pytgi_shard.engine.draft_model import DraftModel, draft_share_line
 from pytgi_shard.engine.forward_timer import ForwardTimer
 from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
 from pytgi_shard.engine.step_inputs import ForwardInputs
+from pytgi_shard.engine.verify_graphs import (
+    draft_buckets,
+    most_verified_tokens,
+    verification_buckets,
+)
 from pytgi_shard.engine.warmup import (
     CacheSize,
     Limits,
@@ -176,7 +182,12 @@ class ModelRunner:
         batch = warmup_batch(lengths, model.vocab_size, self.block_size)
         blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
         peak = self._warmup_peak(batch, blocks_used, sum(lengths), run_batch)
-        buckets = graph_buckets(self.settings, model, self.dist.caps, limits)
+        # Verification steps replay the decode graphs as one row per token (verify_graphs.py).
+        most = most_verified_tokens(self.settings.speculate)
+        buckets = verification_buckets(
+            graph_buckets(self.settings, model, self.dist.caps, limits), self.settings.cuda_graphs,
+            most,
+        )
         if buckets and self.hidden_tap is not None:
             # A graph's replay runs no Python hook: the heads would see no hidden state.
             log.info("CUDA graphs off: speculator heads read the hidden states of eager forwards")
@@ -186,6 +197,10 @@ class ModelRunner:
         graph_room = (
             graph_bytes(model, self.kv_cache, self.block_size, buckets, longest) if buckets else 0
         )
+        if self._draft_buckets(buckets):
+            assert self.draft is not None
+            graph_room += graph_bytes(self.draft.model, self.draft.kv_cache, self.block_size,
+                                      self._draft_buckets(buckets), longest)
         # A draft model's cache has a block for every block id of the target's: each id costs
         # both models' bytes (shard/engine/draft_model.py).
         draft_bytes = self.draft.bytes_per_token() if self.draft is not None else 0
@@ -229,11 +244,26 @@ class ModelRunner:
         if self.draft is not None:
             log.info(draft_share_line(self.draft, self.kv_cache, size.num_blocks))
 
+    def _draft_buckets(self, buckets: tuple[int, ...]) -> tuple[int, ...]:
+        """The draft model's graph buckets (verify_graphs.draft_buckets); () without a draft
+        model, without the target's graphs, or when the draft's forward is not capturable."""
+        draft = self.draft
+        if draft is None or not buckets:
+            return ()
+        reason = graphs_off_reason(self.settings, draft.model, self.dist.caps)
+        if reason is not None:
+            log.info("draft model CUDA graphs off: %s", reason)
+            return ()
+        return draft_buckets(buckets, most_verified_tokens(self.settings.speculate))
+
     def release_graphs(self) -> None:
         """Lets the previous Warmup's graphs go: they hold the old cache and their memory pool."""
         if self.decode_graphs is not None:
             self.decode_graphs.release()
             self.decode_graphs = None
+        if self.draft is not None and self.draft.graphs is not None:
+            self.draft.graphs.release()
+            self.draft.graphs = None
 
     def capture_graphs(self, size: CacheSize, max_total_tokens: int) -> None:
         """The decode graphs over the sized cache; on OutOfMemory the cache is given back
@@ -242,6 +272,13 @@ class ModelRunner:
             self.decode_graphs = capture_graphs(
                 self.model, self.kv_cache, self.block_size, size, max_total_tokens
             )
+            if self.draft is not None and self._draft_buckets(size.graph_buckets):
+                # The draft model's own (its one-token forwards, short catch-ups).
+                self.draft.graphs = capture_graphs(
+                    self.draft.model, self.draft.kv_cache, self.block_size,
+                    replace(size, graph_buckets=self._draft_buckets(size.graph_buckets)),
+                    max_total_tokens,
+                )
         except OutOfMemory:
             # The cache took the room the graphs were measured to need.
             self.resize_kv_cache(1)

@@ -1,0 +1,225 @@
+"""Speculation through the decode CUDA graphs (shard/engine/verify_graphs.py): a verification
+step replays the decode graph of its token count as one row per token, and the draft model's
+forwards replay its own graphs.
+
+On CPU the graph runner's eager padding (pad_eagerly) runs the same buffers and the same
+per-token expansion a replay reads: a verification step through it gives the varlen forward's
+logits, and an engine decoding through it serves the greedy tokens (and logprobs) of the engine
+without speculation, for n-gram drafts and for a draft model. The capture itself needs a GPU
+(the CUDA test at the end, run by bench/gpu.sh's tests stage).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.attention.backend import BACKENDS
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, token_rows
+from pytgi_shard.engine.draft_model import DraftModel
+from pytgi_shard.engine.drafting import STEP_TOKENS, Drafts
+from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.step_inputs import ForwardInputs
+from pytgi_shard.engine.verification import verify_inputs
+from pytgi_shard.engine.verify_graphs import (
+    draft_buckets,
+    most_verified_tokens,
+    verification_buckets,
+)
+from pytgi_shard.models.model import Model
+from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS
+from tests.unit.shard.engine.speculator_cases import (
+    BLOCK,
+    SPECULATE,
+    assert_same,
+    build,
+    requests,
+    serve,
+)
+from tests.unit.shard.engine.test_batch import batch_of, request
+from tests.unit.shard.engine.test_speculation import greedy
+from tests.unit.shard.router_steps import prompt_of
+
+BUCKETS = (1, 2, 4, 8, 16, 32)
+MAX_BLOCKS = 64
+
+
+# --- the pure parts --------------------------------------------------------------------------
+
+
+def test_each_token_of_a_varlen_step_attends_to_its_own_position() -> None:
+    # Three requests: 3 new tokens after 5 cached, 1 after 9, 2 after 0.
+    meta = AttentionMetadata.build([3, 1, 2], [5, 9, 0], [[1, 2], [3, 4, 5], [6]], 4,
+                                   torch.device("cpu"))
+    rows, seqlens = token_rows(meta, 6)
+    assert rows.tolist() == [0, 0, 0, 1, 2, 2]
+    assert seqlens.tolist() == [6, 7, 8, 10, 1, 2]
+    assert seqlens.dtype == torch.int32
+
+
+def test_verification_adds_the_buckets_a_low_max_batch_size_cut_off() -> None:
+    most = most_verified_tokens(4, drafting_batch=2)
+    assert most == 10
+    assert most_verified_tokens(0) == 0
+    assert most_verified_tokens(16, drafting_batch=4) == STEP_TOKENS
+    # --max-batch-size 4 collapsed the decode buckets to (1, 2, 4): 8 and 16 come back.
+    assert verification_buckets((1, 2, 4), DEFAULT_CUDA_GRAPHS, most) == (1, 2, 4, 8, 16)
+    assert verification_buckets((1, 2, 4, 8, 16, 32), DEFAULT_CUDA_GRAPHS, most) == (
+        1, 2, 4, 8, 16, 32)
+    # Graphs off stay off; no --speculate adds nothing; sizes that never hold it add all.
+    assert verification_buckets((), DEFAULT_CUDA_GRAPHS, most) == ()
+    assert verification_buckets((1, 2), DEFAULT_CUDA_GRAPHS, 0) == (1, 2)
+    assert verification_buckets((1,), (1, 2, 4), most) == (1, 2, 4)
+
+
+def test_the_draft_model_captures_only_the_buckets_its_forwards_reach() -> None:
+    assert draft_buckets(DEFAULT_CUDA_GRAPHS, 10) == (1, 2, 4, 8, 16)
+    assert draft_buckets(DEFAULT_CUDA_GRAPHS, 32) == (1, 2, 4, 8, 16, 32)
+    assert draft_buckets((1, 2, 4), 10) == (1, 2, 4)
+
+
+# --- the padded path on CPU ------------------------------------------------------------------
+
+
+class CountingRunner(DecodeGraphRunner):
+    """The runner with its eager padding, recording each step's (tokens, requests)."""
+
+    def __init__(self, model: Model) -> None:
+        super().__init__(model, BUCKETS, MAX_BLOCKS, BLOCK, pad_eagerly=True)
+        self.steps: list[tuple[int, int]] = []
+
+    def forward(self, inputs: ForwardInputs, kv_cache: object) -> torch.Tensor:
+        self.steps.append((int(inputs.input_ids.shape[0]), inputs.meta.batch_size))
+        return super().forward(inputs, kv_cache)  # type: ignore[arg-type]
+
+    @property
+    def several_per_row(self) -> int:
+        """Steps that carried more tokens than requests (verifications, catch-ups)."""
+        return sum(tokens > rows for tokens, rows in self.steps)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model: Callable[..., Path]) -> Iterator[dict[str, Engine]]:
+    target = tiny_model("llama")
+    yield {
+        "plain": build(target),
+        "ngram": build(target, SPECULATE),
+        "draft": build(target, SPECULATE, target),
+        "other": build(target, SPECULATE, tiny_model("qwen2")),
+    }
+
+
+def test_a_verification_step_through_the_padded_buffers_gives_the_varlen_logits(
+    engines: dict[str, Engine],
+) -> None:
+    engine = engines["ngram"]
+    prompts = [prompt_of(9, 1), prompt_of(14, 2), prompt_of(5, 3)]
+    reqs, first = [], 1
+    for i, prompt in enumerate(prompts):
+        # Blocks for the prompt, the step's token and up to 4 drafts.
+        blocks = list(range(first, first + -(-(len(prompt) + 6) // BLOCK)))
+        reqs.append(request(i, prompt, max_new=8, block_size=BLOCK, blocks=blocks))
+        first += len(blocks)
+    engine.prefill(pb.PrefillRequest(batch=batch_of(*reqs, batch_id=7)))
+    batch = engine.cache.get(7)
+    try:
+        inputs = verify_inputs(batch, Drafts([0, 2], [[11, 12, 13], [40]]))
+        assert inputs.input_ids.shape[0] == 7 and inputs.meta.max_seqlen_q == 4
+        kv = engine.runner.kv_cache
+        expected = engine.model.forward(inputs.input_ids, inputs.positions, kv, inputs.meta)
+        runner = CountingRunner(engine.model)
+        assert runner.takes(inputs, kv)
+        got = runner.forward(inputs, kv)
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        # The 8-row bucket's last row is padding: it read nothing of the requests' blocks.
+        assert runner._buffers.block_tables[7].eq(0).all()
+    finally:
+        engine.clear(None)
+
+
+def graphed(engine: Engine) -> tuple[CountingRunner, CountingRunner | None]:
+    """The engine's target (and draft model) decoding through padded graph runners."""
+    target = CountingRunner(engine.model)
+    engine.runner.decode_graphs = target
+    draft = engine.runner.draft
+    if draft is None:
+        return target, None
+    draft.graphs = CountingRunner(draft.model)
+    return target, draft.graphs  # type: ignore[return-value]
+
+
+def ungraphed(engine: Engine) -> None:
+    engine.runner.decode_graphs = None
+    if engine.runner.draft is not None:
+        engine.runner.draft.graphs = None
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "draft", "other"])
+def test_served_greedy_tokens_through_the_graph_path_equal_those_without_speculation(
+    engines: dict[str, Engine], drafter: str
+) -> None:
+    expected = serve(engines["plain"], requests())
+    eager = serve(engines[drafter], requests())
+    engine = engines[drafter]
+    target, draft = graphed(engine)
+    try:
+        got = serve(engine, requests())
+    finally:
+        ungraphed(engine)
+    assert_same(got.run, expected.run)
+    assert (got.drafted, got.kept) == (eager.drafted, eager.kept)
+    assert got.drafted > 0
+    if drafter != "other":
+        # The tiny Llama repeats itself, and agrees with itself as a draft: drafts are kept.
+        # (Another family's random weights, "other", keep none: their misses verify too.)
+        assert got.kept > 0
+    # Verification steps went through the target's buffers as one row per token.
+    assert target.several_per_row > 0
+    if draft is not None:
+        # The draft's one-token forwards and its short catch-ups went through its own.
+        assert any(tokens == rows for tokens, rows in draft.steps)
+        assert draft.several_per_row > 0
+
+
+def test_the_draft_model_s_graphs_are_kept_apart_from_the_target_s(
+    engines: dict[str, Engine],
+) -> None:
+    draft = engines["draft"].runner.draft
+    assert isinstance(draft, DraftModel) and draft.graphs is None
+    engines["draft"].runner.release_graphs()
+    assert draft.graphs is None
+
+
+# --- capture and replay on a GPU -------------------------------------------------------------
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("speculator", ["ngram", "draft"])
+def test_captured_graphs_verify_with_the_tokens_of_the_eager_engine(
+    tiny_model: Callable[..., Path], speculator: str
+) -> None:
+    """Warmup captures the target's graphs (and the draft's); a speculating run replays them
+    and serves what the same engine serves without graphs."""
+    attention = "triton" if "triton" in BACKENDS else "reference"
+    target = tiny_model("llama")
+    draft = target if speculator == "draft" else None
+    fields = {"attention": attention, "dtype": "float32", "cuda_graphs": BUCKETS}
+    eager = build(target, SPECULATE, draft, **{**fields, "cuda_graphs": ()})
+    engine = build(target, SPECULATE, draft, **fields)
+    if attention == "reference":
+        pytest.skip("the reference backend is never captured")
+    assert engine.runner.decode_graphs is not None
+    assert engine.runner.decode_graphs.captured == BUCKETS
+    if draft is not None:
+        assert engine.runner.draft is not None and engine.runner.draft.graphs is not None
+        assert engine.runner.draft.graphs.captured
+    expected = serve(eager, requests(sampling=False))
+    got = serve(engine, requests(sampling=False))
+    assert got.run.tokens == expected.run.tokens
+    assert got.kept > 0
