@@ -14,7 +14,7 @@ from typing import Any
 
 from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
-from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES
+from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES, MAX_DECODE_STEPS
 from pytgi_proto.version import add_version_flag
 from pytgi_router.http.media.flags import ALLOW_MEDIA_URLS_HELP, MEDIA_FLAGS
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
@@ -69,6 +69,10 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--max-batch-total-tokens", int, "KV token budget (default: from warmup)"),
     ("--max-waiting-tokens", int, "decode steps before waiting requests join, only for shards "
      "that do not chunk prompts (default 20)"),
+    ("--max-decode-steps", int, "decode steps one shard call may run back to back while "
+     "nothing waits to join (the router's turn and the gRPC round trip paid once per that many "
+     "tokens; a request arriving meanwhile waits for the call's end); 1: one step per call "
+     f"(default {MAX_DECODE_STEPS})"),
     ("--max-batch-size", int, "hard cap on requests per batch"),
     ("--max-queue-size", int, "waiting requests before 429, < --max-concurrent-requests "
      "(default: none, the permits bound queued + running)"),

@@ -69,6 +69,7 @@ class LauncherSettings:
     max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
+    max_decode_steps: int = c.MAX_DECODE_STEPS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
     # The router reuses the KV of prompt prefixes already computed (TGI's PREFIX_CACHING).
@@ -174,6 +175,9 @@ class LauncherSettings:
             "max-batch-size": self.max_batch_size,
         }
         out += [f"--{k} must be > 0, got {v}" for k, v in positive.items() if v is not None and v <= 0]
+        if not 1 <= self.max_decode_steps <= c.DECODE_STEPS_LIMIT:
+            out.append(f"--max-decode-steps must be in 1..{c.DECODE_STEPS_LIMIT}, got "
+                       f"{self.max_decode_steps}")
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0 or self.max_waiting_tokens < 0:
             out.append("--max-stop-sequences, --max-top-n-tokens, --max-waiting-tokens must be >= 0")
         if self.reasoning_parser not in (None, NO_PARSER, *PARSER_NAMES):

@@ -47,6 +47,12 @@ RESPONSES_STORE_BYTES = 64 * 1024 * 1024
 MAX_BATCH_PREFILL_TOKENS = 4096
 WAITING_SERVED_RATIO = 0.3
 MAX_WAITING_TOKENS = 20
+# Decode steps one Decode call may run when nothing waits to join (multi-step decode;
+# router/core/decode_steps.py); 1 turns it off.
+MAX_DECODE_STEPS = 8
+# The most steps a shard runs in one Decode call (a bound on one call's duration, far past where
+# another step still pays); the router's flag is checked against it.
+DECODE_STEPS_LIMIT = 64
 
 
 def token_limit_problems(

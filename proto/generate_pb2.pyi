@@ -346,15 +346,17 @@ class PrefillResponse(_message.Message):
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "grants")
+    __slots__ = ("batches", "grants", "max_steps")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     grants: _containers.RepeatedCompositeFieldContainer[BlockGrant]
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ...) -> None: ...
+    max_steps: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ..., max_steps: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
-    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns", "drafted_tokens", "drafted_rows")
+    __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns", "drafted_tokens", "drafted_rows", "step_sizes")
     GENERATIONS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     FORWARD_NS_FIELD_NUMBER: _ClassVar[int]
@@ -363,6 +365,7 @@ class DecodeResponse(_message.Message):
     CONCAT_NS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_ROWS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SIZES_FIELD_NUMBER: _ClassVar[int]
     generations: _containers.RepeatedCompositeFieldContainer[Generation]
     batch: CachedBatch
     forward_ns: int
@@ -371,7 +374,8 @@ class DecodeResponse(_message.Message):
     concat_ns: int
     drafted_tokens: int
     drafted_rows: int
-    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., drafted_rows: _Optional[int] = ...) -> None: ...
+    step_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., drafted_rows: _Optional[int] = ..., step_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class WarmupRequest(_message.Message):
     __slots__ = ("max_prefill_tokens", "max_input_tokens", "max_total_tokens", "max_batch_size", "max_batch_total_tokens")

@@ -50,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--max-waiting-tokens", type=int,
         help=f"(default {_default('--max-waiting-tokens')}) {only}or once they waited this many "
              "decode steps")
+    add("--max-decode-steps", type=int,
+        help=f"(default {_default('--max-decode-steps')}) decode steps one shard call may run "
+             "back to back while nothing waits to join (no queue, no prompt chunk, blocks for "
+             "every step): the router's turn and the gRPC round trip are paid once per that many "
+             "tokens; a request arriving meanwhile waits for the call's end; 1: one step per call")
     add("--prefix-caching", type=parse_bool, metavar="{true,false}",
         help="reuse the KV of prompt prefixes already computed (default true; env "
              "PREFIX_CACHING)")

@@ -58,6 +58,8 @@ class RouterSettings:
     max_batch_prefill_tokens: int | None = None
     max_batch_total_tokens: int | None = None
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
+    # Decode steps one Decode call may run when nothing waits to join (1: one per call).
+    max_decode_steps: int = c.MAX_DECODE_STEPS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
     # Reuse the KV of prompt prefixes already computed (TGI's PREFIX_CACHING).
@@ -140,6 +142,9 @@ class RouterSettings:
             out.append(f"--drain-grace-seconds must be >= 0, got {self.drain_grace_seconds}")
         if not self.shard_step_timeout > 0:
             out.append(f"--shard-step-timeout must be > 0, got {self.shard_step_timeout}")
+        if not 1 <= self.max_decode_steps <= c.DECODE_STEPS_LIMIT:
+            out.append(f"--max-decode-steps must be in 1..{c.DECODE_STEPS_LIMIT}, got "
+                       f"{self.max_decode_steps}")
         out += media_limit_problems(self.media_limits(), self.payload_limit)
         return out
 
@@ -163,6 +168,7 @@ class RouterSettings:
             max_batch_size=self.max_batch_size,
             waiting_served_ratio=self.waiting_served_ratio,
             max_waiting_tokens=self.max_waiting_tokens,
+            max_decode_steps=self.max_decode_steps,
             max_input_tokens=self.max_input_tokens,
             max_total_tokens=self.max_total_tokens,
             max_queue_size=self.max_queue_size,

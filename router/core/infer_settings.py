@@ -24,6 +24,8 @@ class InferSettings:
     max_batch_size: int | None = None
     waiting_served_ratio: float = c.WAITING_SERVED_RATIO
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
+    # Decode steps per Decode call when nothing waits to join (router/core/decode_steps.py).
+    max_decode_steps: int = c.MAX_DECODE_STEPS
     max_input_tokens: int | None = None  # None → from Warmup
     max_total_tokens: int | None = None  # None → from Warmup
     # Bound on waiting (not yet running) requests, below max_concurrent_requests: a queued
@@ -53,6 +55,7 @@ class InferSettings:
                 ("max_batch_size", self.max_batch_size, 1),
                 ("waiting_served_ratio", self.waiting_served_ratio, 0),
                 ("max_waiting_tokens", self.max_waiting_tokens, 0),
+                ("max_decode_steps", self.max_decode_steps, 1),
                 ("max_input_tokens", self.max_input_tokens, 1),
                 ("max_total_tokens", self.max_total_tokens, 2),
                 ("max_queue_size", self.max_queue_size, 1),
@@ -65,6 +68,9 @@ class InferSettings:
                 f"({self.max_concurrent_requests}), got {self.max_queue_size}: queued requests "
                 f"hold permits, so it would never trigger"
             )
+        if self.max_decode_steps > c.DECODE_STEPS_LIMIT:
+            problems.append(f"`max_decode_steps` must be at most {c.DECODE_STEPS_LIMIT}, got "
+                            f"{self.max_decode_steps}")
         if not self.shard_step_timeout_s > 0:
             problems.append(f"`shard_step_timeout_s` must be > 0, got {self.shard_step_timeout_s}")
         if problems:

@@ -148,6 +148,11 @@ class RunningBatch:
         return len(self.entries) + len(self.prefilling)
 
     @property
+    def cancelling(self) -> bool:
+        """Whether a live request was cancelled and leaves after the next step."""
+        return bool(self._cancelled)
+
+    @property
     def reserved_tokens(self) -> int:
         """KV tokens the live entries hold (whole blocks, cached prefixes they use included)."""
         return self.cache.used_count * self.cache.block_size

@@ -22,6 +22,7 @@ from opentelemetry.trace import Link
 
 from pytgi_proto import generate_pb2
 from pytgi_router.core.batch_wire import build_batch
+from pytgi_router.core.decode_steps import grow_for_steps, steps_wanted
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue
@@ -159,6 +160,9 @@ class Scheduler:
         if plan.preempted:
             await self._preempt(plan)
         self._take_newcomers(plan)
+        steps = 1
+        if not plan.chunks and running.cached is not None:
+            steps = self._decode_steps(plan, admit)
         grants = [generate_pb2.BlockGrant(request_id=e.id, blocks=blocks)
                   for e, blocks in plan.grants]
         cached = running.cached
@@ -176,8 +180,11 @@ class Scheduler:
             if done:
                 running.chunks_written(plan.chunks)
         elif cached is not None:
+            if timeout is not None:
+                timeout *= steps
             done = await self._call(
-                "decode", lambda: self.client.decode([cached], timeout, grants), len(running)
+                "decode", lambda: self.client.decode([cached], timeout, grants, steps),
+                len(running),
             )
         else:
             return bool(plan.preempted)
@@ -188,6 +195,23 @@ class Scheduler:
                 if chunk.completes:
                     chunk.entry.blocks_sent = chunk.entry.blocks_held
         return True
+
+    def _decode_steps(self, plan: StepPlan, admit: bool) -> int:
+        """The steps of this Decode call (router/core/decode_steps.py); when more than one, the
+        running rows' blocks cover them all (the plan's grants then carry the growth)."""
+        running = self.running
+        wanted = steps_wanted(
+            self.budgets, plan, len(running.prefilling), len(self.queue), admit,
+            self._steps_since_admission, running.cancelling,
+        )
+        if wanted <= 1:
+            return 1
+        steps, grants = grow_for_steps(self.cache, running.entries.values(), wanted)
+        if grants is not None:
+            plan.grants = grants
+        # The admission rule of shards without chunking counts steps, not calls.
+        self._steps_since_admission += steps - 1
+        return steps
 
     def _take_newcomers(self, plan: StepPlan) -> None:
         """Moves the plan's newcomers out of the queue (cancelled ones it met leave too)."""

@@ -204,10 +204,14 @@ class ShardClient:
         batches: list[generate_pb2.CachedBatch],
         timeout: float | None = None,
         grants: Sequence[generate_pb2.BlockGrant] = (),
+        max_steps: int = 1,
     ) -> generate_pb2.DecodeResponse:
-        response: generate_pb2.DecodeResponse = await self._all(
-            "Decode", generate_pb2.DecodeRequest(batches=batches, grants=grants), timeout
-        )
+        """One decode step, or up to `max_steps` back to back (multi-step decode: the answer's
+        step_sizes group its Generations by step)."""
+        request = generate_pb2.DecodeRequest(batches=batches, grants=grants)
+        if max_steps > 1:
+            request.max_steps = max_steps
+        response: generate_pb2.DecodeResponse = await self._all("Decode", request, timeout)
         return response
 
     async def filter_batch(

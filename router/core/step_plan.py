@@ -64,6 +64,8 @@ class Budgets:
     speculate: int = 0
     # Distinct LoRA adapters one step may carry (the shards' --max-loras; 0: no adapters).
     max_loras: int = 0
+    # Decode steps one Decode call may run when nothing waits (router/core/decode_steps.py).
+    max_decode_steps: int = 1
 
     @classmethod
     def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
@@ -78,6 +80,7 @@ class Budgets:
             chunking=served.support_chunking,
             speculate=served.speculate,
             max_loras=served.max_loras,
+            max_decode_steps=settings.max_decode_steps,
         )
 
 

@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from pytgi_proto import generate_pb2, generate_pb2_grpc
 from pytgi_shard.device.failure import exit_on_device_failure
 from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.multi_step import decode_steps
 from pytgi_shard.errors import BatchNotFound, InvalidRequest, OutOfMemory
 from pytgi_shard.service.serving_state import ServingState
 from pytgi_shard.service.socket_guard import claim_socket, release_socket, socket_inode
@@ -115,7 +116,11 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
         return await self._run(context, self.engine.prefill, request)
 
     async def Decode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return await self._run(context, self.engine.decode, request)
+        # One step (max_steps 0/1) is Engine.decode itself; more run on the engine thread in
+        # one go (shard/engine/multi_step.py).
+        if request.max_steps <= 1:
+            return await self._run(context, self.engine.decode, request)
+        return await self._run(context, decode_steps, self.engine, request)
 
     async def LoadAdapter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Reads and checks the adapter in a worker thread (steps go on meanwhile), then makes

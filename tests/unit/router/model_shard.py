@@ -63,6 +63,8 @@ class ModelShard:
         self.refuse_next = False
         self.refused: set[int] = set()
         self._owned: dict[int, int] | None = None
+        # max_steps of every Decode call, in order.
+        self.calls: list[int] = []
 
     # The calls
 
@@ -94,12 +96,24 @@ class ModelShard:
         batches: list[pb.CachedBatch],
         timeout: float | None = None,
         grants: Sequence[pb.BlockGrant] = (),
+        max_steps: int = 1,
     ) -> pb.DecodeResponse:
+        """One decode step, or up to `max_steps` (multi-step decode, as
+        shard/engine/multi_step.py: finished rows leave, the call stops when none is left):
+        every step's writes must fall in the blocks granted with the call."""
         (cached,) = batches
         self._check_batch(cached)
         self._begin()
         self._grant(grants)
         out = pb.DecodeResponse(generations=self._decode_rows())
+        self.calls.append(max_steps)
+        if max_steps > 1:
+            sizes = [len(out.generations)]
+            while len(sizes) < max_steps and self.rows:
+                step = self._decode_rows()
+                out.generations.extend(step)
+                sizes.append(len(step))
+            out.step_sizes.extend(sizes)
         self._finish_reply(out)
         return out
 

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from pytgi_proto import contracts as c
 from pytgi_router.cli import parse_settings
 
 
@@ -49,9 +50,11 @@ def test_the_inference_core_gets_the_flags_it_takes() -> None:
         "--tokenizer-name", "/m", "--max-concurrent-requests", "9", "--max-batch-size", "3",
         "--waiting-served-ratio", "0.5", "--max-waiting-tokens", "7", "--max-queue-size", "4",
         "--max-batch-prefill-tokens", "300", "--shard-step-timeout", "2.5",
-        "--prefix-caching", "false",
+        "--prefix-caching", "false", "--max-decode-steps", "5",
     ], environ={})
     core = s.infer_settings()
+    assert Budgets.of(core, ShardInfo("llama", "float32", "cpu", 16, 1, 99, 100, 1024, 200, 65,
+                                      "paged", None)).max_decode_steps == 5
     assert core.prefix_caching is False
     assert (core.max_concurrent_requests, core.max_batch_size, core.max_queue_size) == (9, 3, 4)
     assert (core.max_batch_prefill_tokens, core.shard_step_timeout_s) == (300, 2.5)
@@ -62,7 +65,8 @@ def test_the_inference_core_gets_the_flags_it_takes() -> None:
         3, 0.5, 7)
     defaults = parse_settings(["--tokenizer-name", "/m"], environ={}).infer_settings()
     assert defaults.prefix_caching is True
-    assert Budgets.of(defaults, served) == Budgets(200, 1024, chunking=False)
+    assert Budgets.of(defaults, served) == Budgets(
+        200, 1024, chunking=False, max_decode_steps=c.MAX_DECODE_STEPS)
     chunking = dataclasses.replace(served, support_chunking=True)
     assert Budgets.of(defaults, chunking).chunking
 

@@ -52,16 +52,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         caching=st.sampled_from([True, True, True, False]),
         prefill_budget=st.integers(1, 12),
         max_loras=st.integers(0, 3),
+        # Multi-step decode (router/core/decode_steps.py): every step of a call must write only
+        # blocks granted with it, and the outputs stay those of one step per call.
+        max_decode_steps=st.sampled_from([1, 2, 3, 8]),
     )
     def setup(self, num_blocks: int, block_size: int, caching: bool, prefill_budget: int,
-              max_loras: int) -> None:
+              max_loras: int, max_decode_steps: int) -> None:
         self.cache = PrefixCache(num_blocks, block_size, prefix_caching=caching)
         self.shard = ModelShard(self.cache)
         # LoRA adapters drawn per request when the shards serve some (--max-loras > 0).
         self.max_loras = max_loras
         budgets = Budgets(max_batch_prefill_tokens=prefill_budget,
                           max_batch_total_tokens=self.cache.total * block_size,
-                          max_loras=max_loras)
+                          max_loras=max_loras, max_decode_steps=max_decode_steps)
         self.scheduler = Scheduler(cast(ShardClient, self.shard), Queue(), self.cache, budgets,
                                    Metrics(), self._release)
 

@@ -1,0 +1,96 @@
+"""How many decode steps the next Decode call runs (multi-step decode; the shards' side is
+shard/engine/multi_step.py): pure policy over the step plan and the live entries, no I/O.
+
+A decode step's time outside the forward (the router's turn: routing the step's tokens, planning
+the next; and the gRPC round trip) is paid once per call. On a small model, or any model on a
+CPU, it is as large as the forward, so running k steps per call when nothing could change
+between them pays it once per k tokens.
+
+Nothing changes between steps when:
+- the plan computes no prompt chunk (nobody mid-prefill, no newcomer) and preempted nobody;
+- nobody waits to join: the queue is empty, or (shards without chunking) admission is closed,
+  for at most the steps it stays closed (`max_waiting_tokens`);
+- no live request was cancelled (it would compute k - 1 tokens for nothing);
+- nobody drafts (`--speculate`): a verification step advances a row by a variable number of
+  tokens, which the blocks granted ahead cannot be sized for;
+- every running row's blocks hold the KV of all k steps, so the shards never need a grant mid-
+  call. When the pool can spare them, the rows' blocks are grown to cover `max_steps` steps
+  (granted with the call); otherwise k is what the blocks already held cover.
+
+Everything else the router does per token (stop sequences, grammars, max_new_tokens and EOS are
+decided in the shards; the router only routes the Generations) works the same across a call:
+a row that finishes mid-call leaves the shards' batch as in any step and its later steps carry
+it no more, so k is not capped by the tokens a row has left. A request arriving during a call
+waits for its end: that is k's price (TTFT rises by up to k - 1 steps), and why a queue holding
+anybody at planning time keeps k = 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from pytgi_router.core.prefix_cache import PrefixCache
+from pytgi_router.core.request import Entry
+from pytgi_router.core.step_plan import Budgets, StepPlan, kv_tokens
+
+
+def steps_wanted(
+    budgets: Budgets,
+    plan: StepPlan,
+    prefilling: int,
+    waiting: int,
+    admit: bool,
+    steps_since_admission: int,
+    cancelling: bool,
+) -> int:
+    """The steps the call may run before the blocks are considered: 1 unless nothing can join,
+    leave or change mid-call (see the module's list); then `max_decode_steps`, or fewer when
+    admission (closed, shards without chunking) opens again sooner."""
+    most = budgets.max_decode_steps
+    if most <= 1 or budgets.speculate or plan.chunks or plan.preempted or prefilling or cancelling:
+        return 1
+    if waiting:
+        if admit:
+            return 1
+        # Closed only until max_waiting_tokens steps passed since the last admission.
+        most = min(most, budgets.max_waiting_tokens - steps_since_admission)
+    return max(most, 1)
+
+
+def covered_steps(entry: Entry, block_size: int, most: int) -> int:
+    """Decode steps (at most `most`) the entry's blocks hold: step j needs kv_tokens(entry, j)
+    slots, which stop growing at the last position it can ever feed."""
+    held = entry.blocks_held * block_size
+    if kv_tokens(entry, most - 1) <= held:
+        return most
+    # kv_tokens(entry, j) = len(tokens) + 1 + j below its cap: the largest j it fits is
+    # held - len(tokens) - 1.
+    return max(held - len(entry.tokens), 1)
+
+
+def grow_for_steps(
+    cache: PrefixCache, running: Collection[Entry], steps: int
+) -> tuple[int, list[tuple[Entry, tuple[int, ...]]] | None]:
+    """(k, grants): grows every running entry's blocks to hold `steps` decode steps when the
+    pool can spare all of the blocks that takes (evictable cached prefixes count as free, as for
+    any growth); then k = `steps` and `grants` every entry's blocks the shards do not have yet
+    (the plan's own grants included). When it cannot, nothing is taken, `grants` is None (the
+    plan's stand) and k is the fewest steps any entry's blocks hold already."""
+    size = cache.block_size
+    short: list[tuple[Entry, int]] = []
+    extra = 0
+    for entry in running:
+        need = kv_tokens(entry, steps - 1)
+        if need > entry.blocks_held * size:
+            short.append((entry, need))
+            extra += cache.blocks_for(need) - entry.blocks_held
+    if not short:
+        return steps, None
+    if extra > cache.free_count:
+        return min(covered_steps(e, size, steps) for e, _ in short), None
+    for entry, need in short:
+        grown = cache.grow(entry.id, need)
+        assert grown, "free_count said the pool holds every row's growth"
+        entry.blocks_held = cache.blocks_for(need)
+    grants = [(e, cache.table(e.id, e.blocks_sent)) for e in running if e.blocks_held > e.blocks_sent]
+    return steps, grants
