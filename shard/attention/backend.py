@@ -39,7 +39,8 @@ class AttentionBackend(ABC):
         head h reads KV head h // (Hq // Hkv)); caches [num_blocks, block_size, Hkv, D].
         Request i's new tokens sit at positions seqlens_k[i] - q_len .. seqlens_k[i] - 1 of its
         context and attend causally to every earlier position (within `sliding_window` tokens,
-        the query's own included, when given). `softcap` (Gemma 2) bounds each scaled score s as
+        the query's own included, when given); a token in a bidirectional span
+        (`meta.spans`, PaliGemma's prefix, Gemma 3's images) also attends to the whole span. `softcap` (Gemma 2) bounds each scaled score s as
         softcap * tanh(s / softcap) before the softmax.
         `alibi_slopes` (BLOOM, MPT) [Hq] float32 adds slope_h * (key position - query position)
         to head h's scaled scores; None leaves the scores as they are, at no cost.

@@ -36,6 +36,13 @@ class AttentionMetadata:
     # layer then reuses (shard/attention/plans.py). Empty when the metadata is built, so build a
     # new metadata for every forward rather than mutating one in place.
     plans: AttentionPlans = field(default_factory=AttentionPlans, repr=False, compare=False)
+    # [num_tokens, 2] int32, or None (every token causal): for each new token, the context
+    # positions [lo, hi) of the bidirectional span it belongs to, which it attends to whole,
+    # later positions included, beside its causal (and windowed) past; (0, 0) for a token in
+    # none. PaliGemma's prefix (image + prompt) and each Gemma 3 image are such spans
+    # (noncausal_spans builds it). A span must lie within the keys of this forward (the
+    # router never splits one across chunks), and decode tokens are in none.
+    spans: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -84,3 +91,33 @@ class AttentionMetadata:
             max_seqlen_k=max(seqlens_k),
             block_size=block_size,
         )
+
+
+def noncausal_spans(
+    new_tokens: Sequence[int],
+    cached_tokens: Sequence[int],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    device: torch.device,
+) -> torch.Tensor | None:
+    """AttentionMetadata.spans for requests with `new_tokens[i]` new tokens after
+    `cached_tokens[i]` cached and bidirectional spans `spans[i]` ([lo, hi) context positions,
+    disjoint); None when no new token lies in a span (the forward is plain causal). A span
+    this forward computes only part of is refused: the part computed in another forward (or
+    read from the prefix cache) would not have seen the rest."""
+    rows: list[tuple[int, int]] = []
+    found = False
+    for new, cached, request_spans in zip(new_tokens, cached_tokens, spans, strict=True):
+        row = [(0, 0)] * new
+        for lo, hi in request_spans:
+            first, last = max(lo, cached), min(hi, cached + new)
+            if first >= last:
+                continue
+            if lo < cached or hi > cached + new:
+                raise ValueError(f"bidirectional span [{lo}, {hi}) is split: this forward "
+                                 f"computes tokens [{cached}, {cached + new}) of it")
+            row[first - cached : last - cached] = [(lo, hi)] * (last - first)
+            found = True
+        rows.extend(row)
+    if not found:
+        return None
+    return torch.tensor(rows, dtype=torch.int32, device=device).view(-1, 2)

@@ -62,6 +62,7 @@ def split_mixed(meta: AttentionMetadata) -> list[ReferenceGroup]:
             max_seqlen_q=int(lens.max()),
             max_seqlen_k=int(seqlens_k.max()),
             block_size=meta.block_size,
+            spans=None if meta.spans is None else meta.spans[tokens],
         )
         groups.append(ReferenceGroup(tokens, sub))
     return groups
@@ -78,6 +79,9 @@ class ReferenceLayout:
     blocks: torch.Tensor
     # [B, max_q] int64: the context position of each (padded) query.
     query_pos: torch.Tensor
+    # [B, max_q, 2] int64: each query's bidirectional span (AttentionMetadata.spans; (0, 0)
+    # for padded rows and tokens in none), or None when the forward has none.
+    query_span: torch.Tensor | None = None
 
 
 def _layout(meta: AttentionMetadata, num_tokens: int) -> ReferenceLayout:
@@ -93,7 +97,11 @@ def _layout(meta: AttentionMetadata, num_tokens: int) -> ReferenceLayout:
     blocks = meta.block_tables[:, :num_blocks].long()
     first = (meta.seqlens_k.long() - q_lens).unsqueeze(1)
     query_pos = first + torch.arange(meta.max_seqlen_q, device=device).unsqueeze(0)
-    return ReferenceLayout(token_request, token_offset, blocks, query_pos)
+    query_span = None
+    if meta.spans is not None:
+        query_span = torch.zeros(batch, meta.max_seqlen_q, 2, dtype=torch.long, device=device)
+        query_span[token_request, token_offset] = meta.spans.long()
+    return ReferenceLayout(token_request, token_offset, blocks, query_pos, query_span)
 
 
 def _mask(meta: AttentionMetadata, layout: ReferenceLayout, sliding_window: int | None) -> torch.Tensor:
@@ -105,6 +113,11 @@ def _mask(meta: AttentionMetadata, layout: ReferenceLayout, sliding_window: int 
     mask = (j <= qpos) & (j < meta.seqlens_k.long().view(-1, 1, 1))
     if sliding_window is not None:
         mask &= qpos - j < sliding_window
+    if layout.query_span is not None:
+        # (causal and windowed) or within the query's bidirectional span: transformers'
+        # or_mask of the block ids over the (sliding) causal mask.
+        lo, hi = layout.query_span[..., :1], layout.query_span[..., 1:]
+        mask |= (j >= lo) & (j < hi)
     return mask
 
 

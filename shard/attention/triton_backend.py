@@ -95,5 +95,5 @@ class TritonAttention(AttentionBackend):
         return paged_prefill(
             q, key_cache, value_cache, meta.block_tables, meta.seqlens_k, meta.cu_seqlens_q,
             meta.max_seqlen_q, scale, sliding_window, softcap, alibi_slopes=alibi_slopes,
-            kv_scales=kv_scales,
+            kv_scales=kv_scales, spans=meta.spans,
         )

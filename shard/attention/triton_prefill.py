@@ -6,6 +6,9 @@ through the block table (one gathered row per key), not from the new k/v tensors
 see their request's previously cached blocks: prefix caching and chunked prefill come for free.
 Request i's new tokens sit at context positions seqlens_k[i] - q_len .. seqlens_k[i] - 1.
 
+Rows in a bidirectional span (AttentionMetadata.spans) also see the span's later keys: the
+block's key range is widened to its rows' spans and the masked tiles open them.
+
 Tiles wholly below the causal diagonal skip the mask; only the tiles the diagonal (or the sliding
 window) crosses pay for it. The grid (query blocks, query heads, requests) uses the host value
 max_seqlen_q, so this path is not for CUDA graphs; decode has its own kernel. An FP8 cache's
@@ -56,12 +59,13 @@ def prefill_config(device: torch.device) -> PrefillConfig:
 def _attend_tiles(
     acc, m_i, l_i, q, q_pos, n_lo, n_hi, key_cache_ptr, value_cache_ptr, table, head_offset,
     stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap, window, slope,
-    k_scale, v_scale,
+    k_scale, v_scale, span_lo, span_hi,
     BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr, FP8: tl.constexpr,
+    PRECISION: tl.constexpr, FP8: tl.constexpr, HAS_SPANS: tl.constexpr,
 ):
-    """Keys n_lo..n_hi (n_lo a multiple of BLOCK_N); MASKED applies causality, n_hi and window."""
+    """Keys n_lo..n_hi (n_lo a multiple of BLOCK_N); MASKED applies causality, n_hi and window,
+    and (HAS_SPANS) opens each row's bidirectional span [span_lo, span_hi) beside them."""
     for start_n in range(n_lo, n_hi, BLOCK_N):
         pos = start_n + tl.arange(0, BLOCK_N)
         if MASKED:
@@ -86,6 +90,9 @@ def _attend_tiles(
             allowed = valid[None, :] & (pos[None, :] <= q_pos[:, None])
             if HAS_WINDOW:
                 allowed = allowed & (q_pos[:, None] - pos[None, :] < window)
+            if HAS_SPANS:
+                in_span = (pos[None, :] >= span_lo[:, None]) & (pos[None, :] < span_hi[:, None])
+                allowed = allowed | (valid[None, :] & in_span)
             scores = tl.where(allowed, scores, float("-inf"))
         acc, m_i, l_i = online_softmax_step(acc, m_i, l_i, scores, v.to(q.dtype), PRECISION)
     return acc, m_i, l_i
@@ -94,7 +101,7 @@ def _attend_tiles(
 @triton.jit
 def _prefill_kernel(
     q_ptr, key_cache_ptr, value_cache_ptr, block_tables_ptr, seqlens_ptr, cu_seqlens_q_ptr,
-    out_ptr, k_scale_ptr, v_scale_ptr,
+    out_ptr, k_scale_ptr, v_scale_ptr, spans_ptr,
     stride_qt, stride_qh, stride_qd,
     stride_cb, stride_co, stride_ch, stride_cd,
     stride_tb, stride_tn,
@@ -103,7 +110,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    PRECISION: tl.constexpr, FP8: tl.constexpr,
+    PRECISION: tl.constexpr, FP8: tl.constexpr, HAS_SPANS: tl.constexpr,
 ):
     # The last query blocks of a request see the most keys: launch them first.
     m_block = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -131,6 +138,18 @@ def _prefill_kernel(
     lo = 0
     if HAS_WINDOW:
         lo = (tl.maximum(first_q - window + 1, 0) // BLOCK_N) * BLOCK_N
+    span_lo = tl.zeros([BLOCK_M], dtype=tl.int32)
+    span_hi = tl.zeros([BLOCK_M], dtype=tl.int32)
+    if HAS_SPANS:
+        # Rows in a bidirectional span also see its later keys (up to its end) and, under a
+        # window, its earlier ones: widen the block's key range to cover every row's span.
+        span_rows = spans_ptr + (q_start + rows) * 2
+        span_lo = tl.load(span_rows, mask=row_mask, other=0)
+        span_hi = tl.load(span_rows + 1, mask=row_mask, other=0)
+        hi = tl.maximum(hi, tl.minimum(tl.max(span_hi, axis=0), seqlen))
+        if HAS_WINDOW:
+            first_span = tl.min(tl.where(span_hi > span_lo, span_lo, seqlen), axis=0)
+            lo = tl.minimum(lo, (first_span // BLOCK_N) * BLOCK_N)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -148,17 +167,17 @@ def _prefill_kernel(
         acc, m_i, l_i = _attend_tiles(
             acc, m_i, l_i, q, q_pos, lo, full_hi, key_cache_ptr, value_cache_ptr, table,
             head_offset, stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap,
-            window, slope, k_scale, v_scale, BLOCK_SIZE=BLOCK_SIZE, MASKED=False,
-            HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_N=BLOCK_N,
-            PRECISION=PRECISION, FP8=FP8,
+            window, slope, k_scale, v_scale, span_lo, span_hi, BLOCK_SIZE=BLOCK_SIZE,
+            MASKED=False, HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI,
+            BLOCK_N=BLOCK_N, PRECISION=PRECISION, FP8=FP8, HAS_SPANS=HAS_SPANS,
         )
         lo = full_hi
     acc, m_i, l_i = _attend_tiles(
         acc, m_i, l_i, q, q_pos, lo, hi, key_cache_ptr, value_cache_ptr, table,
         head_offset, stride_cb, stride_co, stride_tn, stride_cd, d, d_mask, scale, softcap,
-        window, slope, k_scale, v_scale, BLOCK_SIZE=BLOCK_SIZE, MASKED=True,
+        window, slope, k_scale, v_scale, span_lo, span_hi, BLOCK_SIZE=BLOCK_SIZE, MASKED=True,
         HAS_WINDOW=HAS_WINDOW, HAS_SOFTCAP=HAS_SOFTCAP, HAS_ALIBI=HAS_ALIBI, BLOCK_N=BLOCK_N,
-        PRECISION=PRECISION, FP8=FP8,
+        PRECISION=PRECISION, FP8=FP8, HAS_SPANS=HAS_SPANS,
     )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     dst = out_ptr + (q_start + rows)[:, None] * stride_ot + head * stride_oh + d[None, :] * stride_od
@@ -179,11 +198,13 @@ def paged_prefill(
     config: PrefillConfig | None = None,
     alibi_slopes: torch.Tensor | None = None,
     kv_scales: KVScales | None = None,
+    spans: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of the flat new tokens q [T, Hq, D] over their paged contexts; [T, Hq, D].
 
     The new tokens' K/V must already be in the cache. alibi_slopes: [Hq] float32, or None.
-    kv_scales: an FP8 cache's (required then).
+    kv_scales: an FP8 cache's (required then). spans: [T, 2] int32 bidirectional spans
+    (AttentionMetadata.spans), or None.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = key_cache.shape[2]
@@ -197,6 +218,8 @@ def paged_prefill(
     _prefill_kernel[grid](
         q, kernel_view(key_cache), kernel_view(value_cache), block_tables, seqlens_k,
         cu_seqlens_q, out, k_scale, v_scale,
+        # Without spans the pointer is never read; `out` stands in for it.
+        out if spans is None else spans.to(torch.int32).contiguous(),
         *q.stride(), *key_cache.stride(), *block_tables.stride(), *out.stride(),
         scale, softcap or 0.0, sliding_window or 0, head_dim,
         # Without ALiBi the pointer is never read; `out` stands in for it.
@@ -207,6 +230,7 @@ def paged_prefill(
         HAS_WINDOW=sliding_window is not None, HAS_SOFTCAP=softcap is not None,
         HAS_ALIBI=alibi_slopes is not None,
         PRECISION=dot_precision(q.dtype == torch.float32), FP8=fp8_code(key_cache),
+        HAS_SPANS=spans is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
