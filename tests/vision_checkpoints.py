@@ -9,6 +9,7 @@ import json
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
@@ -94,3 +95,45 @@ def write_text_model_knowing_vision_tokens(path: Path) -> Path:
     GenerationConfig(**ids).save_pretrained(path)
     write_tokenizer(path, tok, 256)
     return path
+
+
+# LLaVA-NeXT's image token and a template that places one per image part, as its templates do.
+LLAVA_IMAGE_TOKEN = "<image>"
+LLAVA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}[INST] {% endif %}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}{% if part['type'] == 'image' %}<image>\n"
+    "{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% if message['role'] == 'user' %} [/INST]{% endif %}{% endfor %}"
+)
+# The tiny tower's tiles: 32 pixels a side in 8-pixel patches (a 4 x 4 grid per tile), and the
+# resolutions anyres picks from (1 x 2, 2 x 1 and 2 x 2 tiles).
+LLAVA_TILE, LLAVA_PATCH = 32, 8
+LLAVA_PINPOINTS = [[32, 64], [64, 32], [64, 64]]
+
+
+def llava_next_processor(tile: int = LLAVA_TILE, pinpoints: list[list[int]] | None = None
+                         ) -> Any:
+    """transformers' LLaVA-NeXT image processor (PIL backend) for tiles of `tile` pixels."""
+    from transformers.models.llava_next.image_processing_pil_llava_next import (
+        LlavaNextImageProcessorPil,
+    )
+
+    return LlavaNextImageProcessorPil(
+        size={"shortest_edge": tile}, crop_size={"height": tile, "width": tile},
+        image_grid_pinpoints=pinpoints or LLAVA_PINPOINTS)
+
+
+def write_llava_next_tokenizer(path: Path) -> Tokenizer:
+    """The tiny models' tokenizer with `<image>` added, its template LLaVA-NeXT-like."""
+    path.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(_CORPUS)
+    tok.add_special_tokens([AddedToken(LLAVA_IMAGE_TOKEN, special=True, normalized=False)])
+    write_tokenizer(path, tok, 512)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = LLAVA_TEMPLATE
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llava_next_processor().save_pretrained(path)
+    return tok

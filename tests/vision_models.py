@@ -12,12 +12,20 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from tests.tiny_models import BOS, EOS, PAD
-from tests.vision_checkpoints import MAX_PIXELS, write_qwen2_vl_router_files
+from tests.vision_checkpoints import (
+    LLAVA_IMAGE_TOKEN,
+    LLAVA_PATCH,
+    LLAVA_PINPOINTS,
+    LLAVA_TILE,
+    MAX_PIXELS,
+    write_llava_next_tokenizer,
+    write_qwen2_vl_router_files,
+)
 
 # The vision-language families these tiny checkpoints cover: served (against transformers, with
 # images, on 1 and 2 ranks) by tests/integration/test_qwen2_vl_serving.py rather than by the text
 # families' serving test.
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next")
 
 # The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
 # rotary frequencies M-RoPE splits into temporal, height and width sections. Weights 15x
@@ -80,3 +88,38 @@ def write_qwen2_vl_model(path: Path, max_pixels: int = MAX_PIXELS, seed: int = 0
     return path
 
 
+
+
+# LLaVA-NeXT's text half: a Llama as Qwen2-VL's (two ranks split its heads), sharp weights; its
+# CLIP tower: 3 layers (vision_feature_layer -2 reads the second), 2 heads.
+LLAVA_TEXT = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+              "rms_norm_eps": 1e-6, "initializer_range": 0.3, "max_position_embeddings": 512}
+LLAVA_VISION = {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 48,
+                "num_hidden_layers": 3, "num_attention_heads": 2, "image_size": LLAVA_TILE,
+                "patch_size": LLAVA_PATCH, "projection_dim": 32, "initializer_factor": 3.0}
+
+
+def write_llava_next_model(path: Path, seed: int = 0) -> Path:
+    """A whole tiny LLaVA-NeXT checkpoint at `path` (float32), as transformers saves it, with its
+    tokenizer (`<image>` added), LLaVA-NeXT-like chat template and image processor."""
+    import torch
+    from transformers import GenerationConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
+
+    tok = write_llava_next_tokenizer(path)
+    ids: dict[str, Any] = {
+        "bos_token_id": tok.token_to_id(BOS), "eos_token_id": tok.token_to_id(EOS),
+        "pad_token_id": tok.token_to_id(PAD),
+    }
+    text = {**LLAVA_TEXT, "vocab_size": tok.get_vocab_size(), **ids}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = LlavaNextConfig(text_config=text, vision_config=LLAVA_VISION,
+                                 image_grid_pinpoints=LLAVA_PINPOINTS,
+                                 image_token_index=tok.token_to_id(LLAVA_IMAGE_TOKEN),
+                                 torch_dtype="float32", **ids)
+        torch.manual_seed(seed)
+        model = LlavaNextForConditionalGeneration(config).eval()
+        model.save_pretrained(path, safe_serialization=True)
+    GenerationConfig(**ids).save_pretrained(path)
+    return path

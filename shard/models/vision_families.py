@@ -10,9 +10,14 @@ from collections.abc import Mapping
 from types import MappingProxyType
 
 from pytgi_shard.models.llama.model import ModelLoader
+from pytgi_shard.models.llava_next.model import LlavaNext
 from pytgi_shard.models.qwen2_vl.model import Qwen2VL
+from pytgi_shard.models.siglip.model import SiglipVLM
 
 VISION_FAMILIES: Mapping[str, ModelLoader] = MappingProxyType({
     "qwen2_vl": Qwen2VL.load,
     "qwen2_5_vl": Qwen2VL.load,
+    "paligemma": SiglipVLM.load,
+    "gemma3": SiglipVLM.load,
+    "llava_next": LlavaNext.load,
 })

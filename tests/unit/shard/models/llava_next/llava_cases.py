@@ -1,0 +1,110 @@
+"""A tiny LLaVA-NeXT, its images processed by transformers' own processor, prompts, and
+transformers' generate on them: the oracle the shard's and the serving tests compare against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image as PILImage
+
+from pytgi_proto import generate_pb2 as pb
+from tests.vision_checkpoints import LLAVA_IMAGE_TOKEN
+
+
+@dataclass(frozen=True)
+class Processed:
+    """One image as the router sends it: tiles [1 + n, C, S, S], its original (height, width)
+    and its token count (as LlavaNextProcessor counts them)."""
+
+    pixel_values: torch.Tensor
+    size: tuple[int, int]
+    tokens: int
+
+
+def process(model_dir: Path, image: PILImage.Image) -> Processed:
+    """transformers' LlavaNextProcessor of the checkpoint (the router's equals it)."""
+    import json
+
+    from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
+    from transformers.models.llava_next.image_processing_pil_llava_next import (
+        LlavaNextImageProcessorPil,
+    )
+
+    config = json.loads((model_dir / "config.json").read_text())
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessorPil.from_pretrained(model_dir), tokenizer=tok,
+        patch_size=config["vision_config"]["patch_size"], vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, image_token=LLAVA_IMAGE_TOKEN)
+    out = processor(images=[image], text=LLAVA_IMAGE_TOKEN, return_tensors="pt")
+    image_id = tok.convert_tokens_to_ids(LLAVA_IMAGE_TOKEN)
+    tokens = int((out["input_ids"] == image_id).sum())
+    size = tuple(int(v) for v in out["image_sizes"][0])
+    return Processed(out["pixel_values"][0].float(), size, tokens)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    images: list[tuple[int, Processed]]  # (token offset, image)
+
+
+def prompt_with(model_dir: Path, parts: list[list[int] | Processed]) -> Prompt:
+    """Text ids and images in order; each image as its run of image tokens."""
+    from tokenizers import Tokenizer
+
+    image_id = Tokenizer.from_file(str(model_dir / "tokenizer.json")).token_to_id(
+        LLAVA_IMAGE_TOKEN)
+    ids: list[int] = []
+    images = []
+    for part in parts:
+        if isinstance(part, Processed):
+            images.append((len(ids), part))
+            ids.extend([image_id] * part.tokens)
+        else:
+            ids.extend(part)
+    return Prompt(ids, images)
+
+
+def wire_images(prompt: Prompt) -> list[pb.Image]:
+    return [
+        pb.Image(pixel_values=image.pixel_values.numpy().astype("<f4").tobytes(),
+                 shape=list(image.pixel_values.shape), dtype="float32", grid=list(image.size),
+                 token_offset=offset, token_count=image.tokens, content_hash=bytes([k]) * 16)
+        for k, (offset, image) in enumerate(prompt.images)
+    ]
+
+
+def hf_model(model_dir: Path) -> torch.nn.Module:
+    from transformers import LlavaNextForConditionalGeneration
+
+    return LlavaNextForConditionalGeneration.from_pretrained(
+        model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
+
+
+def stacked(images: list[Processed]) -> dict[str, torch.Tensor]:
+    """pixel_values [images, most tiles, C, S, S] (zero-padded, as the processor batches them)
+    and image_sizes."""
+    most = max(i.pixel_values.shape[0] for i in images)
+    pixels = torch.zeros(len(images), most, *images[0].pixel_values.shape[1:])
+    for k, image in enumerate(images):
+        pixels[k, : image.pixel_values.shape[0]] = image.pixel_values
+    return {"pixel_values": pixels, "image_sizes": torch.tensor([list(i.size) for i in images])}
+
+
+def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
+    """transformers' LlavaNextForConditionalGeneration.generate, greedy, EOS ignored: tokens
+    and each one's logprob under the raw logits."""
+    model = hf_model(model_dir)
+    model.generation_config.eos_token_id = None
+    kwargs = stacked([i for _, i in prompt.images]) if prompt.images else {}
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=max_new,
+                             do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, **kwargs)
+    tokens = out.sequences[0, len(prompt.ids):].tolist()
+    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
+                for s, t in zip(out.logits, tokens, strict=True)]
+    return tokens, logprobs

@@ -1,0 +1,150 @@
+"""LLaVA-NeXT on the shard against transformers' LlavaNextForConditionalGeneration on the same
+tiny random weights and images processed by transformers' own processor: the CLIP tower +
+projector + anyres packing equal get_image_features (1e-4) on images of several shapes; served
+through the Engine, greedy tokens equal and logprobs within 1e-3 of generate with one image, two
+images, text only, and in chunks that split an image (pixels only with the chunks computing its
+tokens, the tower run once per image); two images of one size give different tokens; wire
+images that do not fit the model are refused in one line."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.engine.engine import Engine
+from pytgi_shard.errors import InvalidRequest
+from tests.unit.shard.engine.test_engine import Run
+from tests.unit.shard.models.llava_next.llava_cases import (
+    Prompt,
+    hf_generate,
+    hf_model,
+    process,
+    prompt_with,
+    stacked,
+    wire_images,
+)
+from tests.unit.shard.models.qwen2_vl.test_qwen2_vl import as_router_sends
+from tests.unit.shard.models.qwen2_vl.vlm_cases import picture
+from tests.unit.shard.router_steps import Router, build_engine, reference_run, request
+from tests.vision_models import write_llava_next_model
+
+MAX_NEW = 6
+TOL = 1e-3
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_llava_next_model(tmp_path_factory.mktemp("llava_next"))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path) -> Engine:
+    return build_engine(model_dir)
+
+
+@pytest.fixture
+def fresh(engine: Engine) -> Engine:
+    engine.clear(None)
+    engine.model.images = type(engine.model.images)()  # type: ignore[attr-defined]
+    return engine
+
+
+def one_image(model_dir: Path, seed: int = 1, size: tuple[int, int] = (60, 40)) -> Prompt:
+    image = process(model_dir, picture(size, seed))
+    return prompt_with(model_dir, [[10, 11, 12], image, [13, 14, 15, 16, 17]])
+
+
+def two_images(model_dir: Path) -> Prompt:
+    a = process(model_dir, picture((60, 40), 2))
+    b = process(model_dir, picture((40, 90), 3))
+    return prompt_with(model_dir, [[20, 21], a, [22, 23, 24], b, [25, 26, 27]])
+
+
+def vlm_request(rid: int, prompt: Prompt, **fields: object) -> pb.Request:
+    return request(rid, prompt.ids, max_new=MAX_NEW, blocks=[], images=wire_images(prompt),
+                   **fields)
+
+
+def assert_run(run: Run, rid: int, expected: tuple[list[int], list[float]]) -> None:
+    assert run.tokens[rid] == expected[0]
+    torch.testing.assert_close(run.logprobs[rid], expected[1], rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("size", [(60, 40), (40, 90), (20, 20), (100, 33), (64, 64)])
+def test_encode_equals_transformers_image_features(
+    engine: Engine, model_dir: Path, size: tuple[int, int]
+) -> None:
+    image = process(model_dir, picture(size, 7))
+    with torch.no_grad():
+        theirs = hf_model(model_dir).model.get_image_features(
+            **stacked([image]), vision_feature_layer=-2,
+            vision_feature_select_strategy="default").pooler_output[0]
+    ours = engine.model.encode(image.pixel_values, image.size)  # type: ignore[attr-defined]
+    assert ours.shape == theirs.shape == (image.tokens, 64)
+    torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["one_image", "two_images", "text_only"])
+def test_greedy_tokens_and_logprobs_equal_transformers(
+    fresh: Engine, model_dir: Path, case: str
+) -> None:
+    prompt = {"one_image": one_image, "two_images": two_images,
+              "text_only": lambda d: prompt_with(d, [[30, 31, 32, 33, 34]])}[case](model_dir)
+    expected = hf_generate(model_dir, prompt, MAX_NEW)
+    run = reference_run(fresh, [vlm_request(1, prompt)])
+    assert_run(run, 1, expected)
+    assert len(fresh.model.images) == 0  # type: ignore[attr-defined]
+
+
+def test_two_images_give_different_outputs(fresh: Engine, model_dir: Path) -> None:
+    red, blue = one_image(model_dir, seed=4), one_image(model_dir, seed=5)
+    assert red.ids == blue.ids  # the same text and image size: only the pixels differ
+    run = reference_run(fresh, [vlm_request(1, red), vlm_request(2, blue)])
+    assert run.tokens[1] != run.tokens[2]
+    assert_run(run, 1, hf_generate(model_dir, red, MAX_NEW))
+
+
+def test_chunks_splitting_images_give_the_whole_prefill(fresh: Engine, model_dir: Path) -> None:
+    """Chunks of 16 tokens (each image split across several), pixels only in the chunks that
+    compute an image's tokens: the tower runs once per image, its kept rows freed after."""
+    prompt = two_images(model_dir)
+    expected = hf_generate(model_dir, prompt, MAX_NEW)
+    encoded: list[tuple[int, ...]] = []
+    encode = fresh.model.encode  # type: ignore[attr-defined]
+
+    def counted(pixels: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+        encoded.append(grid)
+        return encode(pixels, grid)
+
+    fresh.model.encode = counted  # type: ignore[attr-defined]
+    try:
+        router = Router(fresh)
+        batch_id = itertools.count(1).__next__
+        r = vlm_request(1, prompt)
+        for start in range(0, len(r.input_ids), 16):
+            router.prefill(batch_id(), [as_router_sends(router.chunk(r, start, 16))])
+        router.finish()
+    finally:
+        del fresh.model.encode  # type: ignore[attr-defined]
+    assert encoded == [(40, 60), (90, 40)]
+    assert_run(router.run, 1, expected)
+    assert len(fresh.model.images) == 0  # type: ignore[attr-defined]
+
+
+def test_wire_images_that_do_not_fit_are_refused(fresh: Engine, model_dir: Path) -> None:
+    prompt = one_image(model_dir)
+    cases = [("grid", [40], "grid \\[40\\] is not the image's \\(height, width\\)"),
+             ("grid", [40, 200], "an image of 40 x 200 takes \\d+ tokens, not 70"),
+             ("shape", [3, 3, 32, 32], "pixel values of shape \\[3, 3, 32, 32\\] are not")]
+    for field, value, message in cases:
+        r = vlm_request(1, prompt)
+        image = r.images[0]
+        if field == "shape":
+            image.pixel_values = image.pixel_values[: 4 * 3 * 3 * 32 * 32]
+        getattr(image, field)[:] = value
+        with pytest.raises(InvalidRequest, match=f"request 1: image 0: {message}"):
+            reference_run(fresh, [r])
