@@ -27,7 +27,14 @@ from torch import nn
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.layers.linear import kv_head_partition
 from pytgi_shard.layers.mlp import GatedMLP
-from pytgi_shard.lora.layer import TORCH_PATH, TRITON_PATH, LoraLinear, RowAdapters
+from pytgi_shard.lora import cpu_kernel
+from pytgi_shard.lora.layer import (
+    CPU_KERNEL_PATH,
+    TORCH_PATH,
+    TRITON_PATH,
+    LoraLinear,
+    RowAdapters,
+)
 from pytgi_shard.lora.peft_adapter import AdapterRefused, PeftAdapter
 from pytgi_shard.models.llama.model import Llama, LlamaDecoderLayer
 from pytgi_shard.quantization.linear_weight import QuantizedWeight
@@ -81,6 +88,18 @@ class Sites:
                    * torch.empty((), dtype=s.dtype).element_size() for s in self.sites)
 
 
+def lora_path(dist: Dist, device: torch.device) -> str:
+    """How the wrapped layers compute the update: on CUDA with Triton the kernel pair reads the
+    rows' slots on the device (layer.py); on the CPU the fused C++ kernel, built here, at
+    start-up, unless --disable-custom-kernels or it cannot be built (one warning line); else
+    torch ops."""
+    if dist.caps.triton_kernels:
+        return TRITON_PATH
+    if torch.device(device).type == "cpu" and dist.caps.custom_kernels and cpu_kernel.load():
+        return CPU_KERNEL_PATH
+    return TORCH_PATH
+
+
 def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, every: bool,
                  slots: int, max_rank: int) -> Sites:
     """Wraps the model's projections in LoraLinear layers of `slots` device slots (slot 0: the
@@ -94,8 +113,7 @@ def attach_sites(model: object, dist: Dist, adapters: Sequence[PeftAdapter], *, 
                              "runs on pytgi's own Llama-family models only")
     mine = (dist.rank, dist.world_size)
     kv_part = kv_head_partition(model.config.num_key_value_heads, dist)
-    # On CUDA with Triton the kernel pair reads the rows' slots on the device (layer.py).
-    path = TRITON_PATH if dist.caps.triton_kernels else TORCH_PATH
+    path = lora_path(dist, model.device)
     out = Sites(num_layers=len(model.layers))
     plain = set()
     for i, layer in enumerate(model.layers):

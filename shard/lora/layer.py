@@ -10,7 +10,9 @@ one write path, used at start-up (attach.py) and by live load/unload. The rows s
 each flat token uses through one index tensor (`RowAdapters.index`), so the update needs no
 host read of it: on CUDA a Triton shrink/expand kernel pair (triton_lora.py, the BGMV/SGMV idea
 of Punica/S-LoRA) reads it on the device, which lets decode steps with adapters run under CUDA
-graphs (the index is a graph input); elsewhere torch ops (torch_lora.py).
+graphs (the index is a graph input); on the CPU one call per layer of a small C++ kernel
+(cpu_lora.cpp, built at start-up by cpu_kernel.py), or torch ops (torch_lora.py) where it
+cannot be built or elsewhere.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import torch
 from torch import nn
 
 from pytgi_shard.layers.linear import RowParallelLinear
-from pytgi_shard.lora import torch_lora
+from pytgi_shard.lora import cpu_kernel, torch_lora
 
-# LoraLinear.path values: the Triton kernel pair (CUDA), or torch ops.
+# LoraLinear.path values: the Triton kernel pair (CUDA), the fused C++ kernel (CPU), or torch ops.
 TRITON_PATH = "triton"
+CPU_KERNEL_PATH = "cpu_kernel"
 TORCH_PATH = "torch"
 
 
@@ -101,10 +104,14 @@ class LoraLinear(nn.Module):
         # max_rank/P, piece's outputs]: the expand reads only the nonzero blocks, measured
         # ~35% faster on the demo gate|up than a strided slice of the block-diagonal B);
         # elsewhere one block-diagonal B (the kernel's and the dense path's layout).
-        self.split = (len(self.pieces) > 1 and path == TORCH_PATH
+        self.split = (len(self.pieces) > 1 and path in (TORCH_PATH, CPU_KERNEL_PATH)
                       and torch.device(device).type == "cpu")
+        # The built C++ kernel (CPU_KERNEL_PATH): None when it could not be built here (one
+        # warning logged by cpu_kernel.load), and the layer then takes the torch ops.
+        self.kernel = cpu_kernel.load() if path == CPU_KERNEL_PATH else None
         shapes = ([(max_rank // len(self.pieces), size) for size in self.pieces] if self.split
                   else [(max_rank, out_features)])
+        self._b_names = tuple(f"bt_{p}" for p in range(len(shapes)))
         for p, (rank, size) in enumerate(shapes):
             self.register_buffer(f"bt_{p}", torch.zeros(slots, rank, size, dtype=dtype,
                                                          device=device), persistent=False)
@@ -121,8 +128,7 @@ class LoraLinear(nn.Module):
     def b_pieces(self) -> tuple[torch.Tensor, ...]:
         """The B storage: one [slots, max_rank, out] tensor, or per piece [slots,
         max_rank/P, piece's outputs] (`split`)."""
-        return tuple(getattr(self, f"bt_{p}")
-                     for p in range(len(self.pieces) if self.split else 1))
+        return tuple(self._buffers[name] for name in self._b_names)
 
     @property
     def bt(self) -> torch.Tensor:
@@ -197,6 +203,14 @@ class LoraLinear(nn.Module):
         index = self.rows.index
         if index is None:
             return y
+        kernel = self.kernel
+        if kernel is not None:
+            # The buffers straight from the module's dict (no __getattr__ per call: this runs
+            # for every adapted layer of every forward, where Python's overhead counts).
+            buffers = self._buffers
+            if kernel.add_lora(y, x, buffers["at"], [buffers[n] for n in self._b_names], index,
+                               self.ranks):
+                return y
         flat = x.reshape(-1, x.shape[-1])
         out = y.reshape(-1, y.shape[-1])
         if self.path == TRITON_PATH:
