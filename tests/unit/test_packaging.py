@@ -60,6 +60,8 @@ def test_the_wheel_ships_the_load_tool_and_not_the_comparisons_or_experiments(
             "pytgi_bench/shard_cli.py"} <= bench
     assert not [n for n in bench if n.startswith(("pytgi_bench/compare/",
                                                   "pytgi_bench/experiments/"))]
+    # Compiled where the shard runs (shard/lora/cpu_kernel.py): its source must ship.
+    assert "pytgi_shard/lora/cpu_lora.cpp" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "pytgi-benchmark = pytgi_bench.cli:main" in zipfile.ZipFile(wheel).read(
         entry_points).decode()
