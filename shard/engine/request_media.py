@@ -18,8 +18,9 @@ from typing import Protocol
 import torch
 
 from pytgi_proto import generate_pb2
+from pytgi_shard.attention.metadata import noncausal_spans
 from pytgi_shard.errors import InvalidRequest
-from pytgi_shard.models.media_inputs import ImageLayout, ImageRows, StepMedia
+from pytgi_shard.models.media_inputs import BidirectionalLayout, ImageLayout, ImageRows, StepMedia
 from pytgi_shard.models.qwen2_vl.mrope import ImageSpan, merged_grid, mrope_positions, rope_delta
 
 
@@ -32,13 +33,17 @@ class RequestMedia:
     # for 1-D position models).
     rope_delta: int
     mrope: bool = False
+    # Prompt spans [lo, hi) attended bidirectionally (BidirectionalLayout); () when causal.
+    noncausal: tuple[tuple[int, int], ...] = ()
 
 
 def request_media(pb: generate_pb2.Request, layout: ImageLayout | None) -> RequestMedia | None:
     """`pb`'s images, checked (InvalidRequest); None without images. `layout`: the model's
-    (Model.image_layout), None when it takes no images."""
+    (Model.image_layout), None when it takes no images. A text-only request to a model whose
+    prompt is bidirectional (PaliGemma's prefix) gets a RequestMedia with no images."""
     if not pb.images:
-        return None
+        spans = _noncausal(layout, (), len(pb.input_ids))
+        return RequestMedia((), (), 0, noncausal=spans) if spans else None
     who = f"request {pb.id}"
     if layout is None:
         raise InvalidRequest(f"{who}: {len(pb.images)} images, and this model has no vision "
@@ -52,11 +57,20 @@ def request_media(pb: generate_pb2.Request, layout: ImageLayout | None) -> Reque
             raise InvalidRequest(f"{who}: image {k}'s tokens overlap the previous image's")
         end = image.token_offset + image.token_count
     merge = layout.mrope_merge
+    noncausal = _noncausal(layout, tuple((i.token_offset, i.token_count) for i in images), prompt)
     if not merge:
-        return RequestMedia(images, (), 0)
+        return RequestMedia(images, (), 0, noncausal=noncausal)
     spans = tuple(ImageSpan(i.token_offset, i.token_count, merged_grid(i.grid, merge))
                   for i in images)
-    return RequestMedia(images, spans, rope_delta(spans, prompt), mrope=True)
+    return RequestMedia(images, spans, rope_delta(spans, prompt), mrope=True,
+                        noncausal=noncausal)
+
+
+def _noncausal(layout: ImageLayout | None, images: tuple[tuple[int, int], ...], prompt: int
+               ) -> tuple[tuple[int, int], ...]:
+    if isinstance(layout, BidirectionalLayout):
+        return layout.noncausal_spans(images, prompt)
+    return ()
 
 
 def _check(who: str, k: int, image: generate_pb2.Image, layout: ImageLayout, prompt: int
@@ -104,7 +118,8 @@ def step_media(requests: Sequence[MediaRow], positions: torch.Tensor, n_decode: 
                ) -> StepMedia | None:
     """The StepMedia of a forward whose flat tokens are `n_decode` decode rows (their 1-D
     positions already include their rope delta), then each request's chunk; None when no
-    request has images. Its 3-D positions only when the model is M-RoPE."""
+    request has images (or bidirectional spans). Its 3-D positions only when the model is
+    M-RoPE; its token spans only when some chunk computes a bidirectional span."""
     if not any(r.media is not None for r in requests):
         return None
     mrope = any(r.media is not None and r.media.mrope for r in requests)
@@ -129,4 +144,21 @@ def step_media(requests: Sequence[MediaRow], positions: torch.Tensor, n_decode: 
                         lo - image.token_offset, hi - image.token_offset,
                         row + lo - start))
         row += end - start
-    return StepMedia(torch.cat(parts, dim=1).contiguous() if mrope else None, images)
+    return StepMedia(torch.cat(parts, dim=1).contiguous() if mrope else None, images,
+                     _step_spans(requests, n_decode, positions.device))
+
+
+def _step_spans(requests: Sequence[MediaRow], n_decode: int, device: torch.device
+                ) -> torch.Tensor | None:
+    """AttentionMetadata.spans of the forward: decode rows in none, each chunk's tokens in
+    their request's spans (a span the chunk splits is refused: InvalidRequest)."""
+    if not any(r.media is not None and r.media.noncausal for r in requests):
+        return None
+    new = [1] * n_decode + [r.chunk_end - r.cache_len for r in requests]
+    cached = [0] * n_decode + [r.cache_len for r in requests]
+    spans = [()] * n_decode + [r.media.noncausal if r.media is not None else ()
+                                for r in requests]
+    try:
+        return noncausal_spans(new, cached, spans, device)
+    except ValueError as err:
+        raise InvalidRequest(f"a chunk splits a bidirectional span: {err}") from None

@@ -7,7 +7,7 @@ M-RoPE models only (Qwen2-VL), the 3-D positions of every flat token. Built by t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -26,6 +26,20 @@ class ImageLayout(Protocol):
         """Why an image of this `grid` (the family's per-image integers), pixel `shape` (None
         when the chunk carries no pixels) cannot be `tokens` prompt tokens of this model, in a
         few words; None when it can."""
+        ...
+
+
+@runtime_checkable
+class BidirectionalLayout(Protocol):
+    """An ImageLayout whose model attends bidirectionally within spans of the prompt (PaliGemma:
+    the whole prompt, its prefix; Gemma 3: each image's tokens); the other families are causal
+    and do not implement it."""
+
+    def noncausal_spans(self, images: tuple[tuple[int, int], ...], prompt: int
+                        ) -> tuple[tuple[int, int], ...]:
+        """The request's spans [lo, hi), disjoint and in order, from its images' (offset,
+        count) and its prompt length: AttentionMetadata.spans' source (the router plans its
+        chunks so that none is split: router/core/step_plan.py)."""
         ...
 
 
@@ -53,3 +67,6 @@ class StepMedia:
     # position models (the forward's own positions apply).
     positions: torch.Tensor | None
     images: list[ImageRows]
+    # [flat tokens, 2] int32: each token's bidirectional span (AttentionMetadata.spans, which
+    # the model sets from it), None when no token is in one.
+    spans: torch.Tensor | None = None
