@@ -95,7 +95,7 @@ class DraftModel:
     def propose(self, batch: Batch, asks: Sequence[tuple[int, int]]) -> Drafts | None:
         """The asked rows caught up (within catch_up_tokens) and, for those caught up, k
         drafts each; one read back to the host at the end."""
-        feed, drafting = self._plan(batch, asks)
+        feed, drafting = plan_catch_up(batch, asks, self.catch_up_tokens)
         if not feed:
             return None
         first = self._catch_up(batch, feed, [i for i, _ in drafting])
@@ -109,28 +109,6 @@ class DraftModel:
         ks = [k for _, k in drafting]
         tokens = self._continue(batch, rows, [feed[i][2] for i, _ in drafting], ks, first)
         return Drafts(rows, tokens)
-
-    def _plan(
-        self, batch: Batch, asks: Sequence[tuple[int, int]]
-    ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
-        """The rows fed by the catch-up forward, as (row, start, end) positions, and the ones
-        that draft, as (index into the feed, k): a row drafts once its catch-up fits what is
-        left of catch_up_tokens; the first that does not fit takes what is left."""
-        budget = self.catch_up_tokens
-        feed: list[tuple[int, int, int]] = []
-        drafting: list[tuple[int, int]] = []
-        for row, k in asks:
-            r = batch.requests[row]
-            assert r.draft is not None, "plan_asks asks only rows with a DraftState"
-            start, length = r.draft.written, r.length
-            if length - start <= budget:
-                drafting.append((len(feed), k))
-                feed.append((row, start, length))
-                budget -= length - start
-            elif budget > 0:
-                feed.append((row, start, start + budget))
-                budget = 0
-        return feed, drafting
 
     def _catch_up(
         self, batch: Batch, feed: list[tuple[int, int, int]], drafting: list[int]
@@ -208,6 +186,33 @@ class DraftModel:
         return self.model.forward(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, None
         )
+
+
+def plan_catch_up(
+    batch: Batch, asks: Sequence[tuple[int, int]], budget: int, lag: int = 0
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """The rows fed by a catch-up forward, as (row, start, end) positions from each row's
+    DraftState.written to its length less `lag` (an EAGLE-3 head's cache ends a position
+    before the newest token, shard/engine/eagle3.py), and the ones that draft, as (index into
+    the feed, k): a row drafts once its catch-up fits what is left of `budget` tokens; the first
+    that does not fit takes what is left. A row with nothing to catch up is skipped (its first
+    draft needs the catch-up's last position)."""
+    feed: list[tuple[int, int, int]] = []
+    drafting: list[tuple[int, int]] = []
+    for row, k in asks:
+        r = batch.requests[row]
+        assert r.draft is not None, "plan_asks asks only rows with a DraftState"
+        start, end = r.draft.written, r.length - lag
+        if end <= start:
+            continue
+        if end - start <= budget:
+            drafting.append((len(feed), k))
+            feed.append((row, start, end))
+            budget -= end - start
+        elif budget > 0:
+            feed.append((row, start, start + budget))
+            budget = 0
+    return feed, drafting
 
 
 def draft_share_line(draft: DraftModel, target: KVCache, num_blocks: int) -> str:

@@ -27,6 +27,7 @@ from pytgi_shard.engine.block_grants import Grants, apply_grants, checked_grants
 from pytgi_shard.engine.draft_model import DraftModel
 from pytgi_shard.engine.drafter import Drafter, NgramDrafter
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, Drafts
+from pytgi_shard.engine.eagle3 import Eagle3Drafter
 from pytgi_shard.engine.encoder_decoder_batch import (
     Encoding,
     decoder_inputs,
@@ -66,7 +67,8 @@ from pytgi_shard.structured_output.worker import MaskWorker
 class Engine:
     def __init__(
         self, model: Model, detokenizer: Detokenizer, dist: Dist, settings: ShardSettings,
-        adapters: AdapterSet | None = None, draft: DraftModel | HiddenStateDrafter | None = None,
+        adapters: AdapterSet | None = None,
+        draft: DraftModel | HiddenStateDrafter | Eagle3Drafter | None = None,
     ) -> None:
         self.model = model
         # The LoRA adapters attached to the model (--lora-adapters; shard/lora/).

@@ -27,6 +27,7 @@ from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason
 from pytgi_shard.engine.draft_model import DraftModel, draft_share_line
+from pytgi_shard.engine.eagle3 import Eagle3Drafter
 from pytgi_shard.engine.forward_timer import ForwardTimer
 from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
@@ -67,14 +68,17 @@ RunBatch = Callable[[generate_pb2.Batch], None]
 class ModelRunner:
     def __init__(self, model: Model, dist: Dist, settings: ShardSettings,
                  lora_rows: RowAdapters | None = None,
-                 draft: DraftModel | HiddenStateDrafter | None = None) -> None:
+                 draft: DraftModel | HiddenStateDrafter | Eagle3Drafter | None = None) -> None:
         self.model = model
         # The draft model (--speculator-model): its KV cache has the target's blocks, sized
         # and resized with it (shard/engine/draft_model.py).
         self.draft = draft if isinstance(draft, DraftModel) else None
         # Speculator heads (--speculator-model): told which KV slots each eager forward's LM
         # head rows are, they keep its hidden states (shard/engine/hidden_drafter.py).
-        self.hidden_tap = draft if isinstance(draft, HiddenStateDrafter) else None
+        self.hidden_tap = draft if isinstance(draft, HiddenStateDrafter | Eagle3Drafter) else None
+        # An EAGLE-3 head (--speculator-model): tapped like the heads, and its KV cache and
+        # store of the target's fused states sized with the target's (shard/engine/eagle3.py).
+        self.eagle = draft if isinstance(draft, Eagle3Drafter) else None
         # The rows of each LoRA adapter, bound around every eager forward (the decode graphs
         # bind it to their own buffer); the model's LoraLinear layers read it (shard/lora/).
         self.lora_rows = lora_rows or RowAdapters()
@@ -106,10 +110,14 @@ class ModelRunner:
         self.kv_cache = self.allocate_kv_cache(1)
         if self.draft is not None:
             self.draft.resize(1)
+        if self.eagle is not None:
+            self.eagle.resize(1)
         if num_blocks > 1:
             self.kv_cache = self.allocate_kv_cache(num_blocks)
             if self.draft is not None:
                 self.draft.resize(num_blocks)
+            if self.eagle is not None:
+                self.eagle.resize(num_blocks)
 
     def forward(self, inputs: ForwardInputs) -> tuple[torch.Tensor, ForwardTimer, bool]:
         """The model's logits for `inputs`, through a CUDA graph when one fits (then the logits
@@ -178,6 +186,8 @@ class ModelRunner:
         if self.draft is not None:
             # Its catch-up forward peaks below the prefill measured here (a draft no larger).
             self.draft.catch_up_tokens = max(limits.max_prefill_tokens, 1)
+        if self.eagle is not None:
+            self.eagle.catch_up_tokens = max(limits.max_prefill_tokens, 1)
         lengths = prompt_lengths(limits, model.max_position_embeddings)
         batch = warmup_batch(lengths, model.vocab_size, self.block_size)
         blocks_used = 1 + sum(len(r.blocks) for r in batch.requests)
@@ -188,9 +198,9 @@ class ModelRunner:
             graph_buckets(self.settings, model, self.dist.caps, limits), self.settings.cuda_graphs,
             most,
         )
-        if buckets and self.hidden_tap is not None:
-            # A graph's replay runs no Python hook: the heads would see no hidden state.
-            log.info("CUDA graphs off: speculator heads read the hidden states of eager forwards")
+        if buckets and self.hidden_tap is not None and self._graph_tap() is None:
+            # A graph's replay runs no Python hook: this tap would see no hidden state.
+            log.info("CUDA graphs off: the speculator reads the hidden states of eager forwards")
             buckets = ()
         # Before the cache is sized, the longest context is bounded by the model's.
         longest = limits.max_total_tokens or model.max_position_embeddings
@@ -204,6 +214,8 @@ class ModelRunner:
         # A draft model's cache has a block for every block id of the target's: each id costs
         # both models' bytes (shard/engine/draft_model.py).
         draft_bytes = self.draft.bytes_per_token() if self.draft is not None else 0
+        if self.eagle is not None:
+            draft_bytes += self.eagle.bytes_per_token()
         mine = cache_blocks(limits, model, self.block_size, self.settings, peak + graph_room,
                             draft_bytes)
         num_blocks = agree(self.dist, model.device, mine)
@@ -243,6 +255,15 @@ class ModelRunner:
         log.info(capacity_line(self.kv_format, self.model, size.num_blocks, self.block_size))
         if self.draft is not None:
             log.info(draft_share_line(self.draft, self.kv_cache, size.num_blocks))
+        if self.eagle is not None:
+            log.info("EAGLE-3 head: %d bytes per token beside the target's cache (its KV and "
+                     "the target's fused hidden states)", self.eagle.bytes_per_token())
+
+    def _graph_tap(self) -> HiddenStateDrafter | None:
+        """The hidden-state tap the decode graphs hand each replay's hidden states to: Medusa's
+        and the MLP speculator's (their final hidden state, decode_graphs.HiddenTap)."""
+        tap = self.hidden_tap
+        return tap if isinstance(tap, HiddenStateDrafter) else None
 
     def _draft_buckets(self, buckets: tuple[int, ...]) -> tuple[int, ...]:
         """The draft model's graph buckets (verify_graphs.draft_buckets); () without a draft
@@ -270,7 +291,8 @@ class ModelRunner:
         (block 0 stays, for Health) and the error raised, failing this Warmup."""
         try:
             self.decode_graphs = capture_graphs(
-                self.model, self.kv_cache, self.block_size, size, max_total_tokens
+                self.model, self.kv_cache, self.block_size, size, max_total_tokens,
+                self._graph_tap(),
             )
             if self.draft is not None and self._draft_buckets(size.graph_buckets):
                 # The draft model's own (its one-token forwards, short catch-ups).

@@ -1,7 +1,8 @@
 """--speculator-model at start-up: speculator heads detected from config.json as TGI detects
 them (the architecture MLPSpeculatorPreTrainedModel: IBM's MLP speculator,
-shard/engine/mlp_speculator.py; `medusa_num_heads`: Medusa, shard/engine/medusa.py), else a
-draft model loaded beside the target, or refused in one line.
+shard/engine/mlp_speculator.py; `medusa_num_heads`: Medusa, shard/engine/medusa.py), EAGLE-3
+heads by their architecture (LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM,
+shard/engine/eagle3.py), else a draft model loaded beside the target, or refused in one line.
 
 The draft is loaded by the target's loading code (shard/models: get_model), on the same ranks,
 in the same dtype, with the same attention backend: a tensor-parallel draft is sharded like the
@@ -27,15 +28,29 @@ from torch import nn
 
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.draft_model import DraftModel
-from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter, SpeculatorHeads
+from pytgi_shard.engine.eagle3 import Eagle3Drafter
+from pytgi_shard.engine.hidden_drafter import (
+    HiddenStateDrafter,
+    SpeculatorHeads,
+    read_safetensors,
+)
 from pytgi_shard.engine.medusa import read_heads
 from pytgi_shard.engine.mlp_speculator import read_mlp_speculator
 from pytgi_shard.models import get_model
 from pytgi_shard.models.encoder_decoder_model import EncoderDecoderModel
+from pytgi_shard.models.llama.eagle3_head import (
+    Eagle3Config,
+    Eagle3Head,
+    check_head,
+    default_aux_layers,
+    is_eagle3,
+)
+from pytgi_shard.models.llama.model import Llama
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.output.detokenizer import Detokenizer
 from pytgi_shard.settings import ShardSettings
+from pytgi_shard.weights.conversion import ConversionError, convert_directory
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +65,7 @@ class SpeculatorRefused(ValueError):
 def load_draft_model(
     settings: ShardSettings, target: Model, detokenizer: Detokenizer, dtype: torch.dtype,
     dist: Dist,
-) -> DraftModel | HiddenStateDrafter | None:
+) -> DraftModel | HiddenStateDrafter | Eagle3Drafter | None:
     """The drafter of --speculator-model; None without the flag."""
     path = settings.speculator_model
     if path is None:
@@ -67,6 +82,11 @@ def load_draft_model(
         return load_heads(flag, path, raw, target, dtype, settings.speculate, "mlp-speculator")
     if isinstance(raw, dict) and "medusa_num_heads" in raw:
         return load_heads(flag, path, raw, target, dtype, settings.speculate, "medusa")
+    if isinstance(raw, dict) and is_eagle3(raw):
+        try:
+            return load_eagle3(path, raw, target, dtype, settings.block_size, settings.speculate)
+        except (ValueError, OSError, ConversionError) as e:
+            raise SpeculatorRefused(f"{flag}: {e}") from e
     try:
         config = ModelConfig.read(path)
         theirs = Detokenizer.from_model_dir(path, config.raw)
@@ -116,6 +136,38 @@ def load_heads(
                     path, len(heads), kind, len(heads), speculate)
     log.info("%s heads %s: %d drafts per step at most", kind, path, len(heads))
     return HiddenStateDrafter(kind, heads, lm_head, target.vocab_size)
+
+
+def load_eagle3(path: Path, raw: dict[str, Any], target: Model, dtype: torch.dtype,
+                block_size: int, speculate: int) -> Eagle3Drafter:
+    """An EAGLE-3 head on a Llama-style target (shard/engine/eagle3.py); a ValueError, in one
+    line, for a head or target that does not fit. A head published as pytorch_model.bin is
+    converted to safetensors once, beside it, as a model's weights are."""
+    if not isinstance(target, Llama):
+        raise ValueError(f"EAGLE-3 heads need one of pytgi's Llama-style decoders (their layers' "
+                         f"hidden states); {target.model_type} is not one")
+    config = Eagle3Config.from_dict(raw)
+    layers = len(target.layers)
+    aux = config.aux_layers or default_aux_layers(layers)
+    if len(aux) != 3 or len(set(aux)) != 3 or not all(0 <= j <= layers for j in aux):
+        where = "its" if config.aux_layers else "EAGLE-3's default"
+        raise ValueError(f"{where} target layers {tuple(aux)} are not three distinct layers "
+                         f"of the target's {layers} (0..{layers})")
+    convert_directory(path)
+    tensors = {name.removeprefix("model."): t for name, t in read_safetensors(path).items()}
+    hidden = target.config.hidden_size
+    check_head(config, tensors, hidden, target.vocab_size)
+    device = target.device
+    weights = {name: t.to(device=device, dtype=torch.long if name == "d2t" else dtype)
+               for name, t in tensors.items() if name != "t2d"}
+    backend = target.layers[0].self_attn.backend
+    head = Eagle3Head(config, weights, backend, device)
+    table = head.embed_tokens
+    embed = target.embed_tokens if table is None else (
+        lambda ids: nn.functional.embedding(ids, table))
+    log.info("EAGLE-3 head %s: target layers %s, %d draft tokens, %d drafts per step at most",
+             path, tuple(sorted(aux)), config.draft_vocab_size, speculate)
+    return Eagle3Drafter(head, target.layers, aux, embed, block_size, dtype, device)
 
 
 def vocabulary_difference(ours: Detokenizer, theirs: Detokenizer) -> str | None:
