@@ -23,8 +23,8 @@ from tests.vision_checkpoints import (
 )
 
 # The vision-language families these tiny checkpoints cover: served (against transformers, with
-# images, on 1 and 2 ranks) by tests/integration/test_qwen2_vl_serving.py rather than by the text
-# families' serving test.
+# images, on 1 and 2 ranks) by tests/integration/test_qwen2_vl_serving.py and
+# test_llava_next_serving.py rather than by the text families' serving test.
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next")
 
 # The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
