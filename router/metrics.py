@@ -174,6 +174,13 @@ class Metrics:
             "Tokens emitted per sequence step that carried drafts (kept drafts + 1), since start",
             registry=r,
         )
+        # Multi-step decode (--max-decode-steps): one Decode call runs up to that many steps, so
+        # tgi_batch_inference_count{method="decode"} counts calls and this the steps they ran.
+        self.decode_steps = Counter(
+            "pytgi_decode_steps_total",
+            "Decode steps the shards ran (a Decode call runs up to --max-decode-steps of them)",
+            registry=r,
+        )
         self.shard_health_checks = Counter(
             "pytgi_shard_health_checks",
             "Health RPCs sent to the shards (/health shares one and caches it; the watchdog's own)",

@@ -105,10 +105,13 @@ class RequestStream:
                 self._waiter = None
 
     def cancel(self) -> None:
-        """The client went away: the request leaves the queue or its batch (idempotent)."""
+        """The client went away: the request leaves the queue or its batch (idempotent), and
+        its unread events are dropped (a multi-step Decode delivers several at once: none of
+        them is read after a cancel)."""
         if self._cancelled:
             return
         self._cancelled = True
+        self._events.clear()
         if not self._closed:
             self._closed = True
             self._wake()

@@ -301,6 +301,7 @@ class Scheduler:
             metrics.concat.observe(response.concat_ns / 1e9)
         if isinstance(response, generate_pb2.DecodeResponse):
             self._speculation.observe(response)
+            self.metrics.decode_steps.inc(len(response.step_sizes) or 1)
         self.healthy = True
         self.last_success = time.monotonic()
         try:

@@ -324,8 +324,9 @@ trace.set_tracer_provider(provider)
 
 async def main():
     client = await ShardClient.connect(sys.argv[1], traced=True)
-    infer = Infer(client, InferSettings(max_batch_prefill_tokens=64, max_batch_total_tokens=512),
-                  Metrics())
+    # One decode step per call (no multi-step decode): a span per step.
+    infer = Infer(client, InferSettings(max_batch_prefill_tokens=64, max_batch_total_tokens=512,
+                                        max_decode_steps=1), Metrics())
     await infer.start()
     stopping = StoppingParameters(3, ignore_eos_token=True)
     request = ValidRequest("hi", [1, 40, 41], 3, neutral_sampling(), stopping)

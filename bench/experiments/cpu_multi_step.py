@@ -1,0 +1,126 @@
+"""Multi-step decode on the CPU, end to end: pytgi servers that differ only in
+`--max-decode-steps`, side by side, on the workload of `pytgi_bench.compare.llama_cpp` (issue 34).
+
+    python -m pytgi_bench.experiments.cpu_multi_step --steps 1,8 --rounds 3 \
+        --out bench/results/cpu/multi_step.json
+
+Per server and round: 64 prompts of U[16, 64) tokens at once (output tok/s, TTFT p50), then
+single stream (decode tok/s = 1000 / TPOT p50, TTFT p50), 64 new tokens, greedy, EOS ignored;
+then the price of k: the TTFT p50 of single requests sent one at a time while another stream
+decodes (a newcomer waits for the end of the Decode call in flight). Rounds alternate the
+servers' order; every round is kept, with the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from pytgi_bench.compare.llama_cpp import _load, one_round
+from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
+from pytgi_bench.compare.run import build_prompts
+from pytgi_bench.compare.server_process import PytgiServer
+from pytgi_bench.settings import LengthRange
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def busy_ttft_ms(url: str, prompts: list[str], work: Path, name: str) -> float:
+    """TTFT p50 of `prompts`, one at a time, while a background stream keeps decoding (it is
+    restarted until the probe is done: the demo model's context is short)."""
+    done = threading.Event()
+
+    def background() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not done.is_set():
+                http.post(f"{url}/v1/completions", json={
+                    "model": "demo", "prompt": prompts[0], "max_tokens": 150,
+                    "temperature": 0.0, "ignore_eos": True})
+
+    thread = threading.Thread(target=background, daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    try:
+        summary = _load(url, prompts, 4, 1, work, name)
+    finally:
+        done.set()
+        thread.join()
+    return float(summary.ttft.p50_ms)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", default="1,8", help="--max-decode-steps of each server")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--single", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pytgi-args", default="")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "multi-step")
+    parser.add_argument("--out", type=Path, default=None)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    steps = [int(s) for s in args.steps.split(",")]
+    prompts = [t for t, _ in build_prompts(DEMO_MODEL, args.requests + args.single + 4,
+                                           LengthRange(16, 64), seed=34)]
+    concurrent = prompts[:args.requests]
+    single = prompts[args.requests:args.requests + args.single]
+    warm = prompts[-4:]
+    servers = {k: PytgiServer(DEMO_MODEL, args.work_dir / f"pytgi-k{k}.log", threads=args.threads,
+                              extra_args=[*args.pytgi_args.split(), "--max-decode-steps", str(k)])
+               for k in steps}
+    rounds: list[dict[str, Any]] = []
+    loads: list[float] = []
+    started = []
+    try:
+        for server in servers.values():
+            server.__enter__()
+            started.append(server)
+        for k, server in servers.items():
+            _load(server.url, warm, args.new_tokens, None, args.work_dir, f"k{k}.warm")
+        for index in range(args.rounds):
+            order = steps if index % 2 == 0 else steps[::-1]
+            row: dict[str, Any] = {}
+            for k in order:
+                url = servers[k].url
+                numbers = one_round(f"k{k}", url, concurrent, single, args.new_tokens,
+                                    args.work_dir)
+                numbers["busy_ttft_p50_ms"] = busy_ttft_ms(url, single, args.work_dir,
+                                                           f"k{k}.busy")
+                row[str(k)] = numbers
+            loads.append(os.getloadavg()[0])
+            rounds.append(row)
+            print(f"round {index + 1} (load {loads[-1]:.1f}): {json.dumps(row)}", flush=True)
+    finally:
+        for server in reversed(started):
+            server.__exit__(None, None, None)
+    medians = {str(k): {key: statistics.median(r[str(k)][key] for r in rounds)
+                        for key in rounds[0][str(k)]} for k in steps}
+    result = {"issue": 34, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "load_average_per_round": loads, "threads": args.threads,
+              "pytgi_args": args.pytgi_args, "steps": steps,
+              "workload": {"requests": args.requests, "prompt_tokens": [16, 64],
+                           "new_tokens": args.new_tokens, "single": args.single},
+              "rounds": rounds, "medians": medians}
+    print(json.dumps(medians, indent=1))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
