@@ -43,7 +43,8 @@ _VALUED: list[tuple[str, Any, str]] = [
      "model's directory (a model of the registry with the model's tokenizer, e.g. a smaller one "
      "of its family; its own KV cache takes its share of the KV memory) or speculator heads "
      "detected as TGI does (Medusa: medusa_num_heads; IBM's MLP speculator: its architecture "
-     "in config.json; CUDA graphs off)"),
+     "in config.json; CUDA graphs off), or an EAGLE-3 head for a Llama-style model "
+     "(architecture LlamaForCausalLMEagle3 / Eagle3LlamaForCausalLM; CUDA graphs off)"),
     ("--lora-adapters", str, "LoRA adapters to serve, selected per request by `adapter_id` (or "
      "OpenAI's `model`): a comma list of `id`, `name=id` or `name=path` (PEFT adapter "
      "directories or Hub ids); pytgi's Llama-family models with float weights"),

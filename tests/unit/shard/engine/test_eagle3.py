@@ -224,3 +224,21 @@ def test_two_ranks_draft_like_one(
     mp.spawn(serve_on_rank, args=(_free_port(), target, heads["shared"], tmp_path, True),
              nprocs=2, join=True)
     assert_ranks_served(engines["plain"], tmp_path, heads["shared"], sampling=True)
+
+
+def test_the_head_runs_on_the_triton_attention(
+    tiny_model: Callable[..., Path], engines: dict[str, Engine], heads: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head's catch-up (a subset of the batch's block tables) and one-position steps
+    through the Triton kernels (Triton's interpreter on the CPU): the oracle's drafts, the
+    reference's tokens."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    target = tiny_model("llama")
+    engine = build(target, SPECULATE, heads["shared"], attention="triton")
+    assert engine.info().attention_impl == "triton"
+    seen = watch_proposals(engine, monkeypatch)
+    reqs = [greedy(0, prompt_of(6, 5) * 2, 10), greedy(1, prompt_of(5, 6), 8)]
+    assert_same(serve(engine, reqs, chunk=7).run, serve(engines["plain"], reqs).run)
+    oracle = Oracle(target, heads["shared"])
+    assert seen and all(d == oracle.drafts(s, len(d)) for s, d in seen)
