@@ -31,6 +31,14 @@ GEMMA_TEXT = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 
 GEMMA3_MM_TOKENS = 4
 PALIGEMMA_IMAGE = "<image>"
 GEMMA3_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+# PaliGemma checkpoints ship no chat template; this one writes the user's parts in order, an
+# image as <image> (the router places <bos> and "\n" as PaliGemmaProcessor does).
+PALIGEMMA_TEMPLATE = (
+    "{% for message in messages %}{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% else %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{% endfor %}"
+)
 # A Gemma-3-like template: each image part rendered as <start_of_image> (the processor expands it).
 GEMMA3_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
@@ -94,7 +102,15 @@ def write_paligemma_model(path: Path, seed: int = 0, text_model_type: str = "gem
         model = PaliGemmaForConditionalGeneration(config).eval()
         model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(**ids).save_pretrained(path)
+    _set_template(path, PALIGEMMA_TEMPLATE)
     return path
+
+
+def _set_template(path: Path, template: str) -> None:
+    config_path = path / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config.setdefault("chat_template", template)
+    config_path.write_text(json.dumps(tokenizer_config))
 
 
 def write_gemma3_model(path: Path, seed: int = 0) -> Path:
@@ -137,10 +153,7 @@ def write_gemma3_model(path: Path, seed: int = 0) -> Path:
             projector.mm_soft_emb_norm.weight.normal_(0, 0.3)
         model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(**ids).save_pretrained(path)
-    config_path = path / "tokenizer_config.json"
-    tokenizer_config = json.loads(config_path.read_text())
-    tokenizer_config.setdefault("chat_template", GEMMA3_TEMPLATE)
-    config_path.write_text(json.dumps(tokenizer_config))
+    _set_template(path, GEMMA3_TEMPLATE)
     return path
 
 

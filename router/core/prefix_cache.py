@@ -40,6 +40,7 @@ referenced too.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -60,6 +61,20 @@ def media_keyed(tokens: Sequence[int], spans: Sequence[tuple[int, int, bytes]]) 
     out = list(tokens)
     for offset, count, digest in spans:
         out[offset:offset + count] = [-1 - int.from_bytes(digest, "big")] * count
+    return out
+
+
+def span_keyed(keys: Sequence[int], spans: Sequence[tuple[int, int]]) -> list[int]:
+    """Prompt keys with each bidirectional span's tokens (PaliGemma's prompt, Gemma 3's images)
+    keyed by the whole span's content and their place in it, as negative numbers no token id
+    is: a span's KV depends on every token of it, later ones included, so two prompts share a
+    block inside a span only when the whole span is the same; a cache hit ending inside a span
+    then holds exactly the KV this prompt's span gives. The blocks before a span still match."""
+    out = list(keys)
+    for lo, hi in spans:
+        digest = hashlib.blake2b(repr(out[lo:hi]).encode(), digest_size=16).digest()
+        base = -(1 << 130) - int.from_bytes(digest, "big") * (hi - lo + 1)
+        out[lo:hi] = [base - i for i in range(hi - lo)]
     return out
 
 

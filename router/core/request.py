@@ -9,7 +9,7 @@ from enum import Enum
 from opentelemetry.trace import SpanContext
 
 from pytgi_proto import generate_pb2
-from pytgi_router.core.prefix_cache import media_keyed
+from pytgi_router.core.prefix_cache import media_keyed, span_keyed
 from pytgi_router.core.request_stream import RequestStream, TokenInfo
 
 
@@ -43,6 +43,10 @@ class ValidRequest:
     adapter_name: str = ""
     # Its images (a vision-language model's prompt), as the wire carries them.
     images: tuple[generate_pb2.Image, ...] = ()
+    # Prompt spans [lo, hi) the model attends bidirectionally (PaliGemma's prompt, Gemma 3's
+    # images; media/families.py PromptImages.attention): never split across prefill chunks
+    # (step_plan.py), and keyed in the prefix cache by their whole content (key_tokens).
+    noncausal_spans: tuple[tuple[int, int], ...] = ()
 
     @property
     def input_length(self) -> int:
@@ -117,9 +121,11 @@ class Entry:
         each image's tokens stand for its content hash (prefix_cache.media_keyed), so the same
         text with another image never shares KV blocks, and the same image and text do."""
         images = self.request.images
-        if not images:
+        spans = self.request.noncausal_spans
+        if not images and not spans:
             return self.tokens
         if self.keyed_prompt is None:
-            spans = [(i.token_offset, i.token_count, i.content_hash) for i in images]
-            self.keyed_prompt = media_keyed(self.request.input_ids, spans)
+            keyed = media_keyed(self.request.input_ids,
+                                [(i.token_offset, i.token_count, i.content_hash) for i in images])
+            self.keyed_prompt = span_keyed(keyed, spans)
         return self.keyed_prompt + self.tokens[len(self.keyed_prompt):]

@@ -37,7 +37,7 @@ the queue) would be re-admitted at once only to be preempted again.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pytgi_proto import contracts as c
@@ -206,13 +206,27 @@ def _next_blocks(entry: Entry, block_size: int, speculate: int) -> int:
     return need - entry.blocks_held
 
 
+def span_safe_length(spans: Sequence[tuple[int, int]], start: int, length: int) -> int:
+    """A chunk's length from `start` with its end moved out of any bidirectional span [lo, hi)
+    it would fall inside (a model attending within the span needs all of it in one forward):
+    back to the span's start when the chunk has tokens before it, else on to the span's end
+    (past the budget: a span longer than the budget is computed whole, or never)."""
+    end = start + length
+    for lo, hi in spans:
+        if lo < end < hi:
+            end = lo if lo > start else hi
+    return end - start
+
+
 def continue_prefills(prefilling: Iterable[Entry], budget: int) -> list[Chunk]:
-    """The next chunk of each sequence mid-prefill, oldest first, within `budget` tokens."""
+    """The next chunk of each sequence mid-prefill, oldest first, within `budget` tokens (a
+    chunk that would end inside a bidirectional span ends before it, or after it)."""
     chunks: list[Chunk] = []
     for entry in sorted(prefilling, key=admission_rank):
         if budget <= 0:
             break
         length = min(len(entry.tokens) - entry.computed, budget)
+        length = span_safe_length(entry.request.noncausal_spans, entry.computed, length)
         chunks.append(Chunk.of(entry, entry.computed, length))
         budget -= length
     return chunks
@@ -269,8 +283,9 @@ def admit_newcomers(
         entry.blocks_sent = 0
         entry.computed = admission.cached_tokens
         uncached = len(tokens) - admission.cached_tokens
-        chunk = Chunk.of(entry, admission.cached_tokens,
-                         min(uncached, budget) if chunking else uncached)
+        length = span_safe_length(entry.request.noncausal_spans, admission.cached_tokens,
+                                  min(uncached, budget)) if chunking else uncached
+        chunk = Chunk.of(entry, admission.cached_tokens, length)
         budget -= chunk.length
         if chunk.completes:
             watermark += _next_blocks(entry, size, speculate)

@@ -231,11 +231,16 @@ class Validator:
             if not req.inputs:
                 raise ValidationError("`inputs` cannot be empty")
             self.refuse_by_length(inputs, p.truncate, p.max_new_tokens)
-            await self.refuse_by_head(inputs, req.add_special_tokens, p.truncate, p.max_new_tokens)
-            input_ids = await self._input_ids(inputs, req.add_special_tokens, p.truncate)
+            # A "prefix" family's prompt with images carries its own <bos> (PaliGemma).
+            add_special = req.add_special_tokens and not (
+                prepared is not None and self._vision().prompt.attention == "prefix")
+            await self.refuse_by_head(inputs, add_special, p.truncate, p.max_new_tokens)
+            input_ids = await self._input_ids(inputs, add_special, p.truncate)
         # The wire messages copy megabytes of pixel values: in the worker pool too.
         images = () if prepared is None else await self.offload(
             prepared.wire, self._vision(), input_ids)
+        noncausal = () if self.images is None else self._vision().prompt.noncausal_spans(
+            [(i.token_offset, i.token_count) for i in images], len(input_ids))
         max_new_tokens = self._max_new_tokens(len(input_ids), p.max_new_tokens)
         if p.grammar is not None:
             grammar = await self._grammar(p.grammar)
@@ -258,6 +263,7 @@ class Validator:
             adapter_key=adapter.key if adapter else 0,
             adapter_name=adapter.name if adapter else "",
             images=images,
+            noncausal_spans=noncausal,
         )
         return ValidGenerateRequest(
             request=valid,

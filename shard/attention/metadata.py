@@ -40,8 +40,8 @@ class AttentionMetadata:
     # positions [lo, hi) of the bidirectional span it belongs to, which it attends to whole,
     # later positions included, beside its causal (and windowed) past; (0, 0) for a token in
     # none. PaliGemma's prefix (image + prompt) and each Gemma 3 image are such spans
-    # (noncausal_spans builds it). A span must lie within the keys of this forward (the
-    # router never splits one across chunks), and decode tokens are in none.
+    # (noncausal_spans builds it). A span must end within the keys of this forward (the
+    # router never ends a chunk inside one), and decode tokens are in none.
     spans: torch.Tensor | None = None
 
     @property
@@ -102,8 +102,10 @@ def noncausal_spans(
     """AttentionMetadata.spans for requests with `new_tokens[i]` new tokens after
     `cached_tokens[i]` cached and bidirectional spans `spans[i]` ([lo, hi) context positions,
     disjoint); None when no new token lies in a span (the forward is plain causal). A span
-    this forward computes only part of is refused: the part computed in another forward (or
-    read from the prefix cache) would not have seen the rest."""
+    that ends past this forward is refused: its tokens here would miss its later keys. One
+    that starts before it may only come from a prefix-cache hit ending inside the span, whose
+    blocks the router keys by the whole span's content (prefix_cache.span_keyed): their KV was
+    computed over this very span."""
     rows: list[tuple[int, int]] = []
     found = False
     for new, cached, request_spans in zip(new_tokens, cached_tokens, spans, strict=True):
@@ -112,7 +114,7 @@ def noncausal_spans(
             first, last = max(lo, cached), min(hi, cached + new)
             if first >= last:
                 continue
-            if lo < cached or hi > cached + new:
+            if hi > cached + new:
                 raise ValueError(f"bidirectional span [{lo}, {hi}) is split: this forward "
                                  f"computes tokens [{cached}, {cached + new}) of it")
             row[first - cached : last - cached] = [(lo, hi)] * (last - first)

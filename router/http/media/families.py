@@ -5,7 +5,7 @@ module and one row here; vision_model.py, prepare.py and the wire stay as they a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -13,6 +13,7 @@ from typing import Any
 from pytgi_router.http.media.llava_next import LlavaNextImageProcessor
 from pytgi_router.http.media.processed import ImageProcessor
 from pytgi_router.http.media.qwen2_vl import Qwen2VLImageProcessor
+from pytgi_router.http.media.siglip import gemma3_processor, paligemma_processor
 
 # config.json model types of the vision-language models TGI, vLLM or SGLang serve (those not in
 # VISION_FAMILIES are refused with "not prepared by this server yet", not served as text).
@@ -32,12 +33,27 @@ class PromptImages:
     chat: what replaces each placeholder in a rendered chat prompt; "{}" = image_token * n.
     markdown: what replaces each `![](…)` in `/generate` inputs (TGI's rendering for the
     family); "{}" = image_token * n.
+    attention: "causal", or where the model attends bidirectionally: "prefix" (PaliGemma: the
+    whole prompt is its prefix; the prompt also gets <bos> after its last image and "\n" at
+    its end, PaliGemmaProcessor's layout, and the tokenizer adds no BOS of its own) or
+    "images" (Gemma 3: each image's tokens). The router never splits such a span across
+    prefill chunks (noncausal_spans, router/core/step_plan.py).
     """
 
     image_token: str
     placeholder: str
     chat: str = "{}"
     markdown: str = "{}"
+    attention: str = "causal"
+
+    def noncausal_spans(self, images: Sequence[tuple[int, int]], prompt: int
+                        ) -> tuple[tuple[int, int], ...]:
+        """The prompt's bidirectional spans [lo, hi) from its images' (offset, count)."""
+        if self.attention == "prefix":
+            return ((0, prompt),) if prompt else ()
+        if self.attention == "images":
+            return tuple((offset, offset + count) for offset, count in images)
+        return ()
 
     def chat_text(self, count: int) -> str:
         return self.chat.format(self.image_token * count)
@@ -75,8 +91,28 @@ LLAVA_NEXT = VisionFamily(
     LlavaNextImageProcessor.from_checkpoint,
 )
 
+# PaliGemma: "<image>" per image token, placed as PaliGemmaProcessor places it (PromptImages
+# .attention "prefix"); its checkpoints ship no chat template, so chat needs one that writes
+# "<image>" per image part.
+PALIGEMMA = VisionFamily(
+    "paligemma",
+    PromptImages("<image>", "<image>", attention="prefix"),
+    paligemma_processor,
+)
+# Gemma 3: its template writes <start_of_image> per image part, which Gemma3Processor expands
+# to "\n\n<start_of_image>" + soft tokens + "<end_of_image>\n\n"; a markdown image the same.
+GEMMA3_IMAGE = "\n\n<start_of_image>{}<end_of_image>\n\n"
+GEMMA3 = VisionFamily(
+    "gemma3",
+    PromptImages("<image_soft_token>", "<start_of_image>", chat=GEMMA3_IMAGE,
+                 markdown=GEMMA3_IMAGE, attention="images"),
+    gemma3_processor,
+)
+
 VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT,
+    "paligemma": PALIGEMMA,
+    "gemma3": GEMMA3,
 })

@@ -31,6 +31,8 @@ class VisionModel:
     processor: ImageProcessor
     image_token: str
     image_token_id: int
+    # The BOS token's text: a "prefix" family's prompt writes it after its last image.
+    bos_token: str = ""
 
     def chat_text(self, text: str, refs: Sequence[ImageRef], counts: Sequence[int]) -> str:
         """The rendered chat prompt with each image's one placeholder token repeated once per
@@ -46,7 +48,7 @@ class VisionModel:
         out = [pieces[0]]
         for count, piece in zip(counts, pieces[1:], strict=True):
             out += [self.prompt.chat_text(count), piece]
-        return "".join(out)
+        return self._prefix_layout(out)
 
     def markdown_text(self, found: MarkdownImages, counts: Sequence[int]) -> str:
         """`/generate` inputs with each markdown image replaced by the model's image text (TGI's
@@ -54,7 +56,16 @@ class VisionModel:
         out = [found.texts[0]]
         for count, piece in zip(counts, found.texts[1:], strict=True):
             out += [self.prompt.markdown_text(count), piece]
-        return "".join(out)
+        return self._prefix_layout(out)
+
+    def _prefix_layout(self, pieces: list[str]) -> str:
+        """`pieces` (text, image, text, ..., text) joined; for a "prefix" family (PaliGemma)
+        with <bos> after the last image and "\n" at the end, as PaliGemmaProcessor lays out
+        a prompt whose images it was given in place."""
+        if self.prompt.attention != "prefix":
+            return "".join(pieces)
+        head = "".join(pieces[:-1])
+        return head + self.bos_token + pieces[-1] + "\n"
 
     def spans(self, where: Sequence[str], ids: Sequence[int], counts: Sequence[int]
               ) -> list[tuple[int, int]]:
@@ -118,10 +129,24 @@ def image_support(config: dict[str, Any] | None, preprocessor: dict[str, Any] | 
     except (ValueError, KeyError, TypeError) as e:
         return ImageSupport(why_not=f"its image processor is not served: {e}")
     prompt = family.prompt
+    bos = ""
+    if prompt.attention == "prefix":
+        bos = bos_token(config, tokenizer)
+        if not bos:
+            return ImageSupport(why_not="its config.json names no BOS token its tokenizer has")
     if token != prompt.image_token:
         placeholder = token if prompt.placeholder == prompt.image_token else prompt.placeholder
         prompt = replace(prompt, image_token=token, placeholder=placeholder)
-    return ImageSupport(VisionModel(model_type, prompt, processor, token, token_id))
+    return ImageSupport(VisionModel(model_type, prompt, processor, token, token_id, bos))
+
+
+def bos_token(config: dict[str, Any], tokenizer: Tokenizer) -> str:
+    """The BOS token's text, by config.json's bos_token_id (top level or text_config's)."""
+    text = config.get("text_config") or {}
+    value = config.get("bos_token_id", text.get("bos_token_id") if isinstance(text, dict)
+                       else None)
+    named = tokenizer.id_to_token(value) if isinstance(value, int) else None
+    return named or ""
 
 
 def image_token(family: VisionFamily, config: dict[str, Any], tokenizer: Tokenizer

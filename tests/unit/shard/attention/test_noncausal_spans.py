@@ -63,6 +63,8 @@ CASES = [
     # several 16-key tiles.
     ([10, 0], [25, 40], [[(12, 20)], [(1, 37)]], None),
     ([10, 0], [25, 40], [[(12, 20)], [(1, 37)]], 6),
+    # A span starting in the cache (a prefix-cache hit inside it), under a short window.
+    ([10], [15], [[(6, 18)]], 4),
     # Mixed: decode rows (no span) beside a chunk holding a span.
     ([12, 5, 0], [1, 1, 14], [[], [], [(2, 9)]], None),
 ]
@@ -96,7 +98,13 @@ def test_noncausal_spans_marks_the_tokens_of_each_span() -> None:
     assert noncausal_spans([1, 4], [9, 0], [[(0, 4)], []], torch.device("cpu")) is None
 
 
-@pytest.mark.parametrize(("cached", "new"), [(0, 5), (4, 6)])
-def test_noncausal_spans_refuses_a_split_span(cached: int, new: int) -> None:
+@pytest.mark.parametrize(("cached", "new"), [(0, 5), (4, 2)])
+def test_noncausal_spans_refuses_a_span_ending_past_the_forward(cached: int, new: int) -> None:
     with pytest.raises(ValueError, match=r"span \[2, 7\) is split"):
         noncausal_spans([new], [cached], [[(2, 7)]], torch.device("cpu"))
+
+
+def test_a_span_may_start_in_the_cache() -> None:
+    """A prefix-cache hit inside a span the router keyed whole: the rest of it attends to all."""
+    spans = noncausal_spans([4], [4], [[(2, 7)]], torch.device("cpu"))
+    assert spans is not None and spans.tolist() == [[2, 7]] * 3 + [[0, 0]]
