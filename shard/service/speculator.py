@@ -45,7 +45,7 @@ from pytgi_shard.models.llama.eagle3_head import (
     default_aux_layers,
     is_eagle3,
 )
-from pytgi_shard.models.llama.model import Llama
+from pytgi_shard.models.llama.model import Llama, LlamaDecoderLayer
 from pytgi_shard.models.model import Model
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.output.detokenizer import Detokenizer
@@ -105,6 +105,9 @@ def load_draft_model(
     if isinstance(draft, EncoderDecoderModel):
         raise SpeculatorRefused(f"{flag}: {draft.model_type} is an encoder-decoder; a draft "
                                 "model is a decoder")
+    if draft.image_layout is not None:
+        raise SpeculatorRefused(f"{flag}: {draft.model_type} is a vision-language model; a draft "
+                                "model drafts from token ids alone (use a text model)")
     if draft.learned_positions and draft.max_position_embeddings < target.max_position_embeddings:
         raise SpeculatorRefused(
             f"{flag}: its learned position table ({draft.max_position_embeddings}) is shorter "
@@ -160,14 +163,16 @@ def load_eagle3(path: Path, raw: dict[str, Any], target: Model, dtype: torch.dty
     device = target.device
     weights = {name: t.to(device=device, dtype=torch.long if name == "d2t" else dtype)
                for name, t in tensors.items() if name != "t2d"}
-    backend = target.layers[0].self_attn.backend
+    first = target.layers[0]
+    assert isinstance(first, LlamaDecoderLayer)
+    backend = first.self_attn.backend
     head = Eagle3Head(config, weights, backend, device)
     table = head.embed_tokens
     embed = target.embed_tokens if table is None else (
         lambda ids: nn.functional.embedding(ids, table))
     log.info("EAGLE-3 head %s: target layers %s, %d draft tokens, %d drafts per step at most",
              path, tuple(sorted(aux)), config.draft_vocab_size, speculate)
-    return Eagle3Drafter(head, target.layers, aux, embed, block_size, dtype, device)
+    return Eagle3Drafter(head, list(target.layers), aux, embed, block_size, dtype, device)
 
 
 def vocabulary_difference(ours: Detokenizer, theirs: Detokenizer) -> str | None:
