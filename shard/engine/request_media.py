@@ -42,8 +42,8 @@ def request_media(pb: generate_pb2.Request, layout: ImageLayout | None) -> Reque
     (Model.image_layout), None when it takes no images. A text-only request to a model whose
     prompt is bidirectional (PaliGemma's prefix) gets a RequestMedia with no images."""
     if not pb.images:
-        spans = _noncausal(layout, (), len(pb.input_ids))
-        return RequestMedia((), (), 0, noncausal=spans) if spans else None
+        prefix = _noncausal(layout, (), len(pb.input_ids))
+        return RequestMedia((), (), 0, noncausal=prefix) if prefix else None
     who = f"request {pb.id}"
     if layout is None:
         raise InvalidRequest(f"{who}: {len(pb.images)} images, and this model has no vision "

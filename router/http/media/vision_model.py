@@ -159,7 +159,8 @@ def image_token(family: VisionFamily, config: dict[str, Any], tokenizer: Tokeniz
         return name, token_id
     for key in family.token_id_keys:
         value = config.get(key)
-        named = tokenizer.id_to_token(int(value)) if isinstance(value, int) else None
-        if named is not None:
-            return named, int(value)
+        if isinstance(value, int):
+            named = tokenizer.id_to_token(value)
+            if named is not None:
+                return named, value
     return name, None

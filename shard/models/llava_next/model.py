@@ -162,7 +162,7 @@ class LlavaNext(Llama, ImageEncoder):
         height, width = max(self.anyres.pinpoints, key=lambda hw: hw[0] * hw[1])
         rows, cols = self.anyres.tiles(height, width)
         side = self.anyres.image_size
-        tiles = torch.zeros(1 + rows * cols, self.image_layout.channels, side, side,
+        tiles = torch.zeros(1 + rows * cols, self.visual.config.num_channels, side, side,
                             device=self.device)
         self.encode(tiles, (height, width))
 
