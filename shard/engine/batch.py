@@ -123,9 +123,8 @@ class Batch:
         grammar = _grammar(pb, [r.complete for r in requests], ctx)
         if ctx.speculate:
             for r in requests:
-                # Not with images: verification feeds drafts at sequence positions, without
-                # M-RoPE's rope delta.
-                if r.complete and r.media is None:
+                # With images too: verification shifts its positions as decode does.
+                if r.complete:
                     # Empty: indexed from the batch's history when a step may draft.
                     r.draft = DraftState.start(())
         return cls(

@@ -16,6 +16,12 @@ token's request's block table and its own context, position + 1), bucketed by it
 shard/engine/verify_graphs.py says why this is exact and why it is preferred to capturing the
 varlen kernel.
 
+Speculator heads (Medusa, the MLP speculator) read the target's final hidden state, which a hook
+on the LM head keeps (shard/engine/hidden_drafter.py). A replay runs no Python hook, so the
+runner hands the hook's tensor over itself: with a `tap`, the capture arms it over the buffers
+and keeps the hidden-state tensor the hook saw, which lives in the graph's memory and holds each
+replay's hidden states; after a replay the tap gets that tensor and the buffers' slots.
+
 A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
 states the largest context (max_seqlen_k = max_blocks_per_seq * block_size) rather than the
 step's: only a backend whose launches do not depend on that value gains from a graph (Triton's
@@ -31,6 +37,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -49,6 +56,18 @@ log = logging.getLogger(__name__)
 # Attention backends whose decode launches are capturable: no host synchronisation, and a grid
 # that depends on the batch size only (never on a step's context lengths).
 CAPTURABLE_BACKENDS = ("triton",)
+
+
+class HiddenTap(Protocol):
+    """Keeps the hidden states a forward's LM head reads and the KV slot of each row's token
+    (hidden_drafter.HiddenStateDrafter): armed before an eager forward, set after a replay."""
+
+    hidden: torch.Tensor | None
+    slots: torch.Tensor | None
+
+    def arm(self, inputs: ForwardInputs) -> None: ...
+
+    def disarm(self) -> None: ...
 
 
 def resolve_buckets(sizes: Sequence[int], max_batch_size: int) -> tuple[int, ...]:
@@ -171,6 +190,10 @@ class DecodeGraphRunner:
         self._captured_cache: KVCache | None = None
         # The model's LoRA rows holder (None: no adapted layer), bound to the adapters buffer.
         self._lora: RowAdapters | None = lora_rows_of(model)
+        # Speculator heads' hidden-state tap (set before capture), and per bucket the hidden
+        # states tensor its hook saw while capturing: each replay rewrites it.
+        self.tap: HiddenTap | None = None
+        self._hidden: dict[int, torch.Tensor] = {}
 
     @property
     def captured(self) -> tuple[int, ...]:
@@ -214,6 +237,9 @@ class DecodeGraphRunner:
         graph = self._graphs.get(bucket) if kv_cache is self._captured_cache else None
         if graph is not None:
             graph.replay()
+            if self.tap is not None and bucket in self._hidden:
+                self.tap.hidden = self._hidden[bucket]
+                self.tap.slots = self._buffers.slot_mapping[:bucket]
             return self._outputs[bucket][:n]
         return self._run(bucket, kv_cache, meta.max_seqlen_k)[:n]
 
@@ -272,10 +298,19 @@ class DecodeGraphRunner:
         )
 
     def _run(self, bucket: int, kv_cache: KVCache, max_seqlen_k: int) -> torch.Tensor:
+        """The bucket's forward over the buffers (eager, or being captured); a tap is armed
+        with the buffers' slots (padding rows: the scratch slot, which no row looks up)."""
         b = self._buffers
         meta = self._metadata(bucket, max_seqlen_k)
-        with self._bound(b.adapters[:bucket]):
-            return self.model.forward(b.input_ids[:bucket], b.positions[:bucket], kv_cache, meta)
+        ids, positions = b.input_ids[:bucket], b.positions[:bucket]
+        if self.tap is not None:
+            self.tap.arm(ForwardInputs(ids, positions, meta, None, ids))
+        try:
+            with self._bound(b.adapters[:bucket]):
+                return self.model.forward(ids, positions, kv_cache, meta)
+        finally:
+            if self.tap is not None:
+                self.tap.disarm()
 
     @contextmanager
     def _bound(self, adapters: torch.Tensor | None) -> Iterator[None]:
@@ -315,10 +350,14 @@ class DecodeGraphRunner:
                 for bucket in reversed(self.buckets):
                     self._run(bucket, kv_cache, static_max)
                     graph = torch.cuda.CUDAGraph()
+                    if self.tap is not None:
+                        self.tap.hidden = None  # what the hook sees while capturing, only
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         output = self._run(bucket, kv_cache, static_max)
                     self._graphs[bucket] = graph
                     self._outputs[bucket] = output
+                    if self.tap is not None and self.tap.hidden is not None:
+                        self._hidden[bucket] = self.tap.hidden
         except BaseException:
             self.release()
             raise
@@ -334,6 +373,7 @@ class DecodeGraphRunner:
         """Drops the graphs and their outputs, so that their memory pool can be freed."""
         self._graphs.clear()
         self._outputs.clear()
+        self._hidden.clear()
         self._captured_cache = None
 
 

@@ -301,8 +301,9 @@ class Engine:
 
     def _verify_step(self, batch: Batch, drafts: Drafts, start: int) -> StepResult:
         """A decode step whose rows carry drafts: one varlen forward over every row's last
-        token and drafts (eager: the decode graphs take one token per row), the plain choice
-        at each row's first position, then the drafts kept (shard/engine/verification.py)."""
+        token and drafts (with CUDA graphs, the decode graph of its token count replays it as
+        one row per token: shard/engine/verify_graphs.py), the plain choice at each row's first
+        position, then the drafts kept (shard/engine/verification.py)."""
         clock = self.clock
         inputs = verify_inputs(batch, drafts)
         clock.tokens = len(batch) + drafts.count

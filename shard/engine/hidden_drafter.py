@@ -12,10 +12,11 @@ was another batch's, a look-ahead's) proposes nothing this step. The slot is uni
 (sequence, position) while the sequence lives; a stale match can only make a draft wrong, never
 an output (verification is exact).
 
-The hook does not run inside a CUDA graph's replay: start-up turns the decode graphs off with
-speculator heads (as with LoRA adapters). Heads are replicated on every rank (each holds the
-whole hidden state); the target's LM head they may call is the tensor-parallel one, called by
-every rank in the same order.
+The hook does not run inside a CUDA graph's replay: the decode graphs keep, per bucket, the
+hidden-state tensor the hook saw while capturing (graph memory that each replay rewrites) and
+hand it, with the buffers' slots, to this drafter after each replay (decode_graphs.HiddenTap).
+Heads are replicated on every rank (each holds the whole hidden state); the target's LM head
+they may call is the tensor-parallel one, called by every rank in the same order.
 """
 
 from __future__ import annotations

@@ -198,9 +198,9 @@ class ModelRunner:
             graph_buckets(self.settings, model, self.dist.caps, limits), self.settings.cuda_graphs,
             most,
         )
-        if buckets and self.hidden_tap is not None:
-            # A graph's replay runs no Python hook: the heads would see no hidden state.
-            log.info("CUDA graphs off: speculator heads read the hidden states of eager forwards")
+        if buckets and self.hidden_tap is not None and self._graph_tap() is None:
+            # A graph's replay runs no Python hook: this tap would see no hidden state.
+            log.info("CUDA graphs off: the speculator reads the hidden states of eager forwards")
             buckets = ()
         # Before the cache is sized, the longest context is bounded by the model's.
         longest = limits.max_total_tokens or model.max_position_embeddings
@@ -259,6 +259,12 @@ class ModelRunner:
             log.info("EAGLE-3 head: %d bytes per token beside the target's cache (its KV and "
                      "the target's fused hidden states)", self.eagle.bytes_per_token())
 
+    def _graph_tap(self) -> HiddenStateDrafter | None:
+        """The hidden-state tap the decode graphs hand each replay's hidden states to: Medusa's
+        and the MLP speculator's (their final hidden state, decode_graphs.HiddenTap)."""
+        tap = self.hidden_tap
+        return tap if isinstance(tap, HiddenStateDrafter) else None
+
     def _draft_buckets(self, buckets: tuple[int, ...]) -> tuple[int, ...]:
         """The draft model's graph buckets (verify_graphs.draft_buckets); () without a draft
         model, without the target's graphs, or when the draft's forward is not capturable."""
@@ -285,7 +291,8 @@ class ModelRunner:
         (block 0 stays, for Health) and the error raised, failing this Warmup."""
         try:
             self.decode_graphs = capture_graphs(
-                self.model, self.kv_cache, self.block_size, size, max_total_tokens
+                self.model, self.kv_cache, self.block_size, size, max_total_tokens,
+                self._graph_tap(),
             )
             if self.draft is not None and self._draft_buckets(size.graph_buckets):
                 # The draft model's own (its one-token forwards, short catch-ups).

@@ -106,7 +106,8 @@ def kept_tokens(
 
 def verify_inputs(batch: Batch, drafts: Drafts) -> ForwardInputs:
     """The step's flat inputs: per row its last token then its drafts, logits everywhere;
-    `last_rows` are each row's first position (what a plain step's logits would be)."""
+    `last_rows` are each row's first position (what a plain step's logits would be). The
+    model's positions of a row with images carry its M-RoPE shift; its KV slots do not."""
     device = batch.lengths.device
     n = len(batch)
     counts = [1] * n
@@ -119,6 +120,10 @@ def verify_inputs(batch: Batch, drafts: Drafts) -> ForwardInputs:
     offsets = torch.arange(total, device=device) - cu[:-1][row_of_token]
     positions = (batch.lengths - 1)[row_of_token] + offsets
     input_ids = batch.last_ids[row_of_token]
+    # A request with images (M-RoPE): every token after its prompt sits at its sequence index
+    # plus the rope delta, as a plain decode step places it (Batch.position_shift).
+    shift = batch.position_shift
+    rope_positions = positions if shift is None else positions + shift[row_of_token]
     where = [int(start) + 1 + j for start, tokens in zip(
         _starts(counts, drafts.rows), drafts.tokens, strict=True) for j in range(len(tokens))]
     input_ids[torch.tensor(where, dtype=torch.long, device=device)] = torch.tensor(
@@ -140,7 +145,7 @@ def verify_inputs(batch: Batch, drafts: Drafts) -> ForwardInputs:
     )
     per_row = batch.row_adapters()
     adapters = None if per_row is None else per_row[row_of_token]
-    return ForwardInputs(input_ids, positions, meta, None, cu[:-1], adapters=adapters)
+    return ForwardInputs(input_ids, rope_positions, meta, None, cu[:-1], adapters=adapters)
 
 
 def _starts(counts: list[int], rows: list[int]) -> list[int]:

@@ -33,7 +33,12 @@ from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.kv_quant import kv_cache_dtype
 from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.device.distributed import Dist
-from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason, resolve_buckets
+from pytgi_shard.engine.decode_graphs import (
+    DecodeGraphRunner,
+    HiddenTap,
+    graphs_off_reason,
+    resolve_buckets,
+)
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.models.model import Model
 from pytgi_shard.settings import ShardSettings
@@ -249,10 +254,13 @@ def graph_buckets(
 
 
 def _graph_runner(
-    model: Model, block_size: int, buckets: tuple[int, ...], max_total_tokens: int
+    model: Model, block_size: int, buckets: tuple[int, ...], max_total_tokens: int,
+    tap: HiddenTap | None = None,
 ) -> DecodeGraphRunner:
     max_blocks = math.ceil(max_total_tokens / block_size)
-    return DecodeGraphRunner(model, buckets, max_blocks, block_size)
+    runner = DecodeGraphRunner(model, buckets, max_blocks, block_size)
+    runner.tap = tap
+    return runner
 
 
 def graph_bytes(
@@ -285,12 +293,14 @@ def graph_bytes(
 
 
 def capture_graphs(
-    model: Model, kv_cache: KVCache, block_size: int, size: CacheSize, max_total_tokens: int
+    model: Model, kv_cache: KVCache, block_size: int, size: CacheSize, max_total_tokens: int,
+    tap: HiddenTap | None = None,
 ) -> DecodeGraphRunner:
     """The graphs over the final `kv_cache`, in the room graph_bytes kept for them; an
-    OutOfMemory when that room does not suffice."""
+    OutOfMemory when that room does not suffice. `tap`: speculator heads' hidden states,
+    handed over by each replay (decode_graphs.HiddenTap)."""
     try:
-        runner = _graph_runner(model, block_size, size.graph_buckets, max_total_tokens)
+        runner = _graph_runner(model, block_size, size.graph_buckets, max_total_tokens, tap)
         runner.capture(kv_cache)
     except (RuntimeError, MemoryError) as e:
         if not is_out_of_memory(e):

@@ -24,6 +24,7 @@ from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, token_rows
 from pytgi_shard.engine.draft_model import DraftModel
 from pytgi_shard.engine.drafting import STEP_TOKENS, Drafts
 from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.engine.verification import verify_inputs
 from pytgi_shard.engine.verify_graphs import (
@@ -32,7 +33,8 @@ from pytgi_shard.engine.verify_graphs import (
     verification_buckets,
 )
 from pytgi_shard.models.model import Model
-from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS
+from pytgi_shard.service.startup import load_engine
+from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS, ShardSettings
 from tests.unit.shard.engine.speculator_cases import (
     BLOCK,
     SPECULATE,
@@ -40,8 +42,10 @@ from tests.unit.shard.engine.speculator_cases import (
     build,
     requests,
     serve,
+    watch_newest_token_drafts,
 )
 from tests.unit.shard.engine.test_batch import batch_of, request
+from tests.unit.shard.engine.test_medusa import write_heads
 from tests.unit.shard.engine.test_speculation import greedy
 from tests.unit.shard.router_steps import prompt_of
 
@@ -187,13 +191,77 @@ def test_served_greedy_tokens_through_the_graph_path_equal_those_without_specula
         assert draft.several_per_row > 0
 
 
-def test_the_draft_model_s_graphs_are_kept_apart_from_the_target_s(
+def test_the_overlap_scheduler_looks_ahead_through_the_graphs_beside_verification(
+    engines: dict[str, Engine], tiny_model: Callable[..., Path]
+) -> None:
+    """README: steps that carry drafts replay the graphs without the overlap look-ahead, and
+    batches too large to draft keep both. With overlap on, a batch above the drafting cap looks
+    ahead through the runner (one token per request), and once requests finish the last one
+    drafts through it (several tokens per request); the tokens are the plain engine's."""
+    engine = load_engine(ShardSettings(
+        model_path=tiny_model("llama"), block_size=BLOCK, overlap=True, attention="reference",
+        speculate=SPECULATE,
+    ))
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
+    engine.drafting_batch = 1
+    reqs = [greedy(i, prompt_of(10, 3) * 3, 8 + 8 * i) for i in range(3)]
+    expected = serve(engines["plain"], reqs)
+    target, _ = graphed(engine)
+    computed_ahead = []
+    take = engine.runner.lookaheads.take
+
+    def taking(ids: list[int]) -> object:
+        found = take(ids)
+        computed_ahead.append(found is not None)
+        return found
+
+    engine.runner.lookaheads.take = taking  # type: ignore[method-assign]
+    try:
+        got = serve(engine, reqs)
+    finally:
+        ungraphed(engine)
+    assert got.run.tokens == expected.run.tokens
+    assert any(computed_ahead), "the 3-request batch looked ahead"
+    assert got.kept > 0 and target.several_per_row > 0, "the last request drafted"
+    assert any(tokens == rows > 1 for tokens, rows in target.steps)
+
+
+def test_speculator_heads_read_the_hidden_state_the_graph_path_hands_over(
+    engines: dict[str, Engine], tiny_model: Callable[..., Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Medusa heads that are the identity before the target's LM head propose, from the
+    hidden state at a row's position L - 2, the row's newest token; through the graph runner
+    (no hook runs in a replay) the runner hands the tap each forward's hidden states and the
+    buffers' slots, and every proposal is still the newest token."""
+    engine = build(tiny_model("llama"), SPECULATE, write_heads(tmp_path / "identity", False,
+                                                               scale=0.0))
+    assert isinstance(engine.runner.hidden_tap, HiddenStateDrafter)
+    seen = watch_newest_token_drafts(engine, monkeypatch)
+    target, _ = graphed(engine)
+    target.tap = engine.runner.hidden_tap
+    reqs = [greedy(0, prompt_of(12, 7) * 2, 20), greedy(1, prompt_of(8, 8), 16)]
+    expected = serve(engines["plain"], reqs, chunk=5)
+    try:
+        got = serve(engine, reqs, chunk=5)
+    finally:
+        ungraphed(engine)
+    assert_same(got.run, expected.run)
+    assert len(seen) >= 4 and all(seen)
+    assert target.several_per_row > 0 and any(t == r for t, r in target.steps)
+
+
+def test_a_new_warmup_lets_the_draft_model_s_graphs_go_with_the_target_s(
     engines: dict[str, Engine],
 ) -> None:
-    draft = engines["draft"].runner.draft
-    assert isinstance(draft, DraftModel) and draft.graphs is None
-    engines["draft"].runner.release_graphs()
-    assert draft.graphs is None
+    """The draft's graphs hold its old cache (and their pool): Warmup's release_graphs drops
+    them with the target's, and on a CPU none are captured again."""
+    engine = engines["draft"]
+    draft = engine.runner.draft
+    assert isinstance(draft, DraftModel)
+    graphed(engine)
+    engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=4096))
+    assert engine.runner.decode_graphs is None and draft.graphs is None
 
 
 # --- capture and replay on a GPU -------------------------------------------------------------
