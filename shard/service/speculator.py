@@ -108,9 +108,6 @@ def load_draft_model(
     if draft.image_layout is not None:
         raise SpeculatorRefused(f"{flag}: {draft.model_type} is a vision-language model; a draft "
                                 "model drafts from token ids alone (use a text model)")
-    if draft.image_layout is not None:
-        raise SpeculatorRefused(f"{flag}: {draft.model_type} is a vision-language model; a draft "
-                                "model drafts from token ids alone (use a text model)")
     if draft.learned_positions and draft.max_position_embeddings < target.max_position_embeddings:
         raise SpeculatorRefused(
             f"{flag}: its learned position table ({draft.max_position_embeddings}) is shorter "
