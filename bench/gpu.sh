@@ -149,6 +149,7 @@ tests_files() {  # the CUDA tests: equality with transformers first, then kernel
     echo tests/gpu/
     find tests/unit/shard -name 'test_triton_*.py' | sort
     echo tests/unit/shard/engine/test_graph_runner.py
+    echo tests/unit/shard/engine/test_verify_graphs.py
     echo tests/unit/shard/lora/test_lora_graph_buffers.py
 }
 

@@ -19,6 +19,7 @@ import torch
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.backend import BACKENDS
+from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, token_rows
 from pytgi_shard.engine.draft_model import DraftModel
@@ -268,26 +269,41 @@ def test_a_new_warmup_lets_the_draft_model_s_graphs_go_with_the_target_s(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("speculator", ["ngram", "draft"])
+@pytest.mark.parametrize("speculator", ["ngram", "draft", "medusa"])
 def test_captured_graphs_verify_with_the_tokens_of_the_eager_engine(
-    tiny_model: Callable[..., Path], speculator: str
+    tiny_model: Callable[..., Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    speculator: str,
 ) -> None:
-    """Warmup captures the target's graphs (and the draft's); a speculating run replays them
-    and serves what the same engine serves without graphs."""
-    attention = "triton" if "triton" in BACKENDS else "reference"
+    """Warmup captures the target's graphs (and the draft model's); a speculating run replays
+    verification steps from them and serves what the same engine serves without graphs;
+    identity Medusa heads, fed by the replays' hidden states, propose each newest token."""
+    if "triton" not in BACKENDS:
+        pytest.skip("the Triton backend is the one production captures")
     target = tiny_model("llama")
-    draft = target if speculator == "draft" else None
-    fields = {"attention": attention, "dtype": "float32", "cuda_graphs": BUCKETS}
+    draft = {"ngram": None, "draft": target,
+             "medusa": write_heads(tmp_path / "identity", False, scale=0.0)}[speculator]
+    fields = {"attention": "triton", "dtype": "float32", "cuda_graphs": BUCKETS}
     eager = build(target, SPECULATE, draft, **{**fields, "cuda_graphs": ()})
     engine = build(target, SPECULATE, draft, **fields)
-    if attention == "reference":
-        pytest.skip("the reference backend is never captured")
-    assert engine.runner.decode_graphs is not None
-    assert engine.runner.decode_graphs.captured == BUCKETS
-    if draft is not None:
+    runner = engine.runner.decode_graphs
+    assert runner is not None and runner.captured == BUCKETS
+    if speculator == "draft":
         assert engine.runner.draft is not None and engine.runner.draft.graphs is not None
         assert engine.runner.draft.graphs.captured
+    replayed: list[bool] = []
+    forward = runner.forward
+
+    def watched(inputs: ForwardInputs, kv_cache: KVCache) -> torch.Tensor:
+        replayed.append(int(inputs.input_ids.shape[0]) > inputs.meta.batch_size)
+        return forward(inputs, kv_cache)
+
+    monkeypatch.setattr(runner, "forward", watched)
+    seen = watch_newest_token_drafts(engine, monkeypatch) if speculator == "medusa" else None
     expected = serve(eager, requests(sampling=False))
     got = serve(engine, requests(sampling=False))
     assert got.run.tokens == expected.run.tokens
-    assert got.kept > 0
+    assert any(replayed), "a verification step replayed a decode graph"
+    if seen is not None:
+        assert len(seen) >= 4 and all(seen)
+    else:
+        assert got.kept > 0
