@@ -5,6 +5,8 @@ Issue 31's bar: the adapters' tokens/s at least 0.8x the base model's.
 
     python -m pytgi_bench.experiments.lora_batch --out bench/results/cpu/lora_batch.json
     python -m pytgi_bench.experiments.lora_batch --model DIR ...   (gpu.sh: CUDA when present)
+    python -m pytgi_bench.experiments.lora_batch --torch-path ...  (CPU: the torch ops, not the
+                                                                    fused C++ kernel)
 
 Each repeat serves the batch on both engines back to back, the order alternating (both see the
 same load on a shared host); the ratio is the median over repeats of the two times' ratio, after
@@ -44,8 +46,9 @@ PROMPTS = (
 )
 
 
-def engine(model: Path, lora: str | None) -> Engine:
-    out = load_engine(ShardSettings(model_path=model, lora_adapters=lora))
+def engine(model: Path, lora: str | None, custom_kernels: bool = True) -> Engine:
+    out = load_engine(ShardSettings(model_path=model, lora_adapters=lora,
+                                    disable_custom_kernels=not custom_kernels))
     out.warmup(pb.WarmupRequest(max_prefill_tokens=4096, max_batch_total_tokens=256 * 96,
                                 max_input_tokens=128, max_total_tokens=256))
     return out
@@ -126,6 +129,9 @@ def main() -> None:
     parser.add_argument("--same-engine", action="store_true",
                         help="the base model's run is the adapters' engine with every row on "
                              "the base model (one model loaded: gpu.sh's 8B stage)")
+    parser.add_argument("--torch-path", action="store_true",
+                        help="the adapters' engine without custom kernels: on the CPU the torch "
+                             "ops path instead of the fused C++ kernel (shard/lora/cpu_kernel.py)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -134,7 +140,7 @@ def main() -> None:
         spec = ",".join(f"a{i}=" + str(write_adapter(
             Path(tmp) / f"a{i}", args.model, rank=args.rank, alpha=32, seed=i, std=0.02,
             dtype=dtype)) for i in range(1, args.adapters + 1))
-        lora = engine(args.model, spec)
+        lora = engine(args.model, spec, custom_kernels=not args.torch_path)
         base = lora if args.same_engine else engine(args.model, None)
     adapted = interleaved(((base, 0), (lora, args.adapters)), args.batch, args.max_new,
                           args.repeats)
@@ -143,9 +149,10 @@ def main() -> None:
     result = {
         "command": "python -m pytgi_bench.experiments.lora_batch " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
-            if k not in ("out", "same_engine") and v is not None
+            if k not in ("out", "same_engine", "torch_path") and v is not None
             and not (k == "model" and v == DEMO_MODEL))
-        + (" --same-engine" if args.same_engine else ""),
+        + (" --same-engine" if args.same_engine else "")
+        + (" --torch-path" if args.torch_path else ""),
         "model": str(args.model.relative_to(REPO) if args.model.is_relative_to(REPO)
                      else args.model),
         "device": str(base.model.device), "torch_threads": args.threads,
