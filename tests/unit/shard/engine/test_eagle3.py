@@ -242,3 +242,17 @@ def test_the_head_runs_on_the_triton_attention(
     assert_same(serve(engine, reqs, chunk=7).run, serve(engines["plain"], reqs).run)
     oracle = Oracle(target, heads["shared"])
     assert seen and all(d == oracle.drafts(s, len(d)) for s, d in seen)
+
+
+def test_a_qwen2_target(
+    tiny_model: Callable[..., Path], heads: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another family of the Llama-style decoder (Qwen2: q/k/v biases, tied embeddings, which
+    the head shares): the oracle's drafts, the plain engine's tokens."""
+    target = tiny_model("qwen2")
+    engine = build(target, SPECULATE, heads["shared"])
+    seen = watch_proposals(engine, monkeypatch)
+    reqs = [greedy(0, prompt_of(12, 7) * 2, 16), greedy(1, prompt_of(9, 8), 16)]
+    assert_same(serve(engine, reqs, chunk=6).run, serve(build(target), reqs, chunk=6).run)
+    oracle = Oracle(target, heads["shared"])
+    assert len(seen) >= 4 and all(d == oracle.drafts(s, len(d)) for s, d in seen)
