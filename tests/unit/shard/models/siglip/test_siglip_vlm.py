@@ -89,6 +89,14 @@ def test_gemma3_equals_transformers(gemma3: Path) -> None:
         assert_equal(run, rid, hf_generate(gemma3, prompt, MAX_NEW))
 
 
+def test_gemma3_on_the_triton_kernels_equals_transformers(gemma3: Path) -> None:
+    """The varlen prefill kernel with the images' spans (and the decode kernel), under
+    TRITON_INTERPRET=1 on CPU: transformers' tokens and logprobs."""
+    engine = build_engine(gemma3, attention="triton")
+    prompt = gemma3_prompt(gemma3, [picture((30, 60), 2), "and", picture((50, 50), 3), "so"])
+    assert_equal(served(engine, [prompt]), 1, hf_generate(gemma3, prompt, MAX_NEW))
+
+
 @pytest.mark.parametrize("family", ["paligemma", "gemma3"])
 def test_two_images_give_different_outputs(request: pytest.FixtureRequest, family: str) -> None:
     path: Path = request.getfixturevalue(family)
