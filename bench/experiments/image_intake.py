@@ -1,11 +1,12 @@
 """What one image costs the router, per size and format, on this machine's CPU (one thread):
-decoding with its pixel hash (router/http/media/decode.py), Qwen2-VL's image processing at the
-checkpoint's default max_pixels (qwen2_vl.py), the tokens it takes, and the bytes of its float32
+decoding with its pixel hash (router/http/media/decode.py), a family's image processing at its
+Hub checkpoints' defaults (Qwen2-VL's max_pixels, qwen2_vl.py; LLaVA-NeXT's 336-pixel tiles and
+pinpoints, llava_next.py), the tokens it takes, and the bytes of its float32
 pixel values on the wire (proto Image.pixel_values) beside its resized uint8 RGB. Behind two
 decisions: both steps run in the router's worker pool, never on the event loop; and a Prefill
 chunk carries only the images its tokens overlap (batch_wire.chunk_images).
 
-    python -m pytgi_bench.experiments.image_intake [--repeats N]
+    python -m pytgi_bench.experiments.image_intake [--repeats N] [--family llava_next]
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import numpy as np
 from PIL import Image
 
 from pytgi_router.http.media.decode import DecodedImage, decode_image
+from pytgi_router.http.media.llava_next import LlavaNextImageProcessor
+from pytgi_router.http.media.processed import ImageProcessor
 from pytgi_router.http.media.qwen2_vl import Qwen2VLImageProcessor
 
 T = TypeVar("T")
@@ -52,18 +55,24 @@ def timed(fn: Callable[..., T], arg: object, repeats: int) -> tuple[T, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--family", choices=("qwen2_vl", "llava_next"), default="qwen2_vl")
     args = parser.parse_args()
-    processor = Qwen2VLImageProcessor()  # Qwen2-VL's defaults: max_pixels = 28 * 28 * 1280
+    # Qwen2-VL's defaults: max_pixels = 28 * 28 * 1280; LLaVA-NeXT's: 336-pixel tiles of
+    # 14-pixel patches, pinpoints up to 672 x 672 (llava-hf/llava-v1.6-*).
+    processor: ImageProcessor = (LlavaNextImageProcessor() if args.family == "llava_next"
+                                 else Qwen2VLImageProcessor())
+    # Values per pixel the tower sees once (Qwen2-VL repeats each image over 2 temporal patches).
+    repeats = 2 if args.family == "qwen2_vl" else 1
     print("| image | encoded MB | decode + hash ms | process ms | tokens | float32 MB | uint8 MB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for size, fmt in CASES:
         data = encoded(size, fmt)
         decoded, decode_ms = timed(decode, data, args.repeats)
         processed, process_ms = timed(processor.process, decoded, args.repeats)
-        h, w = processor.resized("x", size[1], size[0])
+        values = processed.pixel_values.size // repeats
         print(f"| {size[0]}x{size[1]} {fmt} | {len(data) / 1e6:.2f} | {decode_ms:.1f} | "
               f"{process_ms:.1f} | {processed.tokens} | {processed.pixel_values.nbytes / 1e6:.1f} "
-              f"| {h * w * 3 / 1e6:.1f} |")
+              f"| {values / 1e6:.1f} |")
 
 
 if __name__ == "__main__":
