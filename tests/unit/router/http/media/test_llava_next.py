@@ -29,7 +29,8 @@ from tests.vision_checkpoints import (
     write_llava_next_tokenizer,
 )
 
-SIZES = [(70, 50), (41, 300), (800, 1000), (20, 20), (1000, 200), (336, 672), (500, 499)]
+SIZES = [(70, 50), (41, 300), (800, 1000), (20, 20), (1000, 200), (336, 672), (500, 499),
+         (300, 2), (3, 900)]
 
 
 def noise(width: int, height: int, seed: int = 0) -> Image.Image:

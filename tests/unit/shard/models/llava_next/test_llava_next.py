@@ -74,7 +74,7 @@ def assert_run(run: Run, rid: int, expected: tuple[list[int], list[float]]) -> N
     torch.testing.assert_close(run.logprobs[rid], expected[1], rtol=TOL, atol=TOL)
 
 
-@pytest.mark.parametrize("size", [(60, 40), (40, 90), (20, 20), (100, 33), (64, 64)])
+@pytest.mark.parametrize("size", [(60, 40), (40, 90), (20, 20), (100, 33), (64, 64), (90, 2)])
 def test_encode_equals_transformers_image_features(
     engine: Engine, model_dir: Path, size: tuple[int, int]
 ) -> None:
