@@ -3,8 +3,9 @@ tiny random weights and images processed by transformers' own processor: the CLI
 projector + anyres packing equal get_image_features (1e-4) on images of several shapes; served
 through the Engine, greedy tokens equal and logprobs within 1e-3 of generate with one image, two
 images, text only, and in chunks that split an image (pixels only with the chunks computing its
-tokens, the tower run once per image); two images of one size give different tokens; wire
-images that do not fit the model are refused in one line."""
+tokens, the tower run once per image) and after a prefix-cache hit past the image (no pixels
+sent); two images of one size give different tokens; wire images that do not fit the model are
+refused in one line."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from tests.unit.shard.models.llava_next.llava_cases import (
 )
 from tests.unit.shard.models.qwen2_vl.test_qwen2_vl import as_router_sends
 from tests.unit.shard.models.qwen2_vl.vlm_cases import picture
-from tests.unit.shard.router_steps import Router, build_engine, reference_run, request
+from tests.unit.shard.router_steps import BLOCK, Router, build_engine, reference_run, request
 from tests.vision_models import write_llava_next_model
 
 MAX_NEW = 6
@@ -148,3 +149,26 @@ def test_wire_images_that_do_not_fit_are_refused(fresh: Engine, model_dir: Path)
         getattr(image, field)[:] = value
         with pytest.raises(InvalidRequest, match=f"request 1: image 0: {message}"):
             reference_run(fresh, [r])
+
+
+def test_a_prefix_cache_hit_past_the_image_gives_the_cold_tokens(
+    fresh: Engine, model_dir: Path
+) -> None:
+    """B's first blocks are A's (same image and text): B computes only the text after the
+    image, its chunk carrying the image's grid and span but no pixels (1-D positions: nothing
+    of the image is needed)."""
+    prompt = one_image(model_dir)
+    cold = reference_run(fresh, [vlm_request(1, prompt)])  # A on blocks 1..
+    end_of_image = prompt.images[0][0] + prompt.images[0][1].tokens
+    cache_len = (end_of_image // BLOCK + 1) * BLOCK
+    assert cache_len < len(prompt.ids)
+    shared = cache_len // BLOCK
+    total = len(prompt.ids) + MAX_NEW
+    blocks = list(range(1, 1 + shared)) + list(range(60, 60 + -(-total // BLOCK) - shared))
+    b = as_router_sends(vlm_request(2, prompt, cache_len=cache_len))
+    b.blocks[:] = blocks
+    assert not b.images[0].pixel_values
+    warm = Run(fresh)
+    warm.finish(warm.prefill(pb.Batch(id=2, requests=[b])))
+    assert warm.tokens[2] == cold.tokens[1]
+    torch.testing.assert_close(warm.logprobs[2], cold.logprobs[1], rtol=TOL, atol=TOL)
