@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.errors import InvalidRequest
 from tests.siglip_models import write_gemma3_model, write_paligemma_model
@@ -23,7 +24,7 @@ from tests.unit.shard.models.siglip.siglip_cases import (
     picture,
     wire_images,
 )
-from tests.unit.shard.router_steps import Router, build_engine, reference_run, request
+from tests.unit.shard.router_steps import BLOCK, Router, build_engine, reference_run, request
 
 MAX_NEW = 6
 TOL = 1e-3
@@ -158,3 +159,28 @@ def test_wrong_image_shapes_are_refused_in_one_line(paligemma: Path) -> None:
         reference_run(engine, [r])
 
 
+
+
+def test_a_prefix_cache_hit_inside_the_paligemma_prefix_gives_the_cold_tokens(
+    paligemma: Path
+) -> None:
+    """The same prompt again, its first blocks (inside the prompt's one span) from the cache:
+    the chunk computes the rest of the span over the cached keys, with no pixels sent (the
+    router keys a span's blocks by the whole span, so only an identical prompt gets here)."""
+    engine = build_engine(paligemma)
+    prompt = paligemma_prompt(paligemma, "What is this?", [picture((40, 30), 1)])
+    cold = served(engine, [prompt])
+    cache_len = 5 * BLOCK
+    assert 16 < cache_len < len(prompt.ids)  # past the image, inside the prompt
+    total = len(prompt.ids) + MAX_NEW
+    shared = cache_len // BLOCK
+    r = request(2, prompt.ids, max_new=MAX_NEW, blocks=[], images=wire_images(prompt),
+                cache_len=cache_len)
+    r.blocks[:] = list(range(1, 1 + shared)) + list(range(40, 40 + -(-total // BLOCK) - shared))
+    for image in r.images:
+        image.ClearField("pixel_values")
+        image.ClearField("shape")
+    warm = Run(engine)
+    warm.finish(warm.prefill(pb.Batch(id=2, requests=[r])))
+    assert warm.tokens[2] == cold.tokens[1]
+    torch.testing.assert_close(warm.logprobs[2], cold.logprobs[1], rtol=TOL, atol=TOL)
