@@ -88,3 +88,32 @@ def test_tower_refuses_pixels_of_another_size(paligemma: Path) -> None:
     _, tower = _tower(paligemma)
     with pytest.raises(ValueError, match=r"takes \[16, 192\]"):
         tower(torch.zeros(9, 192))
+
+
+def test_hub_configs_read_as_transformers_defaults() -> None:
+    """config.json as google/gemma-3-4b-it and google/paligemma-3b-pt-224 ship it (transformers
+    4's layout, most text keys left to the defaults)."""
+    from pytgi_shard.models.siglip.model import text_config
+
+    gemma3 = {"model_type": "gemma3", "mm_tokens_per_image": 256, "text_config": {
+        "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+        "num_hidden_layers": 34, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        "sliding_window": 1024}}
+    decoder = text_config(gemma3, "gemma3_text")
+    assert (decoder.num_attention_heads, decoder.num_key_value_heads, decoder.head_dim) == (8, 4,
+                                                                                         256)
+    assert decoder.layer_windows[:6] == (1024,) * 5 + (None,)
+    assert decoder.local_rope_theta == 10000.0
+    paligemma = {"model_type": "paligemma", "text_config": {
+        "hidden_size": 2048, "intermediate_size": 16384, "model_type": "gemma",
+        "num_attention_heads": 8, "num_hidden_layers": 18, "num_image_tokens": 256,
+        "num_key_value_heads": 1, "vocab_size": 257216}}
+    decoder = text_config(paligemma, "gemma")
+    assert (decoder.head_dim, decoder.num_key_value_heads, decoder.model_type) == (256, 1,
+                                                                                 "gemma")
+    vision = SiglipConfig.from_dict({"hidden_size": 1152, "intermediate_size": 4304,
+                                     "num_attention_heads": 16, "num_hidden_layers": 27,
+                                     "patch_size": 14, "projection_dim": 2048})
+    assert (vision.image_size, vision.num_patches, vision.patch_dim) == (224, 256, 588)
+    with pytest.raises(ValueError, match="only gemma, gemma2, gemma3_text"):
+        text_config({"model_type": "paligemma", "text_config": {"model_type": "llama"}}, "gemma")
