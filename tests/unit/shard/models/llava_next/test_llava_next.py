@@ -172,3 +172,22 @@ def test_a_prefix_cache_hit_past_the_image_gives_the_cold_tokens(
     warm.finish(warm.prefill(pb.Batch(id=2, requests=[b])))
     assert warm.tokens[2] == cold.tokens[1]
     torch.testing.assert_close(warm.logprobs[2], cold.logprobs[1], rtol=TOL, atol=TOL)
+
+
+def test_warmup_encodes_the_most_tiles_an_image_can_have(fresh: Engine) -> None:
+    """Warmup's peak (the KV cache's sizing) includes the tower on the largest pinpoint's tiles
+    (64 x 64: 2 x 2 tiles and the base one)."""
+    model = fresh.model
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    encode = model.encode  # type: ignore[attr-defined]
+
+    def counted(pixels: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
+        seen.append((pixels.shape[0], grid))
+        return encode(pixels, grid)
+
+    model.encode = counted  # type: ignore[attr-defined]
+    try:
+        fresh.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
+    finally:
+        del model.encode  # type: ignore[attr-defined]
+    assert seen == [(5, (64, 64))]
