@@ -5,7 +5,9 @@ matmul alone against the update computed three ways, rows spread evenly over the
   (index_select, two matmuls, index_add_: four ops per adapter, one host read per forward);
 - segmented: rows padded per slot once per forward, batched matmuls over the present slots, A
   stored transposed, the expand per fused piece from its own contiguous B (the CPU's path);
-- dense: every row through every slot's A and B, masked to its own (CUDA without Triton).
+- dense: every row through every slot's A and B, masked to its own (CUDA without Triton);
+- kernel: the fused C++ update (shard/lora/cpu_kernel.py, the CPU's default where it builds):
+  one call per layer, rows grouped by slot inside it (nothing built per forward).
 Layers: the demo model's (launcher/demo_model: hidden 128) q|k|v, o, gate|up and down, and one
 Llama-3-8B q|k|v (4096 -> 6144), at 64 tokens (a decode step of batch 64) and 512 (a prefill).
 Each path's time and the base matmul's are taken in turns, the median of --repeat rounds.
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from pytgi_shard.lora import torch_lora
+from pytgi_shard.lora import cpu_kernel, torch_lora
 
 # (name, in, out, pieces: output sizes of the fused projections)
 LAYERS = (
@@ -85,6 +87,11 @@ def measure(k: int, n: int, pieces: tuple[int, ...], tokens: int, adapters: int,
             out, x, a_stored, b_pieces, torch_lora.segments(index, adapters + 1)),
         "dense": lambda: torch_lora.add_dense(out, x, a, bt, index),
     }
+    kernel = cpu_kernel.load()
+    if kernel is not None:
+        at = a_stored.transpose(1, 2)  # the storage itself: [slots, in, rank · pieces]
+        ranks = [0] + [rank * len(pieces)] * adapters
+        calls["kernel"] = lambda: kernel.add_lora(out, x, at, b_pieces, index, ranks)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():  # warm-up
         call()
@@ -94,7 +101,8 @@ def measure(k: int, n: int, pieces: tuple[int, ...], tokens: int, adapters: int,
             for _ in range(5):
                 call()
             samples[name].append((time.perf_counter() - start) / 5)
-    return {name: round(statistics.median(s) * 1e3, 4) for name, s in samples.items()}
+    result = {name: round(statistics.median(s) * 1e3, 4) for name, s in samples.items()}
+    return {**result, "kernel": result.get("kernel", float("nan"))}
 
 
 def main() -> None:
@@ -108,14 +116,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     rows = []
     print(f"{'layer':<13} {'tokens':>6} {'base ms':>8} {'grouped':>8} {'segmented':>9} "
-          f"{'dense':>8}  (update alone; {args.adapters} adapters of rank {args.rank})")
+          f"{'dense':>8} {'kernel':>8}  (update alone; {args.adapters} adapters of rank {args.rank})")
     with torch.inference_mode():
         for name, k, n, pieces in LAYERS:
             for tokens in (64, 512):
                 ms = measure(k, n, pieces, tokens, args.adapters, args.rank, args.repeat)
                 rows.append({"layer": name, "in": k, "out": n, "tokens": tokens, **ms})
                 print(f"{name:<13} {tokens:>6} {ms['base']:>8.3f} {ms['grouped']:>8.3f} "
-                      f"{ms['segmented']:>9.3f} {ms['dense']:>8.3f}")
+                      f"{ms['segmented']:>9.3f} {ms['dense']:>8.3f} {ms['kernel']:>8.3f}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"command": "python -m pytgi_bench.experiments.lora_overhead "
