@@ -238,7 +238,7 @@ def test_the_head_runs_on_the_triton_attention(
     engine = build(target, SPECULATE, heads["shared"], attention="triton")
     assert engine.info().attention_impl == "triton"
     seen = watch_proposals(engine, monkeypatch)
-    reqs = [greedy(0, prompt_of(6, 5) * 2, 10), greedy(1, prompt_of(5, 6), 8)]
+    reqs = [greedy(0, prompt_of(6, 5) * 2, 8), greedy(1, prompt_of(5, 6), 6)]
     assert_same(serve(engine, reqs, chunk=7).run, serve(engines["plain"], reqs).run)
     oracle = Oracle(target, heads["shared"])
     assert seen and all(d == oracle.drafts(s, len(d)) for s, d in seen)
