@@ -82,6 +82,11 @@ def load_draft_model(
         return load_heads(flag, path, raw, target, dtype, settings.speculate, "mlp-speculator")
     if isinstance(raw, dict) and "medusa_num_heads" in raw:
         return load_heads(flag, path, raw, target, dtype, settings.speculate, "medusa")
+    if isinstance(raw, dict) and "speculators_model_type" in raw:
+        raise SpeculatorRefused(
+            f"{flag}: a checkpoint in the speculators library's format "
+            f"({raw['speculators_model_type']}) is not read; use the head's original "
+            "checkpoint (for EAGLE-3: config.json's architecture LlamaForCausalLMEagle3)")
     if isinstance(raw, dict) and is_eagle3(raw):
         try:
             return load_eagle3(path, raw, target, dtype, settings.block_size, settings.speculate)

@@ -212,6 +212,11 @@ def test_start_up_refusals(tiny_model: Callable[..., Path], tmp_path: Path) -> N
     refused(wide, "d2t maps draft ids outside the target's 384 tokens")
     refused(write_head(tmp_path / "gpt2", aux=[0, 1, 2]), "Llama-style decoders",
             model=tiny_model("gpt2"))
+    converted = write_head(tmp_path / "converted")
+    (converted / "config.json").write_text(json.dumps(
+        {**head_config(), "architectures": ["Eagle3Speculator"],
+         "speculators_model_type": "eagle3"}))
+    refused(converted, r"speculators library's format \(eagle3\) is not read")
 
 
 def test_two_ranks_draft_like_one(
