@@ -128,7 +128,7 @@ class LoraLinear(nn.Module):
     def b_pieces(self) -> tuple[torch.Tensor, ...]:
         """The B storage: one [slots, max_rank, out] tensor, or per piece [slots,
         max_rank/P, piece's outputs] (`split`)."""
-        return tuple(self._buffers[name] for name in self._b_names)
+        return tuple(getattr(self, name) for name in self._b_names)
 
     @property
     def bt(self) -> torch.Tensor:
