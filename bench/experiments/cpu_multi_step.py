@@ -5,8 +5,9 @@
         --out bench/results/cpu/multi_step.json
 
 Per server and round: 64 prompts of U[16, 64) tokens at once (output tok/s, TTFT p50), then
-single stream (decode tok/s = 1000 / TPOT p50, TTFT p50), 64 new tokens, greedy, EOS ignored;
-then the price of k: the TTFT p50 of single requests sent one at a time while another stream
+single stream (decode tok/s = 1000 / TPOT p50, TTFT p50), 64 new tokens, greedy, EOS ignored,
+each with the CPU time the server's processes spent per output token (robust to the neighbours'
+load, which wall times are not); then the price of k: the TTFT p50 of single requests sent one at a time while another stream
 decodes (a newcomer waits for the end of the Decode call in flight). Rounds alternate the
 servers' order; every round is kept, with the load average.
 """
@@ -24,13 +25,62 @@ from typing import Any
 
 import httpx
 
-from pytgi_bench.compare.llama_cpp import _load, one_round
+from pytgi_bench.compare.llama_cpp import _load
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
 from pytgi_bench.compare.run import build_prompts
 from pytgi_bench.compare.server_process import PytgiServer
 from pytgi_bench.settings import LengthRange
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) the process `root` (the launcher) and its descendants (the
+    router and the shards) used so far. Under a loaded machine's contention this moves far less
+    than wall times do: the work per token, not the wait for a core."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    used: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        parent[int(entry)] = int(fields[1])  # ppid
+        used[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
+    total = 0
+    for pid, ticks_used in used.items():
+        up = pid
+        while up > 1 and up != root:
+            up = parent.get(up, 0)
+        if up == root:
+            total += ticks_used
+    return total / ticks
+
+
+def one_round(server: PytgiServer, concurrent: list[str], single: list[str],
+              new_tokens: int, work: Path, name: str) -> dict[str, float]:
+    """The round's numbers for one server (the fields of compare.llama_cpp.one_round, plus the
+    server's CPU ms per output token in each part)."""
+    root = int(server.pid_path.read_text())  # the launcher's pid
+    cpu = tree_cpu_s(root)
+    batch = _load(server.url, concurrent, new_tokens, None, work, f"{name}.concurrent")
+    cpu, batch_cpu = tree_cpu_s(root), tree_cpu_s(root) - cpu
+    stream = _load(server.url, single, new_tokens, 1, work, f"{name}.single")
+    stream_cpu = tree_cpu_s(root) - cpu
+    return {
+        "concurrent_output_tok_s": batch.total_output_tokens / batch.duration_s,
+        "concurrent_output_tokens": batch.total_output_tokens,
+        "concurrent_ttft_p50_ms": batch.ttft.p50_ms,
+        "concurrent_cpu_ms_per_token": batch_cpu * 1e3 / batch.total_output_tokens,
+        "single_decode_tok_s": 1000.0 / stream.tpot.p50_ms,
+        "single_tpot_p50_ms": stream.tpot.p50_ms,
+        "single_ttft_p50_ms": stream.ttft.p50_ms,
+        "single_cpu_ms_per_token": stream_cpu * 1e3 / stream.total_output_tokens,
+    }
 
 
 def busy_ttft_ms(url: str, prompts: list[str], work: Path, name: str) -> float:
@@ -96,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             row: dict[str, Any] = {}
             for k in order:
                 url = servers[k].url
-                numbers = one_round(f"k{k}", url, concurrent, single, args.new_tokens,
-                                    args.work_dir)
+                numbers = one_round(servers[k], concurrent, single, args.new_tokens,
+                                    args.work_dir, f"k{k}")
                 numbers["busy_ttft_p50_ms"] = busy_ttft_ms(url, single, args.work_dir,
                                                            f"k{k}.busy")
                 row[str(k)] = numbers
