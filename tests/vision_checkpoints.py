@@ -112,6 +112,14 @@ LLAVA_TILE, LLAVA_PATCH = 32, 8
 LLAVA_PINPOINTS = [[32, 64], [64, 32], [64, 64]]
 
 
+def llava_processor(tile: int = LLAVA_TILE) -> Any:
+    """transformers' LLaVA 1.5 image processor (PIL backend) for tiles of `tile` pixels."""
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
+
+    return LlavaImageProcessorPil(size={"shortest_edge": tile},
+                                  crop_size={"height": tile, "width": tile})
+
+
 def llava_next_processor(tile: int = LLAVA_TILE, pinpoints: list[list[int]] | None = None
                          ) -> Any:
     """transformers' LLaVA-NeXT image processor (PIL backend) for tiles of `tile` pixels."""
@@ -124,8 +132,9 @@ def llava_next_processor(tile: int = LLAVA_TILE, pinpoints: list[list[int]] | No
         image_grid_pinpoints=pinpoints or LLAVA_PINPOINTS)
 
 
-def write_llava_next_tokenizer(path: Path) -> Tokenizer:
-    """The tiny models' tokenizer with `<image>` added, its template LLaVA-NeXT-like."""
+def write_llava_next_tokenizer(path: Path, family: str = "llava_next") -> Tokenizer:
+    """The tiny models' tokenizer with `<image>` added, its template LLaVA-NeXT-like, and the
+    family's (llava_next or llava) image processor."""
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(_CORPUS)
     tok.add_special_tokens([AddedToken(LLAVA_IMAGE_TOKEN, special=True, normalized=False)])
@@ -135,5 +144,5 @@ def write_llava_next_tokenizer(path: Path) -> Tokenizer:
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        llava_next_processor().save_pretrained(path)
+        (llava_processor() if family == "llava" else llava_next_processor()).save_pretrained(path)
     return tok

@@ -26,7 +26,7 @@ from tests.vision_checkpoints import (
 # images, on 1 and 2 ranks) by tests/integration/test_qwen2_vl_serving.py and
 # test_llava_next_serving.py (PaliGemma and Gemma 3: test_siglip_serving.py, their checkpoints
 # from tests/siglip_models.py) rather than by the text families' serving test.
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "paligemma", "gemma3")
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "llava", "paligemma", "gemma3")
 
 # The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
 # rotary frequencies M-RoPE splits into temporal, height and width sections. Weights 15x
@@ -101,13 +101,20 @@ LLAVA_VISION = {"model_type": "clip_vision_model", "hidden_size": 32, "intermedi
                 "patch_size": LLAVA_PATCH, "projection_dim": 32, "initializer_factor": 3.0}
 
 
-def write_llava_next_model(path: Path, seed: int = 0) -> Path:
-    """A whole tiny LLaVA-NeXT checkpoint at `path` (float32), as transformers saves it, with its
-    tokenizer (`<image>` added), LLaVA-NeXT-like chat template and image processor."""
+def write_llava_next_model(path: Path, seed: int = 0, family: str = "llava_next") -> Path:
+    """A whole tiny LLaVA-NeXT (or, `family` llava, LLaVA 1.5) checkpoint at `path` (float32),
+    as transformers saves it, with its tokenizer (`<image>` added), LLaVA-NeXT-like chat
+    template and image processor."""
     import torch
-    from transformers import GenerationConfig, LlavaNextConfig, LlavaNextForConditionalGeneration
+    from transformers import (
+        GenerationConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaNextConfig,
+        LlavaNextForConditionalGeneration,
+    )
 
-    tok = write_llava_next_tokenizer(path)
+    tok = write_llava_next_tokenizer(path, family)
     ids: dict[str, Any] = {
         "bos_token_id": tok.token_to_id(BOS), "eos_token_id": tok.token_to_id(EOS),
         "pad_token_id": tok.token_to_id(PAD),
@@ -115,12 +122,17 @@ def write_llava_next_model(path: Path, seed: int = 0) -> Path:
     text = {**LLAVA_TEXT, "vocab_size": tok.get_vocab_size(), **ids}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = LlavaNextConfig(text_config=text, vision_config=LLAVA_VISION,
-                                 image_grid_pinpoints=LLAVA_PINPOINTS,
-                                 image_token_index=tok.token_to_id(LLAVA_IMAGE_TOKEN),
-                                 torch_dtype="float32", **ids)
+        image_token = tok.token_to_id(LLAVA_IMAGE_TOKEN)
+        config = (LlavaConfig(text_config=text, vision_config=LLAVA_VISION,
+                              image_token_index=image_token, torch_dtype="float32", **ids)
+                  if family == "llava" else
+                  LlavaNextConfig(text_config=text, vision_config=LLAVA_VISION,
+                                  image_grid_pinpoints=LLAVA_PINPOINTS,
+                                  image_token_index=image_token, torch_dtype="float32", **ids))
         torch.manual_seed(seed)
-        model = LlavaNextForConditionalGeneration(config).eval()
+        model_class = (LlavaForConditionalGeneration if family == "llava"
+                       else LlavaNextForConditionalGeneration)
+        model = model_class(config).eval()
         model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(**ids).save_pretrained(path)
     return path

@@ -20,4 +20,5 @@ VISION_FAMILIES: Mapping[str, ModelLoader] = MappingProxyType({
     "paligemma": SiglipVLM.load,
     "gemma3": SiglipVLM.load,
     "llava_next": LlavaNext.load,
+    "llava": LlavaNext.load,
 })

@@ -1,10 +1,11 @@
-"""LLaVA-NeXT end to end (issue 28): the router reads, processes (anyres) and sends images, the
-shard runs its CLIP tower, projector and anyres packing into the Llama decoder; the served greedy
-tokens and logprobs equal transformers' LlavaNextForConditionalGeneration.generate on the same
-prompt ids and the image processed by transformers' LlavaNextProcessor, through /generate with a
-markdown data-URI image and /v1/chat/completions with a data: PNG, on 1 and 2 ranks. Two different
-images give different outputs; a text-only request is served. One server start per rank count,
-every check against it."""
+"""LLaVA-NeXT (and LLaVA 1.5, one tile per image) end to end (issue 28): the router reads,
+processes (anyres) and sends images, the shard runs its CLIP tower, projector and anyres packing
+into the Llama decoder; the served greedy tokens and logprobs equal transformers' generate
+(LlavaNext/LlavaForConditionalGeneration) on the same prompt ids and the image processed by
+transformers' own processor, through /generate with a markdown data-URI image and
+/v1/chat/completions with a data: PNG, on 1 and 2 ranks (LLaVA 1.5 on 1). Two different images
+give different outputs; a text-only request is served. One server start per family and rank
+count, every check against it."""
 
 from __future__ import annotations
 
@@ -31,17 +32,28 @@ MAX_NEW = 5
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_llava_next_model(tmp_path_factory.mktemp("llava_next"))
+SERVED = [("llava_next", 1), ("llava_next", 2), ("llava", 1)]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1rank", "2ranks"])
-def server(request: pytest.FixtureRequest, model: Path) -> Iterator[str]:
-    with start_shards(model, request.param) as shards, RouterProcess(
+@pytest.fixture(scope="module", params=SERVED, ids=[f"{f}-{n}rank" for f, n in SERVED])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, Path]]:
+    family, ranks = request.param
+    model = write_llava_next_model(tmp_path_factory.mktemp(family), family=family)
+    with start_shards(model, ranks) as shards, RouterProcess(
         shards.urls[0], model, "--max-total-tokens", "400", "--max-input-tokens", "300",
     ) as router:
-        yield router.url
+        yield router.url, model
+
+
+@pytest.fixture
+def server(served: tuple[str, Path]) -> str:
+    return served[0]
+
+
+@pytest.fixture
+def model(served: tuple[str, Path]) -> Path:
+    return served[1]
 
 
 def expected(model: Path, ids: list[int], image_png: bytes | None

@@ -90,6 +90,12 @@ LLAVA_NEXT = VisionFamily(
     PromptImages("<image>", "<image>"),
     LlavaNextImageProcessor.from_checkpoint,
 )
+# LLaVA 1.5: the same prompt (its templates write one `<image>` per image part); one tile.
+LLAVA = VisionFamily(
+    "llava",
+    PromptImages("<image>", "<image>"),
+    LlavaNextImageProcessor.llava,
+)
 
 # PaliGemma: "<image>" per image token, placed as PaliGemmaProcessor places it (PromptImages
 # .attention "prefix"); its checkpoints ship no chat template, so chat needs one that writes
@@ -113,6 +119,7 @@ VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,
     "llava_next": LLAVA_NEXT,
+    "llava": LLAVA,
     "paligemma": PALIGEMMA,
     "gemma3": GEMMA3,
 })

@@ -6,13 +6,17 @@ resized to a square; each tile resized/center-cropped to the tower's size, resca
 (CLIP). And the image's token count as LlavaNextProcessor computes it: the base tile's patches,
 plus the tiles' patch grid with the padding rows/columns removed ("unpad") and one newline token
 per remaining row. Written on numpy and Pillow (the router imports no transformers or torch);
-tests/unit/router/http/media checks it equals transformers' processor and processor counts."""
+tests/unit/router/http/media checks it equals transformers' processor and processor counts.
+
+LLaVA 1.5 (`llava`) is the same without anyres (`anyres=False`, transformers' LlavaImageProcessor
+without padding): the image as one tile, resized by its shortest edge and center-cropped, taking
+(crop / patch)^2 tokens."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -78,13 +82,23 @@ class LlavaNextImageProcessor:
     image_std: tuple[float, ...] = CLIP_STD
     rescale_factor: float = 1 / 255
     resample: int = Image.Resampling.BICUBIC
+    # False: LLaVA 1.5, the image as one center-cropped tile (no pinpoints, no newlines).
+    anyres: bool = True
+
+    @classmethod
+    def llava(cls, config: Mapping[str, Any], pre: Mapping[str, Any]) -> LlavaNextImageProcessor:
+        """LLaVA 1.5's processor (transformers' LlavaImageProcessor / CLIPImageProcessor); its
+        `do_pad` (a pad to square first) is not served."""
+        if pre.get("do_pad"):
+            raise ValueError("do_pad (pad to square) in preprocessor_config.json")
+        return replace(cls.from_checkpoint(config, pre), anyres=False)
 
     @classmethod
     def from_checkpoint(cls, config: Mapping[str, Any], pre: Mapping[str, Any]
                         ) -> LlavaNextImageProcessor:
         """preprocessor_config.json's fields (transformers' defaults for those it lacks) and the
         tower's patch size from config.json. Only `vision_feature_select_strategy` "default"
-        (the class token dropped, as every LLaVA-NeXT checkpoint ships) is served."""
+        (the class token dropped, as every LLaVA checkpoint ships) is served."""
         strategy = config.get("vision_feature_select_strategy", "default")
         if strategy != "default":
             raise ValueError(f"vision_feature_select_strategy {strategy!r} (only 'default')")
@@ -110,6 +124,8 @@ class LlavaNextImageProcessor:
     def tokens(self, height: int, width: int) -> int:
         """The image's tokens in the prompt (LlavaNextProcessor._get_number_of_features, the
         class token dropped): base tile patches + unpadded tile grid + one newline per row."""
+        if not self.anyres:
+            return (self.crop[0] // self.patch_size) * (self.crop[1] // self.patch_size)
         best_h, best_w = select_best_resolution(height, width, self.pinpoints)
         tile_h, tile_w = self.crop
         ph, pw = tile_h // self.patch_size, tile_w // self.patch_size
@@ -142,6 +158,10 @@ class LlavaNextImageProcessor:
         """pixel_values [1 + tiles, C, crop_h, crop_w] (the base tile first); grid = the
         original (height, width), which the tower's packing unpads by."""
         width, height = image.size
+        if not self.anyres:
+            pixels = self._tile(image.image)[None]
+            return ProcessedImage(pixels, (height, width), self.tokens(height, width),
+                                  image.where, image.content_hash)
         best_h, best_w = select_best_resolution(height, width, self.pinpoints)
         new_h, new_w = fitted_size(height, width, (best_h, best_w))
         fitted = np.asarray(self._resized(image.image, new_h, new_w))

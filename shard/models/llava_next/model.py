@@ -9,6 +9,9 @@ the decoder's own, CUDA graphs included; a prefill chunk covering image tokens c
 StepMedia whose image rows replace those tokens' embeddings (shard/models/vision_language.py
 keeps an image's rows between the chunks of a prefill, so the tower runs once per image). The
 tower and projector are replicated on every rank (see clip/vision.py for why).
+
+LLaVA 1.5 (`llava`) is the same model without anyres: one tile per image, its features (class
+token dropped, projected) the image's rows; no image_newline.
 """
 
 from __future__ import annotations
@@ -43,10 +46,13 @@ DEFAULT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008
 @dataclass(frozen=True, slots=True)
 class LlavaNextImages:
     """LLaVA-NeXT's wire images: grid = the original (height, width); pixels [1 + tiles, C, S,
-    S] (the base tile first); the token count anyres gives for that size."""
+    S] (the base tile first); the token count anyres gives for that size. LLaVA 1.5 (`anyres`
+    None): one tile of S, grid * grid tokens."""
 
-    anyres: AnyRes
+    anyres: AnyRes | None
     channels: int
+    image_size: int
+    grid: int
     mrope_merge: int = 0
 
     def refusal(self, grid: tuple[int, ...], shape: tuple[int, ...] | None, tokens: int
@@ -54,12 +60,16 @@ class LlavaNextImages:
         if len(grid) != 2 or min(grid) <= 0:
             return f"grid {list(grid)} is not the image's (height, width)"
         height, width = grid
-        expected = self.anyres.tokens(height, width)
+        tiles = 1
+        expected = self.grid ** 2
+        if self.anyres is not None:
+            expected = self.anyres.tokens(height, width)
+            rows, cols = self.anyres.tiles(height, width)
+            tiles += rows * cols
         if expected != tokens:
             return f"an image of {height} x {width} takes {expected} tokens, not {tokens}"
-        rows, cols = self.anyres.tiles(height, width)
-        side = self.anyres.image_size
-        want = (1 + rows * cols, self.channels, side, side)
+        side = self.image_size
+        want = (tiles, self.channels, side, side)
         if shape is not None and shape != want:
             return f"pixel values of shape {list(shape)} are not float32 {list(want)}"
         return None
@@ -132,15 +142,18 @@ class LlavaNext(Llama, ImageEncoder):
                            "model.multi_modal_projector.linear_1.weight")
         self.projector = Projector(weights, projector.removesuffix(".linear_1.weight"),
                                    str(raw.get("projector_hidden_act", "gelu")))
-        self.image_newline = nn.Parameter(
-            weights.get_tensor(_first(weights, "image_newline", "model.image_newline")),
-            requires_grad=False)
-        pinpoints = raw.get("image_grid_pinpoints") or DEFAULT_PINPOINTS
-        self.anyres = AnyRes(tuple((int(h), int(w)) for h, w in pinpoints), vision.image_size,
-                             vision.grid)
-        self.image_layout = LlavaNextImages(self.anyres, vision.num_channels)
+        self.model_type = str(raw.get("model_type", "llava_next"))
+        self.anyres: AnyRes | None = None
+        if self.model_type == "llava_next":
+            self.image_newline = nn.Parameter(
+                weights.get_tensor(_first(weights, "image_newline", "model.image_newline")),
+                requires_grad=False)
+            pinpoints = raw.get("image_grid_pinpoints") or DEFAULT_PINPOINTS
+            self.anyres = AnyRes(tuple((int(h), int(w)) for h, w in pinpoints),
+                                 vision.image_size, vision.grid)
+        self.image_layout = LlavaNextImages(self.anyres, vision.num_channels, vision.image_size,
+                                            vision.grid)
         self.images = ImageEmbeddings()
-        self.model_type = "llava_next"
 
     @classmethod
     def load(cls, config: ModelConfig, dtype: torch.dtype, dist: Dist,
@@ -151,20 +164,26 @@ class LlavaNext(Llama, ImageEncoder):
 
     def encode(self, pixel_values: torch.Tensor, grid: tuple[int, ...]) -> torch.Tensor:
         """One image's rows [tokens, hidden]: tower (class token dropped), projector, anyres
-        packing by its original (height, width)."""
+        packing by its original (height, width) (LLaVA 1.5: its one tile's rows)."""
         height, width = grid
         features = self.visual(pixel_values.to(self.device))[:, 1:]
         projected = self.projector(features)
+        if self.anyres is None:
+            return projected[0].to(self.dtype)
         return self.anyres.pack(projected, height, width, self.image_newline).to(self.dtype)
 
     def warmup_images(self) -> None:
-        """The tower on the most tiles any pinpoint gives (its whole resolution as the image)."""
-        height, width = max(self.anyres.pinpoints, key=lambda hw: hw[0] * hw[1])
-        rows, cols = self.anyres.tiles(height, width)
-        side = self.anyres.image_size
-        tiles = torch.zeros(1 + rows * cols, self.visual.config.num_channels, side, side,
-                            device=self.device)
-        self.encode(tiles, (height, width))
+        """The tower on the most tiles any pinpoint gives (its whole resolution as the image;
+        LLaVA 1.5: one tile)."""
+        side = self.visual.config.image_size
+        height, width, tiles = side, side, 1
+        if self.anyres is not None:
+            height, width = max(self.anyres.pinpoints, key=lambda hw: hw[0] * hw[1])
+            rows, cols = self.anyres.tiles(height, width)
+            tiles += rows * cols
+        pixels = torch.zeros(tiles, self.visual.config.num_channels, side, side,
+                             device=self.device)
+        self.encode(pixels, (height, width))
 
     @torch.inference_mode()
     def forward(

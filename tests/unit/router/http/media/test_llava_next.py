@@ -1,7 +1,8 @@
 """LLaVA-NeXT's image processor, router half: its anyres port equals transformers'
 LlavaNextImageProcessorPil (pixel values, 1e-5) and LlavaNextProcessor's image token counts on
 images of several shapes, at the Hub checkpoints' settings (336-pixel tiles, the default
-pinpoints, 14-pixel patches) and the tiny test model's; the family's prompt rendering."""
+pinpoints, 14-pixel patches) and the tiny test model's; LLaVA 1.5's one-tile processor the same
+way; the family's prompt rendering."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.vision_checkpoints import (
     LLAVA_PATCH,
     LLAVA_TILE,
     llava_next_processor,
+    llava_processor,
     write_llava_next_tokenizer,
 )
 
@@ -116,3 +118,31 @@ def test_prompts_carry_image_tokens_as_llava_next_does(tmp_path: Path) -> None:
     refs = [ImageRef("messages[0].content[0]", "data:a")]
     assert vision.chat_text("[INST] <image>\nhi [/INST]", refs, [3]) == (
         "[INST] <image><image><image>\nhi [/INST]")
+
+
+@pytest.mark.parametrize("tile", [336, LLAVA_TILE])
+@pytest.mark.parametrize(("width", "height"), [(70, 50), (41, 300), (800, 1000), (300, 2)])
+def test_llava_1_5_processor_equals_transformers(tile: int, width: int, height: int) -> None:
+    """LLaVA 1.5 (`llava`): one center-cropped tile, (tile / patch)^2 tokens, as
+    LlavaImageProcessorPil and LlavaProcessor make them."""
+    from transformers import LlavaProcessor, PreTrainedTokenizerFast
+
+    patch = 14 if tile == 336 else LLAVA_PATCH
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = llava_processor(tile)
+    ours = LlavaNextImageProcessor.llava({"vision_config": {"patch_size": patch}},
+                                         json.loads(json.dumps(theirs.to_dict())))
+    decoded = decode_image(png(noise(width, height)), "x", 1 << 25)
+    expected = theirs(images=[decoded.image], return_tensors="np")["pixel_values"]
+    got = ours.process(decoded)
+    assert got.pixel_values.shape == expected.shape == (1, 3, tile, tile)
+    np.testing.assert_allclose(got.pixel_values, expected, atol=1e-5)
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(
+        '{"version":"1.0","model":{"type":"WordLevel","vocab":{"<image>":0,"[UNK]":1},'
+        '"unk_token":"[UNK]"}}'))
+    processor = LlavaProcessor(image_processor=theirs, tokenizer=tok, patch_size=patch,
+                               vision_feature_select_strategy="default",
+                               num_additional_image_tokens=1)
+    counted = processor.replace_image_token({"pixel_values": expected}, 0).count("<image>")
+    assert got.tokens == counted == (tile // patch) ** 2

@@ -23,24 +23,38 @@ class Processed:
     tokens: int
 
 
-def process(model_dir: Path, image: PILImage.Image) -> Processed:
-    """transformers' LlavaNextProcessor of the checkpoint (the router's equals it)."""
+def is_llava(model_dir: Path) -> bool:
+    """LLaVA 1.5 (one tile per image) rather than LLaVA-NeXT."""
     import json
 
-    from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
+    return bool(json.loads((model_dir / "config.json").read_text())["model_type"] == "llava")
+
+
+def process(model_dir: Path, image: PILImage.Image) -> Processed:
+    """transformers' LlavaNextProcessor (LlavaProcessor for LLaVA 1.5) of the checkpoint (the
+    router's equals it)."""
+    import json
+
+    from transformers import LlavaNextProcessor, LlavaProcessor, PreTrainedTokenizerFast
+    from transformers.models.llava.image_processing_pil_llava import LlavaImageProcessorPil
     from transformers.models.llava_next.image_processing_pil_llava_next import (
         LlavaNextImageProcessorPil,
     )
 
     config = json.loads((model_dir / "config.json").read_text())
     tok = PreTrainedTokenizerFast(tokenizer_file=str(model_dir / "tokenizer.json"))
-    processor = LlavaNextProcessor(
-        image_processor=LlavaNextImageProcessorPil.from_pretrained(model_dir), tokenizer=tok,
+    llava = is_llava(model_dir)
+    image_processor = (LlavaImageProcessorPil if llava
+                       else LlavaNextImageProcessorPil).from_pretrained(model_dir)
+    processor = (LlavaProcessor if llava else LlavaNextProcessor)(
+        image_processor=image_processor, tokenizer=tok,
         patch_size=config["vision_config"]["patch_size"], vision_feature_select_strategy="default",
         num_additional_image_tokens=1, image_token=LLAVA_IMAGE_TOKEN)
     out = processor(images=[image], text=LLAVA_IMAGE_TOKEN, return_tensors="pt")
     image_id = tok.convert_tokens_to_ids(LLAVA_IMAGE_TOKEN)
     tokens = int((out["input_ids"] == image_id).sum())
+    if llava:  # [1, C, S, S]; the wire still says the original (height, width)
+        return Processed(out["pixel_values"].float(), (image.height, image.width), tokens)
     size = tuple(int(v) for v in out["image_sizes"][0])
     return Processed(out["pixel_values"][0].float(), size, tokens)  # type: ignore[arg-type]
 
@@ -78,15 +92,17 @@ def wire_images(prompt: Prompt) -> list[pb.Image]:
 
 
 def hf_model(model_dir: Path) -> torch.nn.Module:
-    from transformers import LlavaNextForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
-    return LlavaNextForConditionalGeneration.from_pretrained(
+    return AutoModelForImageTextToText.from_pretrained(
         model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
 
 
-def stacked(images: list[Processed]) -> dict[str, torch.Tensor]:
+def stacked(images: list[Processed], llava: bool = False) -> dict[str, torch.Tensor]:
     """pixel_values [images, most tiles, C, S, S] (zero-padded, as the processor batches them)
-    and image_sizes."""
+    and image_sizes; LLaVA 1.5's ([images, C, S, S]) alone."""
+    if llava:
+        return {"pixel_values": torch.cat([i.pixel_values for i in images])}
     most = max(i.pixel_values.shape[0] for i in images)
     pixels = torch.zeros(len(images), most, *images[0].pixel_values.shape[1:])
     for k, image in enumerate(images):
@@ -99,7 +115,8 @@ def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int
     and each one's logprob under the raw logits."""
     model = hf_model(model_dir)
     model.generation_config.eos_token_id = None
-    kwargs = stacked([i for _, i in prompt.images]) if prompt.images else {}
+    images = [i for _, i in prompt.images]
+    kwargs = stacked(images, is_llava(model_dir)) if images else {}
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=max_new,
                              do_sample=False, output_logits=True,

@@ -1,4 +1,4 @@
-"""LLaVA-NeXT on the shard against transformers' LlavaNextForConditionalGeneration on the same
+"""LLaVA-NeXT (and LLaVA 1.5, the same without anyres) on the shard against transformers' LlavaNextForConditionalGeneration on the same
 tiny random weights and images processed by transformers' own processor: the CLIP tower +
 projector + anyres packing equal get_image_features (1e-4) on images of several shapes; served
 through the Engine, greedy tokens equal and logprobs within 1e-3 of generate with one image, two
@@ -23,6 +23,7 @@ from tests.unit.shard.models.llava_next.llava_cases import (
     Prompt,
     hf_generate,
     hf_model,
+    is_llava,
     process,
     prompt_with,
     stacked,
@@ -37,9 +38,10 @@ MAX_NEW = 6
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_llava_next_model(tmp_path_factory.mktemp("llava_next"))
+@pytest.fixture(scope="module", params=["llava_next", "llava"])
+def model_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    family = request.param
+    return write_llava_next_model(tmp_path_factory.mktemp(family), family=family)
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +83,10 @@ def test_encode_equals_transformers_image_features(
 ) -> None:
     image = process(model_dir, picture(size, 7))
     with torch.no_grad():
-        theirs = hf_model(model_dir).model.get_image_features(
-            **stacked([image]), vision_feature_layer=-2,
-            vision_feature_select_strategy="default").pooler_output[0]
+        out = hf_model(model_dir).model.get_image_features(
+            **stacked([image], is_llava(model_dir)), vision_feature_layer=-2,
+            vision_feature_select_strategy="default").pooler_output
+    theirs = out[0] if isinstance(out, (list, tuple)) else out.reshape(-1, out.shape[-1])
     ours = engine.model.encode(image.pixel_values, image.size)  # type: ignore[attr-defined]
     assert ours.shape == theirs.shape == (image.tokens, 64)
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
@@ -138,14 +141,19 @@ def test_chunks_splitting_images_give_the_whole_prefill(fresh: Engine, model_dir
 
 def test_wire_images_that_do_not_fit_are_refused(fresh: Engine, model_dir: Path) -> None:
     prompt = one_image(model_dir)
-    cases = [("grid", [40], "grid \\[40\\] is not the image's \\(height, width\\)"),
-             ("grid", [40, 200], "an image of 40 x 200 takes \\d+ tokens, not 70"),
-             ("shape", [3, 3, 32, 32], "pixel values of shape \\[3, 3, 32, 32\\] are not")]
-    for field, value, message in cases:
+    tiles = prompt.images[0][1].pixel_values.shape[0]
+    tile_bytes = 4 * 3 * 32 * 32
+    cases = [("grid", [40], None, "grid \\[40\\] is not the image's \\(height, width\\)"),
+             ("shape", [tiles + 1, 3, 32, 32], tile_bytes,
+              f"pixel values of shape \\[{tiles + 1}, 3, 32, 32\\] are not float32 "
+              f"\\[{tiles}, 3, 32, 32\\]")]
+    if not is_llava(model_dir):  # LLaVA 1.5 takes 16 tokens whatever the size
+        cases.append(("grid", [40, 200], None, "an image of 40 x 200 takes \\d+ tokens, not 70"))
+    for field, value, extra, message in cases:
         r = vlm_request(1, prompt)
         image = r.images[0]
-        if field == "shape":
-            image.pixel_values = image.pixel_values[: 4 * 3 * 3 * 32 * 32]
+        if extra:
+            image.pixel_values += bytes(extra)
         getattr(image, field)[:] = value
         with pytest.raises(InvalidRequest, match=f"request 1: image 0: {message}"):
             reference_run(fresh, [r])
@@ -174,9 +182,10 @@ def test_a_prefix_cache_hit_past_the_image_gives_the_cold_tokens(
     torch.testing.assert_close(warm.logprobs[2], cold.logprobs[1], rtol=TOL, atol=TOL)
 
 
-def test_warmup_encodes_the_most_tiles_an_image_can_have(fresh: Engine) -> None:
+def test_warmup_encodes_the_most_tiles_an_image_can_have(fresh: Engine, model_dir: Path
+                                                         ) -> None:
     """Warmup's peak (the KV cache's sizing) includes the tower on the largest pinpoint's tiles
-    (64 x 64: 2 x 2 tiles and the base one)."""
+    (64 x 64: 2 x 2 tiles and the base one; LLaVA 1.5: its one tile)."""
     model = fresh.model
     seen: list[tuple[int, tuple[int, ...]]] = []
     encode = model.encode  # type: ignore[attr-defined]
@@ -190,4 +199,4 @@ def test_warmup_encodes_the_most_tiles_an_image_can_have(fresh: Engine) -> None:
         fresh.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
     finally:
         del model.encode  # type: ignore[attr-defined]
-    assert seen == [(5, (64, 64))]
+    assert seen == ([(1, (32, 32))] if is_llava(model_dir) else [(5, (64, 64))])
