@@ -36,6 +36,7 @@ from pytgi_shard.engine.verify_graphs import (
 from pytgi_shard.models.model import Model
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS, ShardSettings
+from tests.lora_adapters import write_adapter
 from tests.unit.shard.engine.speculator_cases import (
     BLOCK,
     SPECULATE,
@@ -190,6 +191,29 @@ def test_served_greedy_tokens_through_the_graph_path_equal_those_without_specula
         # The draft's one-token forwards and its short catch-ups went through its own.
         assert any(tokens == rows for tokens, rows in draft.steps)
         assert draft.several_per_row > 0
+
+
+def test_verification_through_the_buffers_keeps_each_token_s_lora_adapter(
+    engines: dict[str, Engine], tiny_model: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A verification step's tokens carry their row's adapter slot into the buffers (one row
+    per token): rows of two adapters and the base model, drafting together, serve the tokens of
+    the same adapters without speculation."""
+    base = tiny_model("llama")
+    spec = ",".join(f"{name}={write_adapter(tmp_path / name, base, rank=4, alpha=8, seed=seed)}"
+                    for name, seed in (("alpha", 1), ("beta", 2)))
+    plain, speculating = build(base, lora_adapters=spec), build(base, SPECULATE,
+                                                                 lora_adapters=spec)
+    reqs = [greedy(i, prompt_of(12, 4) * 2, 20, adapter_index=i) for i in range(3)]
+    expected = serve(plain, reqs)
+    target, _ = graphed(speculating)
+    try:
+        got = serve(speculating, reqs)
+    finally:
+        ungraphed(speculating)
+    assert_same(got.run, expected.run)
+    assert got.kept > 0 and target.several_per_row > 0
+    assert len({tuple(t) for t in expected.run.tokens.values()}) == 3  # the adapters matter
 
 
 def test_the_overlap_scheduler_looks_ahead_through_the_graphs_beside_verification(
