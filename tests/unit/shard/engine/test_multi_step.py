@@ -1,6 +1,6 @@
 """Multi-step decode (shard/engine/multi_step.py): a Decode of k steps answers exactly what k
 one-step Decodes answer, step for step (tokens, logprobs, texts, finish reasons, seeds), with
-rows finishing mid-call (max tokens, a stop sequence) left out of the later steps, and the same
+rows finishing mid-call (max tokens, a stop sequence, a grammar's end) left out of the later steps, and the same
 batch left in the cache."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ def _engine(model: Path, overlap: bool) -> Engine:
 
 def _request(rid: int, prompt: list[int], max_new: int, first_block: int,
              **kw: object) -> pb.Request:
+    constrained = "parameters" in kw and kw["parameters"].grammar  # type: ignore[attr-defined]
     """Blocks for the request's whole life (the router grows them ahead of a multi-step call)."""
     blocks = math.ceil((len(prompt) + max_new) / BLOCK)
     params = kw.pop("parameters", pb.NextTokenChooserParameters())
@@ -37,7 +38,7 @@ def _request(rid: int, prompt: list[int], max_new: int, first_block: int,
         id=rid, input_ids=prompt, parameters=params,
         top_n_tokens=kw.pop("top_n", 0),  # type: ignore[arg-type]
         stopping_parameters=pb.StoppingCriteriaParameters(
-            max_new_tokens=max_new, ignore_eos_token=True,
+            max_new_tokens=max_new, ignore_eos_token=not constrained,
             stop_sequences=list(kw.pop("stop", ())),  # type: ignore[call-overload]
         ),
         blocks=list(range(first_block, first_block + blocks)),
@@ -51,6 +52,9 @@ def _batch() -> pb.Batch:
         _request(2, [10, 11, 12], 11, 4, parameters=sampled),
         _request(3, [13, 14, 15, 16, 17, 18, 19], 14, 9, top_n=2),
         _request(4, [20, 21], 9, 15, stop=["x"]),
+        # Constrained: the shard's grammar matcher advances every step; its EOS may end it.
+        _request(5, [22, 23, 24], 20, 18, parameters=pb.NextTokenChooserParameters(
+            grammar="(ab|cd|[a-z ]){2,12}", grammar_type=pb.GRAMMAR_TYPE_REGEX)),
     ])  # fmt: skip
 
 
@@ -88,7 +92,7 @@ def test_k_steps_per_call_answer_what_k_calls_answer(
         many, sizes = _steps(engine, k)
         assert many == one, f"k={k} differs from one step per call"
     # Rows left mid-call: request 1 after its 2 decode steps, the rest later.
-    assert sizes[:3] == [4, 4, 3]
+    assert sizes[:2] == [5, 5] and sizes[2] <= 4
     # Nothing left behind: no batch, no look-ahead.
     assert len(engine.cache) == 0
     assert len(engine.runner.lookaheads) == 0
@@ -98,7 +102,7 @@ def test_one_step_is_the_plain_decode(tiny_model: Callable[..., Path]) -> None:
     engine = _engine(tiny_model("llama"), False)
     response = engine.prefill(pb.PrefillRequest(batch=_batch()))
     out = decode_steps(engine, pb.DecodeRequest(batches=[response.batch], max_steps=1))
-    assert not out.step_sizes and len(out.generations) == 4
+    assert not out.step_sizes and len(out.generations) == 5
 
 
 def test_too_many_steps_are_refused(tiny_model: Callable[..., Path]) -> None:
@@ -109,4 +113,4 @@ def test_too_many_steps_are_refused(tiny_model: Callable[..., Path]) -> None:
                                               max_steps=DECODE_STEPS_LIMIT + 1))
     # Refused before touching the batch: it still decodes.
     out = decode_steps(engine, pb.DecodeRequest(batches=[response.batch], max_steps=2))
-    assert list(out.step_sizes) == [4, 4]
+    assert list(out.step_sizes) == [5, 5]
