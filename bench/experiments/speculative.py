@@ -52,6 +52,7 @@ from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine import drafting
 from pytgi_shard.engine.drafting import DRAFTING_BATCH, STEP_TOKENS
 from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.verify_graphs import most_verified_tokens
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
 
@@ -99,11 +100,14 @@ def workloads() -> list[Workload]:
 
 
 def engine(speculate: int, draft: Path | None = None, model: Path = DEMO_MODEL) -> Engine:
-    """An engine of `model` (on a GPU: CUDA graphs for the workloads' batch sizes only, which
-    keeps two engines of a large model quick to warm up side by side)."""
+    """An engine of `model` (on a GPU: CUDA graphs for the workloads' batch sizes, and the token
+    counts of a verification step of one and of two drafting rows, which replay the decode
+    graphs as one row per token: few graphs keep two engines of a large model quick to warm
+    up side by side)."""
+    verifying = {1 + speculate, most_verified_tokens(speculate)} if speculate else set()
     out = load_engine(ShardSettings(
         model_path=model, speculate=speculate, speculator_model=draft,
-        cuda_graphs=tuple(sorted({w.batch for w in workloads()})),
+        cuda_graphs=tuple(sorted({w.batch for w in workloads()} | verifying)),
     ))
     out.warmup(pb.WarmupRequest(max_prefill_tokens=4096, max_batch_total_tokens=256 * 96,
                                 max_input_tokens=200, max_total_tokens=256))
