@@ -8,8 +8,8 @@ token's K/V is written into the cache before any layer's attention reads it, and
 query's position is outside that query's context. So the step is a decode step of T "rows", one
 per token, each with the block table of its request and its own context length, and the decode
 graph of the smallest batch bucket that holds T tokens replays it (DecodeGraphRunner does the
-expansion: decode_graphs.token_rows). Padding rows are the decode graphs' own (token 0 at position 0 into the
-scratch slot, logits dropped).
+expansion: decode_graphs.token_rows). Padding rows are the decode graphs' own (token 0 at
+position 0 into the scratch slot, logits dropped).
 
 Why this rather than capturing the varlen (prefill) kernel per (batch, tokens-per-row) bucket:
 - no graph of its own: the decode graphs already captured (1, 2, 4, ... 32 by default) hold every
@@ -25,6 +25,7 @@ Why this rather than capturing the varlen (prefill) kernel per (batch, tokens-pe
   contexts.
 - the prefill kernel's grid depends on the host value max_seqlen_q, so capturing it needs a
   graph per tokens-per-row bucket as well as per batch bucket.
+Not yet measured on a GPU: bench/experiments/verify_attention.py times both layouts.
 """
 
 from __future__ import annotations
