@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from pytgi_router.http.media.idefics3 import Idefics3ImageProcessor
 from pytgi_router.http.media.llava_next import LlavaNextImageProcessor
 from pytgi_router.http.media.processed import ImageProcessor
 from pytgi_router.http.media.qwen2_vl import Qwen2VLImageProcessor
@@ -55,11 +56,12 @@ class PromptImages:
             return tuple((offset, offset + count) for offset, count in images)
         return ()
 
-    def chat_text(self, count: int) -> str:
-        return self.chat.format(self.image_token * count)
+    def chat_text(self, count: int, body: str = "") -> str:
+        """`body`: the image's own text (ProcessedImage.text) where the family makes one."""
+        return self.chat.format(body or self.image_token * count)
 
-    def markdown_text(self, count: int) -> str:
-        return self.markdown.format(self.image_token * count)
+    def markdown_text(self, count: int, body: str = "") -> str:
+        return self.markdown.format(body or self.image_token * count)
 
 
 # Builds a family's processor from (config.json, preprocessor_config.json); raises ValueError
@@ -115,6 +117,15 @@ GEMMA3 = VisionFamily(
     gemma3_processor,
 )
 
+# Idefics3: its template writes one `<image>` per image part, which Idefics3Processor expands
+# into the image's tile grid (ProcessedImage.text: `<fake_token_around_image>`, `<row_r_col_c>`,
+# `<global-img>`, image_seq_len `<image>` per tile); a markdown image the same (TGI's).
+IDEFICS3 = VisionFamily(
+    "idefics3",
+    PromptImages("<image>", "<image>"),
+    Idefics3ImageProcessor.from_checkpoint,
+)
+
 VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
     "qwen2_vl": QWEN2_VL,
     "qwen2_5_vl": QWEN2_VL,
@@ -122,4 +133,5 @@ VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
     "llava": LLAVA,
     "paligemma": PALIGEMMA,
     "gemma3": GEMMA3,
+    "idefics3": IDEFICS3,
 })

@@ -7,8 +7,11 @@ image's wire message with the span of its tokens."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from pytgi_proto import generate_pb2
 from pytgi_router.http.media.intake import ImageIntake
@@ -26,16 +29,36 @@ class PreparedImages:
     processed: list[ProcessedImage]
 
     def wire(self, vision: VisionModel, input_ids: Sequence[int]) -> tuple[generate_pb2.Image, ...]:
-        """Each image's wire message, its token span found in the tokenized prompt."""
+        """Each image's wire message, its token span found in the tokenized prompt; an image of
+        several runs (ProcessedImage.runs) is one message per run, with its row of pixels."""
         where = [p.where for p in self.processed]
         counts = [p.tokens for p in self.processed]
-        spans = vision.spans(where, input_ids, counts)
-        return tuple(
-            generate_pb2.Image(
-                pixel_values=p.pixel_values.astype("<f4", copy=False).tobytes(),
-                shape=list(p.pixel_values.shape), dtype="float32", grid=list(p.grid),
-                token_offset=offset, token_count=count, content_hash=p.content_hash)
-            for p, (offset, count) in zip(self.processed, spans, strict=True))
+        spans = iter(vision.spans(where, input_ids, counts, [p.runs for p in self.processed]))
+        out = []
+        for p in self.processed:
+            if not p.runs:
+                out.append(_message(p.pixel_values, p.grid, next(spans), p.content_hash))
+                continue
+            for k, pixels in enumerate(p.pixel_values):
+                out.append(_message(pixels, p.grid, next(spans), run_hash(p.content_hash, k)))
+        return tuple(out)
+
+
+def _message(pixels: np.ndarray, grid: tuple[int, ...], span: tuple[int, int],
+             content_hash: bytes) -> generate_pb2.Image:
+    offset, count = span
+    return generate_pb2.Image(
+        pixel_values=pixels.astype("<f4", copy=False).tobytes(), shape=list(pixels.shape),
+        dtype="float32", grid=list(grid), token_offset=offset, token_count=count,
+        content_hash=content_hash)
+
+
+def run_hash(content_hash: bytes, run: int) -> bytes:
+    """Run `run`'s own hash (the prefix cache keys a wire image's tokens by it, so two tiles of
+    one image must differ), as long as the image's."""
+    digest = hashlib.blake2b(content_hash + run.to_bytes(4, "little"),
+                             digest_size=min(max(len(content_hash), 1), 64)).digest()
+    return digest if content_hash else b""
 
 
 class ImagePreparer:
@@ -54,6 +77,7 @@ class ImagePreparer:
                 return None
         processed = await self.intake.load(refs, self.vision.processor.process)
         counts = [p.tokens for p in processed]
-        text = (self.vision.markdown_text(found, counts) if found is not None
-                else self.vision.chat_text(inputs, refs, counts))
+        bodies = [p.text for p in processed]
+        text = (self.vision.markdown_text(found, counts, bodies) if found is not None
+                else self.vision.chat_text(inputs, refs, counts, bodies))
         return PreparedImages(text, processed)

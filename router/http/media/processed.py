@@ -24,6 +24,11 @@ class ProcessedImage:
     unpads by; () when the family needs none). Sent with every chunk of the request, pixels or not.
     tokens: the image's tokens in the prompt (the shard checks its tower gives as many).
     where / content_hash: the image's place in the body and its decoded pixels' hash (decode.py).
+    text: the family's prompt text for this image when it depends on the image itself (Idefics3:
+    its tile grid, the `<image>` tokens inside); "" = the image token repeated `tokens` times.
+    runs: when the image's tokens are several runs separated by text (Idefics3: one per tile),
+    each run's token count; pixel_values then has one row per run, and each run goes to the
+    shard as its own wire image. () = one run of `tokens`, pixel_values sent whole.
     """
 
     pixel_values: np.ndarray
@@ -31,6 +36,8 @@ class ProcessedImage:
     tokens: int
     where: str = ""
     content_hash: bytes = b""
+    text: str = ""
+    runs: tuple[int, ...] = ()
 
 
 class ImageProcessor(Protocol):

@@ -34,11 +34,13 @@ class VisionModel:
     # The BOS token's text: a "prefix" family's prompt writes it after its last image.
     bos_token: str = ""
 
-    def chat_text(self, text: str, refs: Sequence[ImageRef], counts: Sequence[int]) -> str:
+    def chat_text(self, text: str, refs: Sequence[ImageRef], counts: Sequence[int],
+                  bodies: Sequence[str] = ()) -> str:
         """The rendered chat prompt with each image's one placeholder token repeated once per
         image token (transformers' processor does the same; the family says what stands for an
         image, `PromptImages.chat`); a template that did not place every image once is
-        refused, not guessed at."""
+        refused, not guessed at. `bodies`: each image's own text where the family makes one
+        (ProcessedImage.text)."""
         pieces = text.split(self.prompt.placeholder)
         if len(pieces) - 1 != len(refs):
             where = refs[0].where if refs else "messages"
@@ -46,16 +48,19 @@ class VisionModel:
                                     f"{len(refs)} in the request (an image in a role the "
                                     "template does not render?)")
         out = [pieces[0]]
-        for count, piece in zip(counts, pieces[1:], strict=True):
-            out += [self.prompt.chat_text(count), piece]
+        bodies = bodies or [""] * len(counts)
+        for count, body, piece in zip(counts, bodies, pieces[1:], strict=True):
+            out += [self.prompt.chat_text(count, body), piece]
         return self._prefix_layout(out)
 
-    def markdown_text(self, found: MarkdownImages, counts: Sequence[int]) -> str:
+    def markdown_text(self, found: MarkdownImages, counts: Sequence[int],
+                      bodies: Sequence[str] = ()) -> str:
         """`/generate` inputs with each markdown image replaced by the model's image text (TGI's
         rendering for the family, `PromptImages.markdown`)."""
         out = [found.texts[0]]
-        for count, piece in zip(counts, found.texts[1:], strict=True):
-            out += [self.prompt.markdown_text(count), piece]
+        bodies = bodies or [""] * len(counts)
+        for count, body, piece in zip(counts, bodies, found.texts[1:], strict=True):
+            out += [self.prompt.markdown_text(count, body), piece]
         return self._prefix_layout(out)
 
     def _prefix_layout(self, pieces: list[str]) -> str:
@@ -67,11 +72,12 @@ class VisionModel:
         head = "".join(pieces[:-1])
         return head + self.bos_token + pieces[-1] + "\n"
 
-    def spans(self, where: Sequence[str], ids: Sequence[int], counts: Sequence[int]
-              ) -> list[tuple[int, int]]:
+    def spans(self, where: Sequence[str], ids: Sequence[int], counts: Sequence[int],
+              runs: Sequence[tuple[int, ...]] = ()) -> list[tuple[int, int]]:
         """(offset, count) of each image's tokens in the tokenized prompt: runs of the image
         token, in order, exactly as many as each image takes. `truncate` cutting into an image
-        leaves fewer and is refused."""
+        leaves fewer and is refused. An image whose tokens are several runs (`runs[i]`, the
+        run lengths; Idefics3's tiles) gives one span per run, in order."""
         positions = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if len(positions) != sum(counts):
             raise ImageError(where[0] if where else "inputs",
@@ -79,12 +85,16 @@ class VisionModel:
                              f"take {sum(counts)}: `truncate` cut into an image, or the text "
                              f"itself contains {self.image_token}")
         out, start = [], 0
-        for name, count in zip(where, counts, strict=True):
-            offset = positions[start]
-            if positions[start + count - 1] != offset + count - 1:
-                raise ImageError(name, "its image tokens are not contiguous in the prompt")
-            out.append((offset, count))
-            start += count
+        runs = runs or [()] * len(counts)
+        for name, count, pieces in zip(where, counts, runs, strict=True):
+            if sum(pieces or (count,)) != count:
+                raise ImageError(name, f"its runs {list(pieces)} do not add up to {count}")
+            for run in pieces or (count,):
+                offset = positions[start]
+                if positions[start + run - 1] != offset + run - 1:
+                    raise ImageError(name, "its image tokens are not contiguous in the prompt")
+                out.append((offset, run))
+                start += run
         return out
 
 

@@ -96,7 +96,7 @@ def test_which_checkpoints_take_images(checkpoint: Path) -> None:
     assert images.vision.image_token_id == tok.token_to_id("<|image_pad|>")
     for config, why in [({"model_type": "llama"}, "a text-only model"),
                         (None, "a text-only model"),
-                        ({"model_type": "idefics3"}, "idefics3 are not prepared")]:
+                        ({"model_type": "mllama"}, "mllama are not prepared")]:
         other = image_support(config, {}, tok)
         assert other.vision is None and why in other.why_not
         with pytest.raises(ImagesNotAccepted, match=rf"model `m` does not accept images "
