@@ -51,6 +51,9 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--max-loras", int, "LoRA adapters on the device at once (one step never mixes more); "
      "past it the least recently used idle adapter is evicted to host memory and copied back "
      "when asked for (default: the --lora-adapters count; with runtime updates at least 4)"),
+    ("--max-cpu-loras", int, "LoRA adapters kept in host memory, those on the device included "
+     "(>= --max-loras; vLLM's flag); past it the least recently used idle one off the device is "
+     "dropped and re-read from its path when next used (default: every loaded adapter is kept)"),
     ("--max-lora-rank", int, "largest LoRA rank accepted, 1..64; the device slots are sized for "
      "it (default 64 with runtime updates, else the --lora-adapters' largest)"),
     ("--rope-scaling", str, "replace the model's RoPE scaling: linear or dynamic (factor 1.0 "

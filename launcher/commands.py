@@ -43,6 +43,7 @@ def shard_argv(
         *_opt("--speculator-model", s.speculator_model),
         *_opt("--lora-adapters", s.lora_adapters),
         *_opt("--max-loras", s.max_loras),
+        *_opt("--max-cpu-loras", s.max_cpu_loras),
         *_opt("--max-lora-rank", s.max_lora_rank),
         *_switch("--enable-lora-runtime-updates", s.enable_lora_runtime_updates),
         *_opt("--instance-id", instance_id),

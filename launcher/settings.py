@@ -56,6 +56,8 @@ class LauncherSettings:
     # and live loading (the router serves /v1/load_lora_adapter when the shards do).
     max_loras: int | None = None
     max_lora_rank: int | None = None
+    # Adapters kept in host memory (the shards' --max-cpu-loras; None: every loaded one).
+    max_cpu_loras: int | None = None
     enable_lora_runtime_updates: bool = False
     trust_remote_code: bool = False
     # Router limits and batching (TGI's defaults; None = decided by the shards' warmup).

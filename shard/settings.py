@@ -112,6 +112,10 @@ class ShardSettings:
     # at least DEFAULT_MAX_LORAS (shard/lora/adapter_set.py). Past it the least recently used
     # adapter with no rows is evicted to host memory and copied back when asked for.
     max_loras: int | None = None
+    # vLLM's --max-cpu-loras: loaded adapters whose fused weights stay in host memory (those on
+    # the device included); past it the least recently used one off the device with no rows is
+    # dropped and re-read from its directory when next needed. None: every loaded adapter stays.
+    max_cpu_loras: int | None = None
     # The largest adapter rank accepted (slots are sized for it); None: the start-up adapters'
     # largest with no runtime updates, else MAX_RANK.
     max_lora_rank: int | None = None

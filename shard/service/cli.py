@@ -49,6 +49,7 @@ ENV_FALLBACKS = {
     "speculator_model": ("SPECULATOR_MODEL", Path),
     "lora_adapters": ("LORA_ADAPTERS", str),
     "max_loras": ("MAX_LORAS", int),
+    "max_cpu_loras": ("MAX_CPU_LORAS", int),
     "max_lora_rank": ("MAX_LORA_RANK", int),
 }
 
@@ -110,6 +111,12 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         help="LoRA adapters resident on the device at once; past it the least recently used "
         "idle one is evicted to host memory (env MAX_LORAS; default: the start-up adapters, at "
         "least 4)",
+    )
+    p.add_argument(
+        "--max-cpu-loras", type=int,
+        help="LoRA adapters kept in host memory (those on the device included; >= --max-loras); "
+        "past it the least recently used idle one off the device is dropped and re-read from "
+        "its path when next used (env MAX_CPU_LORAS; default: every loaded adapter is kept)",
     )
     p.add_argument(
         "--max-lora-rank", type=int,

@@ -50,3 +50,15 @@ def test_by_default_no_live_loading_and_the_shard_sizes_the_slots() -> None:
     shard = shard_settings(shard_parser().parse_args(command[3:]), {})
     assert (shard.lora_runtime_updates, shard.max_loras, shard.max_lora_rank) == (
         False, None, None)
+    assert shard.max_cpu_loras is None
+
+
+@pytest.mark.parametrize(("argv", "environ"), [
+    (["--max-cpu-loras", "5"], {}),
+    ([], {"MAX_CPU_LORAS": "5"}),
+])
+def test_the_host_cap_reaches_the_shard(argv: list[str], environ: dict[str, str]) -> None:
+    s = parse_settings(argv, environ=environ)
+    command = shard_argv(s, Path("/models/tiny"), rank=0, world_size=1, dtype="float32")
+    shard = shard_settings(shard_parser().parse_args(command[3:]), shard_env(s, {}, 0, 1))
+    assert shard.max_cpu_loras == 5
