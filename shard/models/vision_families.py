@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from pytgi_shard.models.idefics3.model import Idefics3
 from pytgi_shard.models.llama.model import ModelLoader
 from pytgi_shard.models.llava_next.model import LlavaNext
 from pytgi_shard.models.qwen2_vl.model import Qwen2VL
@@ -21,4 +22,5 @@ VISION_FAMILIES: Mapping[str, ModelLoader] = MappingProxyType({
     "gemma3": SiglipVLM.load,
     "llava_next": LlavaNext.load,
     "llava": LlavaNext.load,
+    "idefics3": Idefics3.load,
 })
