@@ -5,8 +5,10 @@ One asyncio task owns the queue, the live entries and every shard call. Each ste
 (`step_plan.plan_step`: grow the running sequences' blocks, preempting the newest when the pool
 is short; continue prompts mid-prefill; admit newcomers), filters preempted requests out of the
 shards' batch, then makes ONE call: a Prefill when any chunk is to be computed (the running
-batch's decode rows ride in the same forward), a Decode otherwise. The decisions are pure
-functions of `step_plan`, unit-tested without any shard.
+batch's decode rows ride in the same forward), a Decode otherwise: of up to --max-decode-steps
+steps when nothing can join, leave or change between them (multi-step decode,
+router/core/decode_steps.py). The decisions are pure functions of `step_plan` and
+`decode_steps`, unit-tested without any shard.
 """
 
 from __future__ import annotations
