@@ -25,8 +25,10 @@ from tests.vision_checkpoints import (
 # The vision-language families these tiny checkpoints cover: served (against transformers, with
 # images, on 1 and 2 ranks) by tests/integration/test_qwen2_vl_serving.py and
 # test_llava_next_serving.py (PaliGemma and Gemma 3: test_siglip_serving.py, their checkpoints
-# from tests/siglip_models.py) rather than by the text families' serving test.
-VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "llava", "paligemma", "gemma3")
+# from tests/siglip_models.py; Idefics3: test_idefics3_serving.py, tests/idefics3_models.py)
+# rather than by the text families' serving test.
+VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "llava", "paligemma", "gemma3",
+                   "idefics3")
 
 # The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
 # rotary frequencies M-RoPE splits into temporal, height and width sections. Weights 15x
