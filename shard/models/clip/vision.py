@@ -12,11 +12,11 @@ and post_layernorm are never run nor loaded). Takes a batch of tiles [N, C, S, S
 checkpoint's image_size (the processor resizes every tile to it, so the position table is used
 as trained); attention is full within each tile.
 
-Replicated on every rank (no collective): CLIP ViT-L/14-336 is 304M parameters of
-LLaVA-NeXT-7B's 7.6B (4%, 0.6 GB in bf16 per rank), it runs once per image in a prefill step,
-and its output (after the projector) replaces whole rows of the hidden state every rank holds
-whole; sharding its 16 heads like the decoder's would cost two all-reduces per layer for a
-forward that is a small share of a prefill.
+Its layers (models/vit_layer.py) are split over the tensor-parallel ranks as the decoder's: each
+rank holds its share of the heads and of the MLP (CLIP ViT-L/14-336's 16 heads and 4096 MLP
+features), two all-reduces per layer; a head count the ranks do not divide replicates the tower
+(models/vision_sharding.py). The embeddings and pre_layrnorm are replicated; the output is
+whole on every rank.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi_shard.layers.layernorm import LayerNorm
-from pytgi_shard.layers.mlp import activation
+from pytgi_shard.models.vision_sharding import tower_weights
+from pytgi_shard.models.vit_layer import ViTLayer
 from pytgi_shard.weights.reader import Weights
 
 
@@ -83,41 +84,6 @@ def _param(weights: Weights, name: str) -> nn.Parameter:
     return nn.Parameter(weights.get_tensor(name), requires_grad=False)
 
 
-class ClipLayer(nn.Module):
-    def __init__(self, weights: Weights, prefix: str, config: ClipVisionConfig) -> None:
-        super().__init__()
-        eps = config.layer_norm_eps
-        self.layer_norm1 = LayerNorm.load(weights, f"{prefix}.layer_norm1", eps)
-        self.layer_norm2 = LayerNorm.load(weights, f"{prefix}.layer_norm2", eps)
-        attn = f"{prefix}.self_attn"
-        # q, k and v fused into one matmul: one read of the normed rows instead of three.
-        self.qkv_weight = nn.Parameter(torch.cat(
-            [weights.get_tensor(f"{attn}.{n}_proj.weight") for n in "qkv"]), requires_grad=False)
-        self.qkv_bias = nn.Parameter(torch.cat(
-            [weights.get_tensor(f"{attn}.{n}_proj.bias") for n in "qkv"]), requires_grad=False)
-        self.out_weight = _param(weights, f"{attn}.out_proj.weight")
-        self.out_bias = _param(weights, f"{attn}.out_proj.bias")
-        self.fc1_weight = _param(weights, f"{prefix}.mlp.fc1.weight")
-        self.fc1_bias = _param(weights, f"{prefix}.mlp.fc1.bias")
-        self.fc2_weight = _param(weights, f"{prefix}.mlp.fc2.weight")
-        self.fc2_bias = _param(weights, f"{prefix}.mlp.fc2.bias")
-        self.act = activation(config.hidden_act)
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [tiles, tokens, hidden]."""
-        b, n, _ = x.shape
-        qkv = F.linear(self.layer_norm1(x), self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        # SDPA's default scale is head_dim ** -0.5, CLIP's.
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=False)
-        x = x + F.linear(attended.transpose(1, 2).reshape(b, n, -1), self.out_weight,
-                         self.out_bias)
-        hidden = self.act(F.linear(self.layer_norm2(x), self.fc1_weight, self.fc1_bias))
-        return x + F.linear(hidden, self.fc2_weight, self.fc2_bias)
-
-
 class ClipVisionTower(nn.Module):
     """Tiles [N, C, S, S] -> hidden states [N, 1 + (S/p)^2, hidden] after `layers` layers (the
     class token first)."""
@@ -140,8 +106,12 @@ class ClipVisionTower(nn.Module):
                 f"(patch_size {config.patch_size}, image_size {config.image_size})")
         self.pre_layrnorm = LayerNorm.load(weights, f"{prefix}.pre_layrnorm",
                                            config.layer_norm_eps)
+        split = tower_weights(weights, "CLIP", config.num_attention_heads,
+                              [config.intermediate_size])
         self.layers = nn.ModuleList(
-            ClipLayer(weights, f"{prefix}.encoder.layers.{i}", config) for i in range(layers))
+            ViTLayer(split, f"{prefix}.encoder.layers.{i}", config.hidden_size,
+                     config.num_attention_heads, config.hidden_act, config.layer_norm_eps)
+            for i in range(layers))
         self.dtype = conv.dtype
 
     @torch.inference_mode()

@@ -6,12 +6,12 @@ merger -> one embedding per image token, in the language model's hidden size.
                      x = x + fc2(act(fc1(x)))                           on layer_norm(x)
     tokens = mlp(layer_norm(x).view(-1, 4 * embed_dim))                 # merge 2 x 2 patches
 
-Replicated on every rank (each rank computes the same image embeddings, no collective): the
-tower is a small share of a Qwen2-VL checkpoint (675M of 8.3B parameters for the 7B), it runs
-once per image, in the prefill step of the chunk that first covers the image's tokens, and the
-embeddings it gives replace whole rows of the hidden state every rank already holds whole.
-Sharding its heads and MLP as the decoder's would halve its weights per rank at the cost of two
-all-reduces per block; pytgi does not yet.
+Split over the tensor-parallel ranks as the decoder's (models/vision_sharding.py): each rank
+holds its share of every block's heads (the fused qkv cut by heads, column-parallel; proj
+row-parallel) and MLP features (fc1 / gate+up column-, fc2 / down row-parallel), and of the
+merger's hidden features (mlp.0 column-, mlp.2 row-parallel): two all-reduces per block and one
+for the merger; the output is whole on every rank. A head count the ranks do not divide
+replicates the tower. The patch embedding and norms are small and replicated.
 
 Attention is full (not causal) within one image; every image is encoded on its own (t == 1 for
 images, so an image is one attention sequence), in float32 rotary arithmetic as trained.
@@ -31,24 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pytgi_shard.layers.fused_qkv import HeadShape, load_stacked_qkv
 from pytgi_shard.layers.layernorm import LayerNorm, RMSNorm
-from pytgi_shard.layers.mlp import activation
+from pytgi_shard.layers.linear import ColumnParallelLinear, RowParallelLinear
+from pytgi_shard.layers.mlp import GatedMLP, PlainMLP
+from pytgi_shard.models.vision_sharding import tower_weights
 from pytgi_shard.weights.reader import Weights
-
-
-class _Linear(nn.Module):
-    """A replicated dense projection (weight [out, in], optional bias)."""
-
-    def __init__(self, weights: Weights, prefix: str, bias: bool = True) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weights.get_tensor(f"{prefix}.weight"), requires_grad=False)
-        self.bias = (
-            nn.Parameter(weights.get_tensor(f"{prefix}.bias"), requires_grad=False)
-            if bias else None
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -71,22 +59,32 @@ def patch_positions(grid: Sequence[int], merge: int, device: torch.device) -> to
 class VisionAttention(nn.Module):
     def __init__(self, weights: Weights, prefix: str, embed_dim: int, num_heads: int) -> None:
         super().__init__()
-        self.qkv = _Linear(weights, f"{prefix}.qkv")
-        self.proj = _Linear(weights, f"{prefix}.proj")
-        self.num_heads = num_heads
-        self.head_dim = embed_dim // num_heads
+        head_dim = embed_dim // num_heads
+        # The checkpoint's qkv is [q heads | k heads | v heads]: this rank's heads of each.
+        self.qkv = load_stacked_qkv(weights, f"{prefix}.qkv",
+                                    HeadShape(num_heads, num_heads, head_dim), bias=True)
+        self.proj = RowParallelLinear.load(weights, f"{prefix}.proj", bias=True)
+        self.num_heads = num_heads // weights.dist.world_size  # this rank's
+        self.head_dim = head_dim
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                windows: list[int] | None = None) -> torch.Tensor:
+        """Full attention over x's rows, or within each window of `windows` rows (contiguous
+        after the reordering); one projection (one all-reduce) for all of them."""
         n = x.shape[0]
         q, k, v = self.qkv(x).reshape(n, 3, self.num_heads, self.head_dim).unbind(1)
         # Rotated in float32, as transformers' apply_rotary_pos_emb_vision.
         c, s = cos.unsqueeze(1), sin.unsqueeze(1)
         q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
         k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=False
-        )
-        return self.proj(out.transpose(0, 1).reshape(n, -1))
+        sizes = [n] if windows is None else windows
+        out = torch.cat([
+            F.scaled_dot_product_attention(
+                qw.transpose(0, 1), kw.transpose(0, 1), vw.transpose(0, 1), is_causal=False
+            ).transpose(0, 1)
+            for qw, kw, vw in zip(q.split(sizes), k.split(sizes), v.split(sizes), strict=True)
+        ])
+        return self.proj(out.reshape(n, -1))
 
 
 def _norm(weights: Weights, prefix: str, config: VisionConfig) -> nn.Module:
@@ -101,27 +99,17 @@ class VisionBlock(nn.Module):
         self.norm1 = _norm(weights, f"{prefix}.norm1", config)
         self.norm2 = _norm(weights, f"{prefix}.norm2", config)
         self.attn = VisionAttention(weights, f"{prefix}.attn", config.embed_dim, config.num_heads)
-        self.gated = config.windowed
-        names = ("gate_proj", "up_proj", "down_proj") if self.gated else ("fc1", "fc2")
-        self.mlp = nn.ModuleList(_Linear(weights, f"{prefix}.mlp.{n}") for n in names)
-        self.act = activation(config.hidden_act)
+        self.mlp: nn.Module
+        if config.windowed:  # gate and up fused in one column-parallel matmul
+            self.mlp = GatedMLP.load(weights, f"{prefix}.mlp", config.hidden_act, bias=True)
+        else:
+            self.mlp = PlainMLP.load(weights, f"{prefix}.mlp.fc1", f"{prefix}.mlp.fc2",
+                                     config.hidden_act)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 windows: list[int] | None = None) -> torch.Tensor:
-        normed = self.norm1(x)
-        if windows is None:
-            x = x + self.attn(normed, cos, sin)
-        else:
-            # Attention within each window: its rows are contiguous after the reordering.
-            parts = zip(normed.split(windows), cos.split(windows), sin.split(windows),
-                        strict=True)
-            x = x + torch.cat([self.attn(h, c, s) for h, c, s in parts])
-        normed = self.norm2(x)
-        if self.gated:
-            gate, up, down = self.mlp
-            return x + down(self.act(gate(normed)) * up(normed))
-        fc1, fc2 = self.mlp
-        return x + fc2(self.act(fc1(normed)))
+        x = x + self.attn(self.norm1(x), cos, sin, windows)
+        return x + self.mlp(self.norm2(x))
 
 
 class VisionConfig:
@@ -158,12 +146,15 @@ class VisionTower(nn.Module):
         # Stride equal to the kernel: the conv3d is one linear over each flattened patch.
         self.patch_weight = nn.Parameter(conv.reshape(conv.shape[0], -1), requires_grad=False)
         self.patch_dim = self.patch_weight.shape[1]
+        mlp = f"{prefix}.blocks.0.mlp.{'up_proj' if config.windowed else 'fc1'}.weight"
+        widths = [weights.shape(mlp)[0], weights.shape(f"{prefix}.merger.mlp.0.weight")[0]]
+        split = tower_weights(weights, "Qwen2-VL", config.num_heads, widths)
         self.blocks = nn.ModuleList(
-            VisionBlock(weights, f"{prefix}.blocks.{i}", config) for i in range(config.depth)
+            VisionBlock(split, f"{prefix}.blocks.{i}", config) for i in range(config.depth)
         )
         self.ln_q = _norm(weights, f"{prefix}.merger.ln_q", config)
-        self.merge_in = _Linear(weights, f"{prefix}.merger.mlp.0")
-        self.merge_out = _Linear(weights, f"{prefix}.merger.mlp.2")
+        self.merge_in = ColumnParallelLinear.load(split, f"{prefix}.merger.mlp.0", bias=True)
+        self.merge_out = RowParallelLinear.load(split, f"{prefix}.merger.mlp.2", bias=True)
         spatial = (config.embed_dim // config.num_heads) // 2
         exponents = torch.arange(0, spatial, 2, dtype=torch.float) / spatial
         self.inv_freq = (1.0 / config.rope_theta**exponents).to(conv.device)

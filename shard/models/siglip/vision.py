@@ -10,12 +10,11 @@ PaliGemma and Gemma 3 resize every image to it, so the position table is used as
 interpolated), as its patches [patches, channels * patch * patch] in (channel, row, column) order
 (the conv weight's), and attends over all of them (full attention within an image).
 
-Replicated on every rank, as Qwen2-VL's tower (no collective): it is a small share of the
-checkpoint (SigLIP-So400m is 400M of PaliGemma-3B's 2.9B and of Gemma-3-4B's 4.3B parameters,
-~0.8 GB in bf16 per rank), it runs once per image in a prefill step, and its output (after the
-model's projector) replaces whole rows of the hidden state every rank holds whole. Sharding its
-16 heads and MLP like the decoder's would need two all-reduces per layer and a head count that
-divides by the ranks; pytgi does not do that yet.
+Its layers (models/vit_layer.py) are split over the tensor-parallel ranks as the decoder's: each
+rank holds its share of the heads and of the MLP (SigLIP-So400m's 16 heads and 4304 MLP features
+split over 2, 4, 8 or 16 ranks), two all-reduces per layer; a head count the ranks do not divide
+replicates the tower (models/vision_sharding.py). The patch embedding, position table and norms
+are small and replicated; the output is whole on every rank.
 
 The pooling head (`head.*`, SiglipMultiheadAttentionPoolingHead) is not loaded: PaliGemma and
 Gemma 3 read the last hidden state.
@@ -32,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi_shard.layers.layernorm import LayerNorm
-from pytgi_shard.layers.mlp import activation
+from pytgi_shard.models.vision_sharding import tower_weights
+from pytgi_shard.models.vit_layer import ViTLayer
 from pytgi_shard.weights.reader import Weights
 
 
@@ -87,48 +87,6 @@ def siglip_prefix(weights: Weights, owner: str) -> str:
                      f"{weights.model_path}")
 
 
-class _Linear(nn.Module):
-    """A replicated dense projection with bias (weight [out, in])."""
-
-    def __init__(self, weights: Weights, prefix: str) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weights.get_tensor(f"{prefix}.weight"), requires_grad=False)
-        self.bias = nn.Parameter(weights.get_tensor(f"{prefix}.bias"), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-
-class SiglipLayer(nn.Module):
-    def __init__(self, weights: Weights, prefix: str, config: SiglipConfig) -> None:
-        super().__init__()
-        eps = config.layer_norm_eps
-        self.layer_norm1 = LayerNorm.load(weights, f"{prefix}.layer_norm1", eps)
-        self.layer_norm2 = LayerNorm.load(weights, f"{prefix}.layer_norm2", eps)
-        attn = f"{prefix}.self_attn"
-        # q, k and v fused into one matmul: one read of the normed rows instead of three.
-        q, k, v = (_Linear(weights, f"{attn}.{n}_proj") for n in ("q", "k", "v"))
-        self.qkv_weight = nn.Parameter(torch.cat([q.weight, k.weight, v.weight]),
-                                       requires_grad=False)
-        self.qkv_bias = nn.Parameter(torch.cat([q.bias, k.bias, v.bias]), requires_grad=False)
-        self.out_proj = _Linear(weights, f"{attn}.out_proj")
-        self.fc1 = _Linear(weights, f"{prefix}.mlp.fc1")
-        self.fc2 = _Linear(weights, f"{prefix}.mlp.fc2")
-        self.act = activation(config.hidden_act)
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [patches, hidden] of one image."""
-        n = x.shape[0]
-        qkv = F.linear(self.layer_norm1(x), self.qkv_weight, self.qkv_bias)
-        q, k, v = qkv.view(n, 3, self.num_heads, self.head_dim).permute(1, 2, 0, 3).unbind(0)
-        # SDPA's default scale is head_dim ** -0.5, SigLIP's.
-        attended = F.scaled_dot_product_attention(q, k, v, is_causal=False)
-        x = x + self.out_proj(attended.transpose(0, 1).reshape(n, -1))
-        return x + self.fc2(self.act(self.fc1(self.layer_norm2(x))))
-
-
 class SiglipVisionTower(nn.Module):
     """Patches of one image [patches, patch_dim] -> its last hidden state [patches, hidden]."""
 
@@ -150,8 +108,11 @@ class SiglipVisionTower(nn.Module):
                 f"the SigLIP tower's patch embedding {list(conv.shape)} and position table "
                 f"{list(self.position_embedding.shape)} do not match vision_config "
                 f"(patch_size {config.patch_size}, image_size {config.image_size})")
+        split = tower_weights(weights, "SigLIP", config.num_attention_heads,
+                              [config.intermediate_size])
         self.layers = nn.ModuleList(
-            SiglipLayer(weights, f"{prefix}.encoder.layers.{i}", config)
+            ViTLayer(split, f"{prefix}.encoder.layers.{i}", config.hidden_size,
+                     config.num_attention_heads, config.hidden_act, config.layer_norm_eps)
             for i in range(config.num_hidden_layers))
         self.post_layernorm = LayerNorm.load(weights, f"{prefix}.post_layernorm",
                                              config.layer_norm_eps)
