@@ -1,0 +1,263 @@
+"""The engine's request features with images (issue 28, point 5), on Qwen2-VL (M-RoPE positions,
+chunks may split an image) and PaliGemma (1-D positions, the whole prompt one bidirectional
+prefix, so a chunk may only end at the prompt's end): a regex or JSON-schema grammar gives valid
+output, and the same greedy tokens alone as beside other image requests mixed into their decode
+steps; seeded sampling is reproducible and equal across batch compositions; a stop sequence ends
+the request at the token that completes it; a request filtered out mid-decode and resumed with
+its generated tokens (whole, or in chunks that cross an image or the prompt's end) continues
+with the tokens and logprobs of the uninterrupted run, grammar and sampler included.
+
+Every expectation is an independent run of the same request (alone, one prefill, blocks for its
+whole life); the logits themselves are proven against transformers by each family's tests."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+
+from pytgi_proto import generate_pb2 as pb
+from pytgi_shard.engine.engine import Engine
+from pytgi_shard.output.stopping import EOS_TOKEN, STOP_SEQUENCE
+from tests.siglip_models import write_paligemma_model
+from tests.unit.shard.engine.test_engine import Run
+from tests.unit.shard.models.qwen2_vl import vlm_cases as qwen
+from tests.unit.shard.models.siglip import siglip_cases as siglip
+from tests.unit.shard.router_steps import Router, build_engine, reference_run, request
+from tests.vision_models import write_qwen2_vl_model
+
+TOL = 1e-4
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "y", 3]}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+REGEX = "[0-9]{2}-(yes|no)"
+SEEDED = pb.NextTokenChooserParameters(do_sample=True, seed=11, temperature=1.2, top_k=40)
+
+
+@dataclass
+class Family:
+    """One VLM's engine and two image prompts (the same text, different images), with the
+    chunk cuts its router may make inside a prompt (`cuts`: Qwen2-VL's through the image,
+    PaliGemma's none, its whole prompt being one bidirectional span)."""
+
+    engine: Engine
+    prompts: list[tuple[list[int], list[pb.Image]]]
+    cuts: list[int]
+
+
+def _qwen2_vl(path: Path) -> Family:
+    write_qwen2_vl_model(path)
+    prompts = []
+    for seed in (1, 2):
+        p = qwen.prompt_with(path, [[10, 11, 12], qwen.process(path, qwen.picture((60, 40), seed)),
+                                    [13, 14, 15, 16, 17]])
+        prompts.append((p.ids, qwen.wire_images(p)))
+    offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
+    return Family(build_engine(path), prompts, [offset + 2, offset + count - 1])
+
+
+def _paligemma(path: Path) -> Family:
+    write_paligemma_model(path)
+    prompts = []
+    for seed in (1, 2):
+        p = siglip.paligemma_prompt(path, "What is this?", [siglip.picture((40, 30), seed)])
+        prompts.append((p.ids, siglip.wire_images(p)))
+    return Family(build_engine(path), prompts, [])
+
+
+FAMILIES: dict[str, Callable[[Path], Family]] = {"qwen2_vl": _qwen2_vl, "paligemma": _paligemma}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Family:
+    return FAMILIES[request.param](tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture
+def fam(family: Family) -> Family:
+    family.engine.clear(None)
+    return family
+
+
+def vlm(fam: Family, rid: int, which: int = 0, max_new: int = 8, **fields: object) -> pb.Request:
+    ids, images = fam.prompts[which]
+    r = request(rid, ids, max_new=max_new, blocks=[], **fields)
+    r.images.extend(images)
+    return r
+
+
+def constrained(fam: Family, rid: int, kind: str, which: int = 0,
+                params: pb.NextTokenChooserParameters | None = None) -> pb.Request:
+    """A greedy (or `params`) request under a regex or JSON schema, EOS allowed."""
+    p = pb.NextTokenChooserParameters()
+    if params is not None:
+        p.CopyFrom(params)
+    if kind == "regex":
+        p.grammar, p.grammar_type = REGEX, pb.GRAMMAR_TYPE_REGEX
+    else:
+        p.grammar, p.grammar_type = json.dumps(SCHEMA), pb.GRAMMAR_TYPE_JSON
+    r = vlm(fam, rid, which, max_new=40, parameters=p)
+    r.stopping_parameters.ignore_eos_token = False
+    return r
+
+
+def assert_valid(final: pb.GeneratedText, kind: str) -> None:
+    assert final.finish_reason == EOS_TOKEN, final.text
+    if kind == "regex":
+        assert re.fullmatch(REGEX, final.text), final.text
+    else:
+        jsonschema.validate(json.loads(final.text), SCHEMA)
+
+
+def as_router_sends(r: pb.Request) -> pb.Request:
+    """Pixel values only with the chunks that compute some of the image's tokens (batch_wire)."""
+    end = r.cache_len + r.chunk_len if r.chunk_len else len(r.input_ids) + len(r.generated_ids)
+    for image in r.images:
+        if not (image.token_offset < end
+                and r.cache_len < image.token_offset + image.token_count):
+            image.ClearField("pixel_values")
+            image.ClearField("shape")
+    return r
+
+
+def mixed(fam: Family, reqs: list[pb.Request]) -> Run:
+    """The batching tricks: the first request prefilled alone (in chunks through its image
+    where the model allows), each next one joining the running batch's step, in chunks too."""
+    router = Router(fam.engine)
+    batch_id = itertools.count(1).__next__
+    for r in reqs:
+        cuts = [0, *fam.cuts, len(r.input_ids)]
+        for start, end in itertools.pairwise(cuts):
+            router.prefill(batch_id(), [as_router_sends(router.chunk(r, start, end - start))])
+        if router.cached is not None:
+            router.decode()
+    router.finish()
+    return router.run
+
+
+@pytest.mark.parametrize("kind", ["regex", "json"])
+def test_a_constrained_image_request_is_valid_and_batching_keeps_its_tokens(
+    fam: Family, kind: str
+) -> None:
+    alone = reference_run(fam.engine, [constrained(fam, 1, kind)])
+    assert_valid(alone.finals[1], kind)
+    other = reference_run(fam.engine, [constrained(fam, 2, kind, which=1)])
+    fam.engine.clear(None)
+    free = vlm(fam, 3, which=1, max_new=10)
+    free_alone = reference_run(fam.engine, [free])
+    fam.engine.clear(None)
+    run = mixed(fam, [free, constrained(fam, 1, kind), constrained(fam, 2, kind, which=1)])
+    assert run.tokens[1] == alone.tokens[1]
+    assert run.tokens[2] == other.tokens[2]
+    assert run.tokens[3] == free_alone.tokens[3]
+    torch.testing.assert_close(run.logprobs[1], alone.logprobs[1], rtol=TOL, atol=TOL)
+    assert_valid(run.finals[2], kind)
+
+
+def test_seeded_sampling_with_images_is_reproducible_across_batches(fam: Family) -> None:
+    seeded = [vlm(fam, rid, which=rid % 2, max_new=10, parameters=SEEDED) for rid in (1, 2)]
+    alone = reference_run(fam.engine, seeded)
+    again = reference_run(fam.engine, seeded)
+    assert alone.tokens == again.tokens
+    greedy = vlm(fam, 3, which=1, max_new=10)
+    grammar = constrained(fam, 4, "json", params=SEEDED)
+    fam.engine.clear(None)
+    run = mixed(fam, [greedy, seeded[0], grammar, seeded[1]])
+    for rid in (1, 2):
+        assert run.tokens[rid] == alone.tokens[rid]
+        assert run.finals[rid].seed == 11
+        torch.testing.assert_close(run.logprobs[rid], alone.logprobs[rid], rtol=TOL, atol=TOL)
+    assert_valid(run.finals[4], "json")
+    # Not the greedy tokens: the seed did draw (else the equalities above would prove little).
+    greedy_alone = reference_run(fam.engine, [vlm(fam, 1, which=1, max_new=10)])
+    assert greedy_alone.tokens[1] != alone.tokens[1]
+
+
+def _texts(run: Run, rid: int) -> list[str]:
+    return [t for g in run.generations[rid] for t in g.tokens.texts]
+
+
+def test_a_stop_sequence_ends_an_image_request_at_its_token(fam: Family) -> None:
+    # Seeded: PaliGemma's greedy tokens repeat one <locNNNN> whose every stop string is seen early.
+    free = reference_run(fam.engine, [vlm(fam, 1, max_new=16, parameters=SEEDED)])
+    pieces = _texts(free, 1)
+    for k in range(2, len(pieces)):
+        before = "".join(pieces[:k])
+        if before and pieces[k] and (stop := before[-1] + pieces[k][0]) not in before:
+            break
+    else:
+        pytest.fail("no token to stop at: change the prompt")
+    fam.engine.clear(None)
+    run = mixed(fam, [vlm(fam, 2, which=1), vlm(fam, 1, max_new=16, stop=[stop],
+                                                  parameters=SEEDED)])
+    final = run.finals[1]
+    assert final.finish_reason == STOP_SEQUENCE
+    assert run.tokens[1] == free.tokens[1][: k + 1] and final.generated_tokens == k + 1
+    assert final.text == fam.engine.detokenizer.decode(free.tokens[1][: k + 1],
+                                                       skip_special_tokens=True)
+
+
+def _preempted(fam: Family, r: pb.Request, steps: int) -> list[int]:
+    """`r` prefilled beside another image request, decoded `steps` times, then filtered out of
+    the batch (the router's preemption): the tokens it had."""
+    other = vlm(fam, 50, which=1, max_new=20)
+    run = Run(fam.engine)
+    reqs = []
+    for k, x in enumerate((r, other)):
+        y = pb.Request()
+        y.CopyFrom(x)
+        total = len(x.input_ids) + x.stopping_parameters.max_new_tokens
+        y.blocks[:] = list(range(1 + 30 * k, 1 + 30 * k + math.ceil(total / fam.engine.block_size)))
+        reqs.append(y)
+    cached = run.prefill(pb.Batch(id=1, requests=reqs, size=2))
+    for _ in range(steps):
+        assert cached is not None
+        cached = run.decode(cached)
+    assert cached is not None and r.id in cached.request_ids
+    fam.engine.filter(cached.id, [other.id])
+    fam.engine.clear(None)
+    return run.tokens[r.id]
+
+
+@pytest.mark.parametrize("params", ["greedy", "seeded", "json"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_preempted_image_request_resumes_with_the_same_tokens(
+    fam: Family, params: str, chunked: bool
+) -> None:
+    if params == "json":
+        r = constrained(fam, 1, "json", params=SEEDED)
+    else:
+        r = vlm(fam, 1, max_new=10, parameters=SEEDED if params == "seeded" else None)
+    whole = reference_run(fam.engine, [r])
+    fam.engine.clear(None)
+    done = _preempted(fam, r, steps=2)
+    assert done == whole.tokens[1][:3]
+    again = pb.Request()
+    again.CopyFrom(r)
+    again.generated_ids[:] = done
+    router = Router(fam.engine, next_block=100)
+    total = len(r.input_ids) + len(done)
+    # Mid-prefill: through the image (Qwen2-VL), or the prompt then its generated tokens
+    # (PaliGemma: its bidirectional prefix must be one chunk).
+    cuts = [0, *(fam.cuts or [len(r.input_ids)]), total] if chunked else [0, total]
+    for step, (start, end) in enumerate(itertools.pairwise(cuts)):
+        router.prefill(step + 1, [as_router_sends(router.chunk(again, start, end - start))])
+    router.finish()
+    assert router.run.tokens[1] == whole.tokens[1][3:]
+    torch.testing.assert_close(router.run.logprobs[1], whole.logprobs[1][3:], rtol=TOL, atol=TOL)
+    final, expected = router.run.finals[1], whole.finals[1]
+    assert (final.text, final.generated_tokens, final.finish_reason) == (
+        expected.text, expected.generated_tokens, expected.finish_reason)
+    if params == "json":
+        assert_valid(final, "json")
