@@ -43,14 +43,17 @@ IDEFICS3_TEMPLATE = (
 
 
 def idefics3_image_processor(longest: int = IDEFICS3_LONGEST, tile: int = IDEFICS3_TILE,
-                             **kwargs: Any) -> Any:
-    """transformers' Idefics3 image processor (PIL backend) at the tiny model's sizes."""
+                             smolvlm: bool = False, **kwargs: Any) -> Any:
+    """transformers' Idefics3 (or SmolVLM) image processor (PIL backend) at these sizes."""
     from transformers.models.idefics3.image_processing_pil_idefics3 import (
         Idefics3ImageProcessorPil,
     )
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import (
+        SmolVLMImageProcessorPil,
+    )
 
-    return Idefics3ImageProcessorPil(size={"longest_edge": longest},
-                                     max_image_size={"longest_edge": tile}, **kwargs)
+    cls = SmolVLMImageProcessorPil if smolvlm else Idefics3ImageProcessorPil
+    return cls(size={"longest_edge": longest}, max_image_size={"longest_edge": tile}, **kwargs)
 
 
 def _tokenizer() -> Any:
@@ -63,14 +66,18 @@ def _tokenizer() -> Any:
                                    pad_token=PAD, model_max_length=1024)
 
 
-def write_idefics3_model(path: Path, seed: int = 0) -> Path:
-    """A whole tiny Idefics3 checkpoint at `path` (float32) with its processor and template."""
+def write_idefics3_model(path: Path, seed: int = 0, family: str = "idefics3") -> Path:
+    """A whole tiny Idefics3 checkpoint at `path` (float32) with its processor and template;
+    `family` smolvlm: the same model saved by transformers' SmolVLM classes (SmolVLM's config,
+    model and image processor: the same computation under another model_type)."""
     import torch
     from transformers import (
         GenerationConfig,
         Idefics3Config,
         Idefics3ForConditionalGeneration,
         Idefics3Processor,
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
     )
 
     path.mkdir(parents=True, exist_ok=True)
@@ -81,18 +88,23 @@ def write_idefics3_model(path: Path, seed: int = 0) -> Path:
            "pad_token_id": tok.convert_tokens_to_ids(PAD)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        images = idefics3_image_processor()
+        smolvlm = family == "smolvlm"
+        images = idefics3_image_processor(smolvlm=smolvlm)
+        # SmolVLMProcessor needs num2words (for videos; not installed here); its image prompt is
+        # Idefics3Processor's (the same get_image_prompt_string), so that one is saved.
         processor = Idefics3Processor(image_processor=images, tokenizer=tok,
                                       image_seq_len=IDEFICS3_SEQ_LEN,
                                       chat_template=IDEFICS3_TEMPLATE)
         processor.save_pretrained(path)
         images.save_pretrained(path)
         text = {**IDEFICS3_TEXT, "vocab_size": len(tok), **ids}
-        config = Idefics3Config(
+        config = (SmolVLMConfig if smolvlm else Idefics3Config)(
             vision_config=IDEFICS3_VISION, text_config=text, scale_factor=2,
             image_token_id=tok.convert_tokens_to_ids("<image>"), torch_dtype="float32", **ids)
         torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config).eval()
+        model_class = (SmolVLMForConditionalGeneration if smolvlm
+                       else Idefics3ForConditionalGeneration)
+        model = model_class(config).eval()
         model.save_pretrained(path, safe_serialization=True)
     GenerationConfig(**ids).save_pretrained(path)
     _set_template(path)

@@ -28,7 +28,7 @@ from tests.vision_checkpoints import (
 # from tests/siglip_models.py; Idefics3: test_idefics3_serving.py, tests/idefics3_models.py)
 # rather than by the text families' serving test.
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl", "llava_next", "llava", "paligemma", "gemma3",
-                   "idefics3")
+                   "idefics3", "smolvlm")
 
 # The text half: 4 query heads over 2 KV heads (two ranks split both), head_dim 16, whose 8
 # rotary frequencies M-RoPE splits into temporal, height and width sections. Weights 15x

@@ -23,4 +23,5 @@ VISION_FAMILIES: Mapping[str, ModelLoader] = MappingProxyType({
     "llava_next": LlavaNext.load,
     "llava": LlavaNext.load,
     "idefics3": Idefics3.load,
+    "smolvlm": Idefics3.load,
 })

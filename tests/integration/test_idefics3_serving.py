@@ -4,8 +4,8 @@ the tower, connector and Llama decoder. The served greedy tokens and logprobs eq
 transformers' generate on the prompt ids the server ran and the images processed by
 transformers' own image processor, through /generate with a markdown data-URI image and
 /v1/chat/completions with two data: PNGs (chunked: longer than the prefill budget), on 1 and 2
-ranks; two different images give different outputs; text only is served. One server start per
-rank count."""
+ranks (SmolVLM, the same model under its own classes, on 1); two different images give
+different outputs; text only is served. One server start per (family, ranks)."""
 
 from __future__ import annotations
 
@@ -31,19 +31,20 @@ MAX_NEW = 5
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_idefics3_model(tmp_path_factory.mktemp("idefics3"))
+SERVED = [("idefics3", 1), ("idefics3", 2), ("smolvlm", 1)]
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1rank", "2rank"])
-def server(request: pytest.FixtureRequest, model: Path) -> Iterator[str]:
+@pytest.fixture(scope="module", params=SERVED, ids=[f"{f}-{n}rank" for f, n in SERVED])
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[str, Path]]:
+    family, ranks = request.param
+    model = write_idefics3_model(tmp_path_factory.mktemp(family), family=family)
     # A small prefill budget: the chat prompt below is chunked (through its tiles' runs).
-    with start_shards(model, request.param) as shards, RouterProcess(
+    with start_shards(model, ranks) as shards, RouterProcess(
         shards.urls[0], model, "--max-total-tokens", "400", "--max-input-tokens", "300",
         "--max-batch-prefill-tokens", "48",
     ) as router:
-        yield router.url
+        yield router.url, model
 
 
 def expected(model: Path, ids: list[int], images: list[bytes]) -> tuple[list[int], list[float]]:
@@ -75,7 +76,8 @@ def assert_served(details: dict[str, Any], want: tuple[list[int], list[float]]) 
     np.testing.assert_allclose([t["logprob"] for t in got], want[1][:n], rtol=TOL, atol=TOL)
 
 
-def test_served_as_transformers_generates(server: str, model: Path) -> None:
+def test_served_as_transformers_generates(served: tuple[str, Path]) -> None:
+    server, model = served
     # /generate, a markdown image: its tile grid's text in its place (TGI's rendering).
     image = png(1)
     details = generate(server, f"User:![]({data_uri(image)})What is it?")

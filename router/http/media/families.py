@@ -119,7 +119,9 @@ GEMMA3 = VisionFamily(
 
 # Idefics3: its template writes one `<image>` per image part, which Idefics3Processor expands
 # into the image's tile grid (ProcessedImage.text: `<fake_token_around_image>`, `<row_r_col_c>`,
-# `<global-img>`, image_seq_len `<image>` per tile); a markdown image the same (TGI's).
+# `<global-img>`, image_seq_len `<image>` per tile); a markdown image the same (TGI's). SmolVLM
+# (`smolvlm`) is the same processor and prompt (transformers' SmolVLM image processor and image
+# prompt are Idefics3's code).
 IDEFICS3 = VisionFamily(
     "idefics3",
     PromptImages("<image>", "<image>"),
@@ -134,4 +136,5 @@ VISION_FAMILIES: Mapping[str, VisionFamily] = MappingProxyType({
     "paligemma": PALIGEMMA,
     "gemma3": GEMMA3,
     "idefics3": IDEFICS3,
+    "smolvlm": IDEFICS3,
 })

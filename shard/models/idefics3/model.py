@@ -16,8 +16,8 @@ but in float32 not always, the plain row-major index: `bucketed_positions` compu
 transformers does, once.
 
 Attention in the decoder is causal (no bidirectional spans) and positions are plain 1-D: a
-forward without images (text, decode steps) is the Llama's own. The tower and connector are
-replicated on every rank, as SigLIP's (see siglip/vision.py for why).
+forward without images (text, decode steps) is the Llama's own. The tower is split over
+the ranks as SigLIP's (siglip/vision.py); the connector is replicated, as the projectors are.
 """
 
 from __future__ import annotations

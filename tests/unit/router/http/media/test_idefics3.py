@@ -1,6 +1,7 @@
 """Idefics3's image processor and prompt, router half: the port equals transformers'
 Idefics3ImageProcessorPil (pixel values, 1e-5; tiles and global image) at the Hub checkpoints'
-settings (longest edge 1456, tiles of 364) and the tiny model's, splitting on and off; the
+settings (longest edge 1456, tiles of 364), SmolVLM's (its own image processor class) and the
+tiny model's, splitting on and off; the
 router's chat and /generate prompts tokenize to Idefics3Processor's input ids; each tile becomes
 its own wire image over its run of `<image>` tokens."""
 
@@ -46,9 +47,9 @@ def png(image: Image.Image) -> bytes:
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_idefics3_model(tmp_path_factory.mktemp("idefics3"))
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_idefics3_model(tmp_path_factory.mktemp(request.param), family=request.param)
 
 
 def _config(tile: int, patch: int) -> dict[str, Any]:
@@ -56,14 +57,18 @@ def _config(tile: int, patch: int) -> dict[str, Any]:
             "vision_config": {"image_size": tile, "patch_size": patch}}
 
 
-@pytest.mark.parametrize("hub", [True, False])
+@pytest.mark.parametrize("hub", ["idefics3", "smolvlm", ""])
 @pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize(("width", "height"), SIZES)
-def test_processor_equals_transformers(hub: bool, split: bool, width: int, height: int) -> None:
-    tile, patch, longest = (364, 14, 4 * 364) if hub else (IDEFICS3_TILE, IDEFICS3_PATCH, 96)
+def test_processor_equals_transformers(hub: str, split: bool, width: int, height: int) -> None:
+    """At Idefics3-8B's settings, SmolVLM-256M's (SmolVLM's image processor; 512-pixel tiles
+    of 16-pixel patches, longest edge 2048) and the tiny model's."""
+    tile, patch, longest = {"idefics3": (364, 14, 4 * 364), "smolvlm": (512, 16, 2048),
+                            "": (IDEFICS3_TILE, IDEFICS3_PATCH, 96)}[hub]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = idefics3_image_processor(longest, tile, do_image_splitting=split)
+        theirs = idefics3_image_processor(longest, tile, smolvlm=hub == "smolvlm",
+                                          do_image_splitting=split)
     ours = Idefics3ImageProcessor.from_checkpoint(_config(tile, patch),
                                                   json.loads(json.dumps(theirs.to_dict())))
     decoded = decode_image(png(noise(width, height)), "x", 1 << 25)
@@ -82,19 +87,22 @@ def test_processor_equals_transformers(hub: bool, split: bool, width: int, heigh
 
 def _vision(path: Path) -> tuple[VisionModel, Tokenizer]:
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    support = image_support(json.loads((path / "config.json").read_text()),
-                            json.loads((path / "preprocessor_config.json").read_text()), tok)
+    config = json.loads((path / "config.json").read_text())
+    support = image_support(config, json.loads((path / "preprocessor_config.json").read_text()),
+                            tok)
     assert support.vision is not None, support.why_not
-    assert support.describe() == "images: prepared for idefics3 (its image processor)"
+    assert support.describe() == (
+        f"images: prepared for {config['model_type']} (its image processor)")
     return support.vision, tok
 
 
 def _transformers_ids(path: Path, text: str, images: list[Image.Image]) -> list[int]:
-    from transformers import AutoProcessor
+    from transformers import Idefics3Processor
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        processor = AutoProcessor.from_pretrained(path)
+        # SmolVLM's too: SmolVLMProcessor's image prompt is this code (it needs num2words).
+        processor = Idefics3Processor.from_pretrained(path)
         out = processor(text=[text], images=[images] if images else None,
                         add_special_tokens=False)
     return list(out["input_ids"][0])

@@ -31,11 +31,13 @@ class Prompt:
 
 
 def load_processor(path: Path) -> object:
-    from transformers import AutoProcessor
+    """Idefics3Processor (SmolVLM checkpoints too: SmolVLMProcessor's image prompt is the same
+    code, and it needs num2words for videos)."""
+    from transformers import Idefics3Processor
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return AutoProcessor.from_pretrained(path)
+        return Idefics3Processor.from_pretrained(path)
 
 
 def idefics3_prompt(path: Path, content: list[str | PILImage.Image]) -> Prompt:
@@ -77,13 +79,13 @@ def wire_images(prompt: Prompt) -> list[pb.Image]:
 
 
 def hf_generate(path: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
-    """transformers' Idefics3ForConditionalGeneration.generate, greedy, EOS ignored: tokens
+    """transformers' generate (Idefics3 / SmolVLMForConditionalGeneration), greedy, EOS ignored: tokens
     and each one's logprob."""
-    from transformers import Idefics3ForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = Idefics3ForConditionalGeneration.from_pretrained(
+        model = AutoModelForImageTextToText.from_pretrained(
             path, dtype=torch.float32, attn_implementation="eager").eval()
     model.generation_config.eos_token_id = None
     kwargs = {} if prompt.pixel_values is None else {"pixel_values": prompt.pixel_values[None]}

@@ -1,4 +1,5 @@
-"""Idefics3 served by the shard's Engine against transformers on the same tiny random weights and
+"""Idefics3 (and SmolVLM, the same model under its own transformers classes) served by the
+shard's Engine against transformers on the same tiny random weights and
 processed inputs: one tile through tower + connector equals transformers' image features; greedy
 tokens equal generate's and logprobs within 1e-3 with one image (split into tiles), two images,
 and text only; chunks cutting around and through the images give the whole
@@ -31,9 +32,9 @@ MAX_NEW = 6
 TOL = 1e-3
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_idefics3_model(tmp_path_factory.mktemp("idefics3"))
+@pytest.fixture(scope="module", params=["idefics3", "smolvlm"])
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_idefics3_model(tmp_path_factory.mktemp(request.param), family=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def assert_equal(run: Run, rid: int, expected: tuple[list[int], list[float]]) ->
 
 
 def test_positions_and_pixel_shuffle_are_transformers(checkpoint: Path, engine: Engine) -> None:
-    from transformers import Idefics3ForConditionalGeneration
+    from transformers import AutoModelForImageTextToText
 
     for side in (3, 7, 16, 26, 32):  # float32 bucketing is not arange for 3 and 7
         mask = torch.ones(1, side, side, dtype=torch.bool)
@@ -68,7 +69,7 @@ def test_positions_and_pixel_shuffle_are_transformers(checkpoint: Path, engine: 
         emb.position_embedding.weight.data = torch.arange(side * side, dtype=torch.float32)[:, None]
         got = emb(torch.zeros(1, 1, side, side), mask)[0, :, 0].long()
         assert torch.equal(got, bucketed_positions(side))
-    model = Idefics3ForConditionalGeneration.from_pretrained(checkpoint).eval()
+    model = AutoModelForImageTextToText.from_pretrained(checkpoint).eval()
     x = torch.randn(16, 8)
     torch.testing.assert_close(pixel_shuffle(x, 2),
                                model.model.connector.pixel_shuffle(x[None], 2)[0])
