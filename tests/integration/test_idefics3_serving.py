@@ -115,6 +115,15 @@ def test_served_as_transformers_generates(served: tuple[str, Path]) -> None:
     assert [(t["id"], round(t["logprob"], 3)) for t in first["tokens"]] != [
         (t["id"], round(t["logprob"], 3)) for t in other["tokens"]]
 
+    # The same image and prompt again (its tiles' blocks cached, keyed by each tile's hash):
+    # the same tokens.
+    again = post(server, "/generate", {"inputs": f"![]({data_uri(png(3))})compare",
+                                        "parameters": {"max_new_tokens": MAX_NEW,
+                                                       "details": True}})
+    assert again.status_code == 200, again.text
+    assert [t["id"] for t in again.json()["details"]["tokens"]] == [
+        t["id"] for t in first["tokens"]]
+
     # Text only.
     details = generate(server, "just words here")
     assert_served(details, expected(model, [t["id"] for t in details["prefill"]], []))
