@@ -81,6 +81,8 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
 class Idefics3Tower(SiglipVisionTower):
     """SigLIP's layers and post_layernorm at the bucketed position ids."""
 
+    positions: torch.Tensor
+
     def __init__(self, weights: Weights, prefix: str, config: SiglipConfig) -> None:
         super().__init__(weights, prefix, config)
         self.register_buffer("positions", bucketed_positions(config.patches_per_side),
