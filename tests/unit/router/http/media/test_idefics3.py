@@ -85,18 +85,20 @@ def test_processor_equals_transformers(hub: str, split: bool, width: int, height
     assert got.text.count("<image>") == got.tokens
 
 
-def _vision(path: Path) -> tuple[VisionModel, Tokenizer]:
+def _vision(path: Path, split: bool = True) -> tuple[VisionModel, Tokenizer]:
     tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     config = json.loads((path / "config.json").read_text())
-    support = image_support(config, json.loads((path / "preprocessor_config.json").read_text()),
-                            tok)
+    pre = json.loads((path / "preprocessor_config.json").read_text())
+    pre["do_image_splitting"] = split
+    support = image_support(config, pre, tok)
     assert support.vision is not None, support.why_not
     assert support.describe() == (
         f"images: prepared for {config['model_type']} (its image processor)")
     return support.vision, tok
 
 
-def _transformers_ids(path: Path, text: str, images: list[Image.Image]) -> list[int]:
+def _transformers_ids(path: Path, text: str, images: list[Image.Image], split: bool
+                      ) -> list[int]:
     from transformers import Idefics3Processor
 
     with warnings.catch_warnings():
@@ -104,16 +106,18 @@ def _transformers_ids(path: Path, text: str, images: list[Image.Image]) -> list[
         # SmolVLM's too: SmolVLMProcessor's image prompt is this code (it needs num2words).
         processor = Idefics3Processor.from_pretrained(path)
         out = processor(text=[text], images=[images] if images else None,
-                        add_special_tokens=False)
+                        add_special_tokens=False, do_image_splitting=split)
     return list(out["input_ids"][0])
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("sizes", [[(70, 50)], [(20, 20)], [(41, 300), (1000, 200)]])
-def test_prompts_tokenize_as_idefics3_processor(checkpoint: Path,
+def test_prompts_tokenize_as_idefics3_processor(checkpoint: Path, split: bool,
                                                 sizes: list[tuple[int, int]]) -> None:
     """Chat (the template's `<image>` per image part) and /generate (markdown images) give
-    Idefics3Processor's ids; each tile is one wire image over one run of image tokens."""
-    vision, tok = _vision(checkpoint)
+    Idefics3Processor's ids, split into tiles or (do_image_splitting false) each image one
+    tile; each tile is one wire image over one run of image tokens."""
+    vision, tok = _vision(checkpoint, split)
     images = [noise(w, h, seed=k) for k, (w, h) in enumerate(sizes)]
     decoded = [decode_image(png(im), f"messages[0].content[{k}]", 1 << 25)
                for k, im in enumerate(images)]
@@ -129,9 +133,10 @@ def test_prompts_tokenize_as_idefics3_processor(checkpoint: Path,
     for text, reference in [(chat, template),
                             (markdown, "User:" + "<image>" * len(images) + "What?")]:
         ids = tok.encode(text, add_special_tokens=False).ids
-        assert ids == _transformers_ids(checkpoint, reference, images)
+        assert ids == _transformers_ids(checkpoint, reference, images, split)
         wire = PreparedImages(text, processed).wire(vision, ids)
         assert len(wire) == sum(len(p.runs) for p in processed)
+        assert split or len(wire) == len(images)
         image_id = tok.token_to_id("<image>")
         for image in wire:
             assert image.token_count == IDEFICS3_SEQ_LEN
