@@ -8,7 +8,8 @@ Positions are plain 1-D: a forward without images (text-only requests, every dec
 the decoder's own, CUDA graphs included; a prefill chunk covering image tokens comes with a
 StepMedia whose image rows replace those tokens' embeddings (shard/models/vision_language.py
 keeps an image's rows between the chunks of a prefill, so the tower runs once per image). The
-tower and projector are replicated on every rank (see clip/vision.py for why).
+tower is split over the ranks as the decoder (clip/vision.py, models/vision_sharding.py); the
+projector (21M parameters for a 7B) is replicated: not worth two more collectives per image.
 
 LLaVA 1.5 (`llava`) is the same model without anyres: one tile per image, its features (class
 token dropped, projected) the image's rows; no image_newline.

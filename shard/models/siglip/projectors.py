@@ -10,7 +10,8 @@ model's image-token embeddings, as transformers' modeling files compute them:
   tokens (kernel = stride = patches per side / tokens per side), RMSNorm with (1 + w) in
   float32, then a matmul by mm_input_projection_weight [vision hidden, text hidden].
 
-Replicated on every rank, with the tower (vision.py says why).
+Replicated on every rank (the tower itself is split, models/vision_sharding.py): one small
+matmul per image (PaliGemma-3B's is 1152 x 2048, 2.4M parameters), not worth a collective.
 """
 
 from __future__ import annotations
