@@ -68,7 +68,7 @@ def chat_body(image: int, text: str = "what is this", **extra: Any) -> dict[str,
 
 
 # Seeded (the greedy text of this random model repeats itself early), past EOS.
-LONG = {"max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True}
+LONG: dict[str, Any] = {"max_tokens": 24, "temperature": 1.0, "seed": 3, "ignore_eos": True}
 
 
 def test_json_schema_response_format_gives_valid_json(url: str) -> None:

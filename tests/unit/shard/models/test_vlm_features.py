@@ -1,6 +1,7 @@
 """The engine's request features with images (issue 28, point 5), on Qwen2-VL (M-RoPE positions,
-chunks may split an image) and PaliGemma (1-D positions, the whole prompt one bidirectional
-prefix, so a chunk may only end at the prompt's end): a regex or JSON-schema grammar gives valid
+chunks may split an image), LLaVA-NeXT (1-D, causal: chunks split the image too), PaliGemma (the
+whole prompt one bidirectional prefix, so a chunk may only end at the prompt's end) and Gemma 3
+(bidirectional within each image: chunks end around it): a regex or JSON-schema grammar gives valid
 output, and the same greedy tokens alone as beside other image requests mixed into their decode
 steps; seeded sampling is reproducible and equal across batch compositions; a stop sequence ends
 the request at the token that completes it; a request filtered out mid-decode and resumed with
@@ -27,12 +28,13 @@ import torch
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.output.stopping import EOS_TOKEN, STOP_SEQUENCE
-from tests.siglip_models import write_paligemma_model
+from tests.siglip_models import write_gemma3_model, write_paligemma_model
 from tests.unit.shard.engine.test_engine import Run
+from tests.unit.shard.models.llava_next import llava_cases as llava
 from tests.unit.shard.models.qwen2_vl import vlm_cases as qwen
 from tests.unit.shard.models.siglip import siglip_cases as siglip
 from tests.unit.shard.router_steps import Router, build_engine, reference_run, request
-from tests.vision_models import write_qwen2_vl_model
+from tests.vision_models import write_llava_next_model, write_qwen2_vl_model
 
 TOL = 1e-4
 SCHEMA = {
@@ -54,6 +56,7 @@ class Family:
     engine: Engine
     prompts: list[tuple[list[int], list[pb.Image]]]
     cuts: list[int]
+    path: Path
 
 
 def _qwen2_vl(path: Path) -> Family:
@@ -64,7 +67,7 @@ def _qwen2_vl(path: Path) -> Family:
                                     [13, 14, 15, 16, 17]])
         prompts.append((p.ids, qwen.wire_images(p)))
     offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
-    return Family(build_engine(path), prompts, [offset + 2, offset + count - 1])
+    return Family(build_engine(path), prompts, [offset + 2, offset + count - 1], path)
 
 
 def _paligemma(path: Path) -> Family:
@@ -73,10 +76,33 @@ def _paligemma(path: Path) -> Family:
     for seed in (1, 2):
         p = siglip.paligemma_prompt(path, "What is this?", [siglip.picture((40, 30), seed)])
         prompts.append((p.ids, siglip.wire_images(p)))
-    return Family(build_engine(path), prompts, [])
+    return Family(build_engine(path), prompts, [], path)
 
 
-FAMILIES: dict[str, Callable[[Path], Family]] = {"qwen2_vl": _qwen2_vl, "paligemma": _paligemma}
+def _llava_next(path: Path) -> Family:
+    write_llava_next_model(path)
+    prompts = []
+    for seed in (1, 2):
+        p = llava.prompt_with(path, [[10, 11, 12], llava.process(path, qwen.picture((60, 40), seed)),
+                                     [13, 14, 15, 16, 17]])
+        prompts.append((p.ids, llava.wire_images(p)))
+    offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
+    return Family(build_engine(path), prompts, [offset + 3, offset + count - 2], path)
+
+
+def _gemma3(path: Path) -> Family:
+    """Gemma 3: bidirectional within each image's tokens, so chunks end only around them."""
+    write_gemma3_model(path)
+    prompts = []
+    for seed in (1, 2):
+        p = siglip.gemma3_prompt(path, ["Look", siglip.picture((40, 30), seed), "what is it?"])
+        prompts.append((p.ids, siglip.wire_images(p)))
+    offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
+    return Family(build_engine(path), prompts, [offset - 1, offset + count], path)
+
+
+FAMILIES: dict[str, Callable[[Path], Family]] = {
+    "qwen2_vl": _qwen2_vl, "paligemma": _paligemma, "llava_next": _llava_next, "gemma3": _gemma3}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -131,10 +157,10 @@ def as_router_sends(r: pb.Request) -> pb.Request:
     return r
 
 
-def mixed(fam: Family, reqs: list[pb.Request]) -> Run:
+def mixed(fam: Family, reqs: list[pb.Request], engine: Engine | None = None) -> Run:
     """The batching tricks: the first request prefilled alone (in chunks through its image
     where the model allows), each next one joining the running batch's step, in chunks too."""
-    router = Router(fam.engine)
+    router = Router(engine or fam.engine)
     batch_id = itertools.count(1).__next__
     for r in reqs:
         cuts = [0, *fam.cuts, len(r.input_ids)]
@@ -261,3 +287,40 @@ def test_a_preempted_image_request_resumes_with_the_same_tokens(
         expected.text, expected.generated_tokens, expected.finish_reason)
     if params == "json":
         assert_valid(final, "json")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_decode_graphs_and_the_overlap_scheduler_keep_the_features(
+    fam: Family, overlap: bool
+) -> None:
+    """The decode graphs' padded buffers (run eagerly on the CPU) and, on top, the overlap
+    scheduler (the grammar's masks applied a step late): a JSON-constrained, a seeded and a
+    regex image request mixed together get the tokens each gets alone on the plain engine."""
+    from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+
+    reqs = [constrained(fam, 1, "json"), vlm(fam, 2, which=1, max_new=10, parameters=SEEDED),
+            constrained(fam, 3, "regex", which=1)]
+    alone = reference_run(fam.engine, reqs)
+    engine = build_engine(fam.path, overlap=overlap) if overlap else fam.engine
+    engine.clear(None)
+    assert engine.model.graph_capturable
+    graphs = DecodeGraphRunner(engine.model, (1, 2, 4), 64, engine.block_size,
+                               pad_eagerly=True)
+    forward, replays = graphs.forward, []
+
+    def counted(*args: object) -> torch.Tensor:
+        replays.append(1)
+        return forward(*args)  # type: ignore[arg-type]
+
+    graphs.forward = counted  # type: ignore[method-assign]
+    engine.runner.decode_graphs = graphs
+    try:
+        run = mixed(fam, reqs, engine)
+    finally:
+        engine.runner.decode_graphs = None
+    assert len(replays) >= 5  # the decode steps went through the graphs' buffers
+    for rid in (1, 2, 3):
+        assert run.tokens[rid] == alone.tokens[rid]
+        torch.testing.assert_close(run.logprobs[rid], alone.logprobs[rid], rtol=TOL, atol=TOL)
+    assert_valid(run.finals[1], "json")
+    assert_valid(run.finals[3], "regex")
