@@ -135,8 +135,11 @@ class SiglipVLM(Llama, ImageEncoder):
             tokens = int(raw.get("mm_tokens_per_image", GEMMA3_MM_TOKENS))
             self.projector = Gemma3Projector(weights, projector, vision.patches_per_side,
                                              tokens, vision.layer_norm_eps)
-        self.image_layout = SiglipImages(vision.num_channels, vision.image_size, tokens,
-                                         prefix=paligemma)
+        # Kept typed as SiglipImages too: Warmup reads its image size (Model types it as the
+        # generic ImageLayout | None).
+        self.siglip_layout = SiglipImages(vision.num_channels, vision.image_size, tokens,
+                                          prefix=paligemma)
+        self.image_layout = self.siglip_layout
         # PaliGemma numbers positions from 1.
         self.position_offset = 1 if paligemma else 0
         self.images = ImageEmbeddings()
@@ -156,7 +159,7 @@ class SiglipVLM(Llama, ImageEncoder):
 
     def warmup_images(self) -> None:
         """Every image is the same size: one, so Warmup's peak includes the tower's."""
-        layout = self.image_layout
+        layout = self.siglip_layout
         self.encode(torch.zeros(layout.channels, layout.image_size, layout.image_size,
                                 device=self.device), ())
 
