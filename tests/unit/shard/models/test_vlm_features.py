@@ -24,16 +24,20 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.output.stopping import EOS_TOKEN, STOP_SEQUENCE
+from pytgi_shard.service.startup import load_engine
+from pytgi_shard.settings import ShardSettings
 from tests.siglip_models import write_gemma3_model, write_paligemma_model
 from tests.unit.shard.engine.test_engine import Run
 from tests.unit.shard.models.llava_next import llava_cases as llava
 from tests.unit.shard.models.qwen2_vl import vlm_cases as qwen
 from tests.unit.shard.models.siglip import siglip_cases as siglip
-from tests.unit.shard.router_steps import Router, build_engine, reference_run, request
+from tests.unit.shard.models.test_models import _free_port
+from tests.unit.shard.router_steps import BLOCK, Router, build_engine, reference_run, request
 from tests.vision_models import write_llava_next_model, write_qwen2_vl_model
 
 TOL = 1e-4
@@ -59,55 +63,59 @@ class Family:
     path: Path
 
 
-def _qwen2_vl(path: Path) -> Family:
-    write_qwen2_vl_model(path)
+# Two image prompts of a checkpoint (the same text, different images) and its legal cuts.
+Prompts = tuple[list[tuple[list[int], list[pb.Image]]], list[int]]
+
+
+def _qwen2_vl(path: Path) -> Prompts:
     prompts = []
     for seed in (1, 2):
         p = qwen.prompt_with(path, [[10, 11, 12], qwen.process(path, qwen.picture((60, 40), seed)),
                                     [13, 14, 15, 16, 17]])
         prompts.append((p.ids, qwen.wire_images(p)))
     offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
-    return Family(build_engine(path), prompts, [offset + 2, offset + count - 1], path)
+    return prompts, [offset + 2, offset + count - 1]
 
 
-def _paligemma(path: Path) -> Family:
-    write_paligemma_model(path)
+def _paligemma(path: Path) -> Prompts:
     prompts = []
     for seed in (1, 2):
         p = siglip.paligemma_prompt(path, "What is this?", [siglip.picture((40, 30), seed)])
         prompts.append((p.ids, siglip.wire_images(p)))
-    return Family(build_engine(path), prompts, [], path)
+    return prompts, []
 
 
-def _llava_next(path: Path) -> Family:
-    write_llava_next_model(path)
+def _llava_next(path: Path) -> Prompts:
     prompts = []
     for seed in (1, 2):
         p = llava.prompt_with(path, [[10, 11, 12], llava.process(path, qwen.picture((60, 40), seed)),
                                      [13, 14, 15, 16, 17]])
         prompts.append((p.ids, llava.wire_images(p)))
     offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
-    return Family(build_engine(path), prompts, [offset + 3, offset + count - 2], path)
+    return prompts, [offset + 3, offset + count - 2]
 
 
-def _gemma3(path: Path) -> Family:
+def _gemma3(path: Path) -> Prompts:
     """Gemma 3: bidirectional within each image's tokens, so chunks end only around them."""
-    write_gemma3_model(path)
     prompts = []
     for seed in (1, 2):
         p = siglip.gemma3_prompt(path, ["Look", siglip.picture((40, 30), seed), "what is it?"])
         prompts.append((p.ids, siglip.wire_images(p)))
     offset, count = prompts[0][1][0].token_offset, prompts[0][1][0].token_count
-    return Family(build_engine(path), prompts, [offset - 1, offset + count], path)
+    return prompts, [offset - 1, offset + count]
 
 
-FAMILIES: dict[str, Callable[[Path], Family]] = {
-    "qwen2_vl": _qwen2_vl, "paligemma": _paligemma, "llava_next": _llava_next, "gemma3": _gemma3}
+FAMILIES: dict[str, tuple[Callable[..., Path], Callable[[Path], Prompts]]] = {
+    "qwen2_vl": (write_qwen2_vl_model, _qwen2_vl), "paligemma": (write_paligemma_model, _paligemma),
+    "llava_next": (write_llava_next_model, _llava_next), "gemma3": (write_gemma3_model, _gemma3)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Family:
-    return FAMILIES[request.param](tmp_path_factory.mktemp(request.param))
+    write, prompts_of = FAMILIES[request.param]
+    path = write(tmp_path_factory.mktemp(request.param))
+    prompts, cuts = prompts_of(path)
+    return Family(build_engine(path), prompts, cuts, path)
 
 
 @pytest.fixture
@@ -256,6 +264,23 @@ def _preempted(fam: Family, r: pb.Request, steps: int) -> list[int]:
     return run.tokens[r.id]
 
 
+def resumed(fam: Family, r: pb.Request, done: list[int], chunked: bool) -> Run:
+    """`r` resumed as the router does after a preemption: `done` its generated_ids, on fresh
+    blocks, its prompt and `done` prefilled whole or (`chunked`) in chunks through the image
+    (Qwen2-VL, LLaVA-NeXT), around it (Gemma 3), or the prompt then its generated tokens
+    (PaliGemma: its bidirectional prefix must be one chunk)."""
+    again = pb.Request()
+    again.CopyFrom(r)
+    again.generated_ids[:] = done
+    router = Router(fam.engine, next_block=100)
+    total = len(r.input_ids) + len(done)
+    cuts = [0, *(fam.cuts or [len(r.input_ids)]), total] if chunked else [0, total]
+    for step, (start, end) in enumerate(itertools.pairwise(cuts)):
+        router.prefill(step + 1, [as_router_sends(router.chunk(again, start, end - start))])
+    router.finish()
+    return router.run
+
+
 @pytest.mark.parametrize("params", ["greedy", "seeded", "json"])
 @pytest.mark.parametrize("chunked", [False, True])
 def test_a_preempted_image_request_resumes_with_the_same_tokens(
@@ -269,20 +294,10 @@ def test_a_preempted_image_request_resumes_with_the_same_tokens(
     fam.engine.clear(None)
     done = _preempted(fam, r, steps=2)
     assert done == whole.tokens[1][:3]
-    again = pb.Request()
-    again.CopyFrom(r)
-    again.generated_ids[:] = done
-    router = Router(fam.engine, next_block=100)
-    total = len(r.input_ids) + len(done)
-    # Mid-prefill: through the image (Qwen2-VL), or the prompt then its generated tokens
-    # (PaliGemma: its bidirectional prefix must be one chunk).
-    cuts = [0, *(fam.cuts or [len(r.input_ids)]), total] if chunked else [0, total]
-    for step, (start, end) in enumerate(itertools.pairwise(cuts)):
-        router.prefill(step + 1, [as_router_sends(router.chunk(again, start, end - start))])
-    router.finish()
-    assert router.run.tokens[1] == whole.tokens[1][3:]
-    torch.testing.assert_close(router.run.logprobs[1], whole.logprobs[1][3:], rtol=TOL, atol=TOL)
-    final, expected = router.run.finals[1], whole.finals[1]
+    run = resumed(fam, r, done, chunked)
+    assert run.tokens[1] == whole.tokens[1][3:]
+    torch.testing.assert_close(run.logprobs[1], whole.logprobs[1][3:], rtol=TOL, atol=TOL)
+    final, expected = run.finals[1], whole.finals[1]
     assert (final.text, final.generated_tokens, final.finish_reason) == (
         expected.text, expected.generated_tokens, expected.finish_reason)
     if params == "json":
@@ -324,3 +339,42 @@ def test_decode_graphs_and_the_overlap_scheduler_keep_the_features(
         torch.testing.assert_close(run.logprobs[rid], alone.logprobs[rid], rtol=TOL, atol=TOL)
     assert_valid(run.finals[1], "json")
     assert_valid(run.finals[3], "regex")
+
+
+def two_rank_requests(fam: Family) -> list[pb.Request]:
+    return [constrained(fam, 1, "json", params=SEEDED), vlm(fam, 2, which=1, max_new=10,
+                                                              parameters=SEEDED),
+            constrained(fam, 3, "regex", which=1)]
+
+
+def _rank_main(rank: int, port: int, name: str, path: Path, out: Path) -> None:
+    torch.set_num_threads(1)
+    settings = ShardSettings(model_path=path, block_size=BLOCK, rank=rank, world_size=2,
+                             master_port=port)
+    engine = load_engine(settings)
+    try:
+        engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
+        fam = Family(engine, *FAMILIES[name][1](path), path)
+        run = mixed(fam, two_rank_requests(fam))
+        engine.clear(None)
+        again = resumed(fam, two_rank_requests(fam)[0], run.tokens[1][:3], chunked=True)
+        torch.save((run.tokens, again.tokens[1]), out / f"rank{rank}.pt")
+    finally:
+        engine.dist.close()
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", "paligemma"])
+def test_two_ranks_keep_the_features(name: str, tmp_path: Path) -> None:
+    """On two gloo ranks (the text half split, the tower replicated): the JSON-constrained
+    seeded, the seeded and the regex image requests mixed, and the first resumed in chunks,
+    give one rank's tokens alone."""
+    write, prompts_of = FAMILIES[name]
+    path = write(tmp_path / name)
+    mp.spawn(_rank_main, args=(_free_port(), name, path, tmp_path), nprocs=2, join=True)
+    fam = Family(build_engine(path), *prompts_of(path), path)
+    alone = reference_run(fam.engine, two_rank_requests(fam))
+    assert_valid(alone.finals[1], "json")
+    for rank in range(2):
+        tokens, again = torch.load(tmp_path / f"rank{rank}.pt")
+        assert tokens == alone.tokens
+        assert again == alone.tokens[1][3:]
