@@ -4,12 +4,15 @@ image and a json_schema response_format (valid JSON), tools (tool_choice require
 call whose arguments are the tool's JSON), `stop` (the greedy text cut where the stop string
 first appears), logprobs with top_logprobs (the chosen ones transformers' own), streaming (one
 event per token, the text of the non-streamed answer); TGI's /generate with a markdown image,
-details, decoder_input_details and top_n_tokens (transformers' tokens); and image requests
-preempted under a small KV budget ending with the greedy texts they get alone."""
+details, decoder_input_details and top_n_tokens (transformers' tokens), /generate_stream under a
+regex; and image requests (greedy, seeded, under a regex) preempted under a small KV budget
+ending with the texts they get alone. Prefill chunks are small: every prompt crosses its image
+in several."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +32,8 @@ from tests.vision_models import write_qwen2_vl_model
 
 TOL = 1e-3
 # KV for 32 blocks of 16 tokens: one request at a time fits, the preemption test's four
-# concurrent ones (~15 + 120 tokens each) do not.
+# concurrent ones (~15 + 120 tokens each) do not. Prefill chunks of at most 24 tokens: every
+# chat prompt (~60 tokens) is prefilled in chunks that cross its image.
 BUDGET = 512
 SCHEMA = {"type": "object", "properties": {
     "color": {"enum": ["red", "green", "blue"]}, "n": {"type": "integer", "minimum": 0,
@@ -44,7 +48,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     model = write_qwen2_vl_model(tmp_path_factory.mktemp("qwen2_vl"))
     with start_shards(model) as shards, RouterProcess(
         shards.urls[0], model, "--max-total-tokens", "512", "--max-input-tokens", "400",
-        "--max-batch-total-tokens", str(BUDGET),
+        "--max-batch-total-tokens", str(BUDGET), "--max-batch-prefill-tokens", "24",
     ) as router:
         yield router.url, model
 
@@ -161,11 +165,23 @@ def test_generate_with_details_and_top_tokens(served: tuple[str, Path]) -> None:
         assert step[0]["logprob"] >= step[1]["logprob"]
 
 
-def generate_long(url: str, seed: int) -> str:
-    body = {"inputs": f"see ![]({data_uri(png(20 + seed))}) then",
-            "parameters": {"max_new_tokens": 120, "ignore_eos": True, "details": True}}
+# The preempted requests' parameters: greedy, seeded sampling, and a regex long enough to be
+# cut by a preemption (its grammar state must resume with the generated tokens).
+LONG_PARAMS: list[dict[str, Any]] = [
+    {}, {"do_sample": True, "seed": 7, "temperature": 1.0}, {},
+    {"grammar": {"type": "regex", "value": "([a-z]{3} ){30}"}},
+]
+
+
+def generate_long(url: str, k: int) -> str:
+    body = {"inputs": f"see ![]({data_uri(png(20 + k))}) then",
+            "parameters": {"max_new_tokens": 120, "ignore_eos": True, "details": True,
+                           **LONG_PARAMS[k]}}
     out = post(url, "/generate", body)
-    assert out["details"]["generated_tokens"] == 120
+    if "grammar" in LONG_PARAMS[k]:
+        assert re.fullmatch(LONG_PARAMS[k]["grammar"]["value"], out["generated_text"])
+    else:
+        assert out["details"]["generated_tokens"] == 120
     return str(out["generated_text"])
 
 
@@ -177,3 +193,20 @@ def test_image_requests_preempted_end_with_their_unpreempted_text(url: str) -> N
         together = list(pool.map(lambda s: generate_long(url, s), range(4)))
     assert metric(url, "pytgi_preemptions_total") > before
     assert together == alone
+
+
+def test_generate_stream_under_a_grammar_gives_the_generate_text(url: str) -> None:
+    """TGI's /generate_stream with a markdown image and a regex: one event per token, their
+    texts the final text, which /generate gives too and the regex matches."""
+    regex = "[0-9]{2}-(yes|no)"
+    body = {"inputs": f"look ![]({data_uri(png(8))}) and",
+            "parameters": {"max_new_tokens": 20, "grammar": {"type": "regex", "value": regex}}}
+    whole = post(url, "/generate", {**body, "parameters": {**body["parameters"],
+                                                          "details": True}})
+    assert re.fullmatch(regex, whole["generated_text"])
+    with httpx.stream("POST", f"{url}/generate_stream", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        events = list(sse_events(r))
+    assert len(events) == whole["details"]["generated_tokens"]
+    assert "".join(e["token"]["text"] for e in events if not e["token"]["special"]) == \
+        whole["generated_text"] == events[-1]["generated_text"]
