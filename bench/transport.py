@@ -146,9 +146,13 @@ class _RawStream:
 
     async def __aenter__(self) -> StreamResponse:
         try:
-            self._connection = reader, writer = await self._transport.connection()
-            writer.write(self._request)
-            status_line = await reader.readline()
+            reader, reused, status_line = await self._send(fresh=False)
+            if not status_line and reused:
+                # A kept-alive connection the server closed while idle (cpp-httplib, llama.cpp's
+                # server, after 5 s): nothing was processed, so the request goes again on a
+                # fresh connection, as HTTP clients do.
+                self._discard()
+                reader, _, status_line = await self._send(fresh=True)
             if not status_line:
                 raise TransportError("RemoteProtocolError: server closed the connection")
             status = int(status_line.split(None, 2)[1])
@@ -161,6 +165,15 @@ class _RawStream:
             raise TransportError(_describe(exc)) from exc
         self._response = _RawResponse(reader, status, headers)
         return self._response
+
+    async def _send(self, fresh: bool) -> tuple[asyncio.StreamReader, bool, bytes]:
+        """Writes the request on a pooled connection (a new one when `fresh` or none is idle):
+        (its reader, whether it was pooled, the status line: empty when the server closed the
+        connection instead of answering)."""
+        (reader, writer), reused = await self._transport.connection(fresh)
+        self._connection = reader, writer
+        writer.write(self._request)
+        return reader, reused, await reader.readline()
 
     def _discard(self) -> None:
         if self._connection is not None:
@@ -212,13 +225,15 @@ class RawTransport:
         ]
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
-    async def connection(self) -> Connection:
-        while self._idle:
+    async def connection(self, fresh: bool = False) -> tuple[Connection, bool]:
+        """A kept-alive connection from the pool (unless `fresh`) or a new one; and whether it
+        was pooled."""
+        while self._idle and not fresh:
             reader, writer = self._idle.pop()
             if not writer.is_closing() and not reader.at_eof():
-                return reader, writer
+                return (reader, writer), True
             writer.close()
-        return await asyncio.open_connection(self._host, self._port, limit=_READ_LIMIT)
+        return await asyncio.open_connection(self._host, self._port, limit=_READ_LIMIT), False
 
     def release(self, connection: Connection) -> None:
         self._idle.append(connection)

@@ -106,3 +106,40 @@ def test_a_stream_cut_mid_chunk_and_a_refused_connection_raise_transport_errors(
     asyncio.run(refused())
     with pytest.raises(ValueError, match="http://"):
         RawTransport("https://example.com")
+
+
+def test_a_kept_alive_connection_the_server_closed_is_retried_on_a_fresh_one() -> None:
+    """llama.cpp's server (cpp-httplib) closes an idle kept-alive connection without a word:
+    the request it never answered goes again on a new connection (a fresh one that closes
+    unanswered still fails)."""
+    connections = 0
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        if connections == 1:
+            # Kept alive as far as the client knows; closed as soon as the next request comes.
+            await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+
+    async def body(transport: RawTransport) -> None:
+        for _ in range(2):
+            async with transport.post("/g", b"{}", {}) as r:
+                assert (r.status, await r.body()) == (200, b"ok")
+
+    asyncio.run(_with_server(handler, body))
+    assert connections == 2
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.close()
+
+    async def fails(transport: RawTransport) -> None:
+        with pytest.raises(TransportError, match="closed the connection"):
+            async with transport.post("/g", b"{}", {}):
+                pass
+
+    asyncio.run(_with_server(silent, fails))
