@@ -1,7 +1,8 @@
 """The engine's request features with images (issue 28, point 5), on Qwen2-VL (M-RoPE positions,
-chunks may split an image), LLaVA-NeXT (1-D, causal: chunks split the image too), PaliGemma (the
-whole prompt one bidirectional prefix, so a chunk may only end at the prompt's end) and Gemma 3
-(bidirectional within each image: chunks end around it): a regex or JSON-schema grammar gives valid
+chunks may split an image), LLaVA-NeXT (1-D, causal: chunks split the image too), Idefics3 (an
+image as ten tiles, chunks cutting tiles), PaliGemma (the whole prompt one bidirectional prefix,
+so a chunk may only end at the prompt's end) and Gemma 3 (bidirectional within each image:
+chunks end around it): a regex or JSON-schema grammar gives valid
 output, and the same greedy tokens alone as beside other image requests mixed into their decode
 steps; seeded sampling is reproducible and equal across batch compositions; a stop sequence ends
 the request at the token that completes it; a request filtered out mid-decode and resumed with
@@ -31,8 +32,10 @@ from pytgi_shard.engine.engine import Engine
 from pytgi_shard.output.stopping import EOS_TOKEN, STOP_SEQUENCE
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
+from tests.idefics3_models import write_idefics3_model
 from tests.siglip_models import write_gemma3_model, write_paligemma_model
 from tests.unit.shard.engine.test_engine import Run
+from tests.unit.shard.models.idefics3 import idefics3_cases as idefics
 from tests.unit.shard.models.llava_next import llava_cases as llava
 from tests.unit.shard.models.qwen2_vl import vlm_cases as qwen
 from tests.unit.shard.models.siglip import siglip_cases as siglip
@@ -105,9 +108,20 @@ def _gemma3(path: Path) -> Prompts:
     return prompts, [offset - 1, offset + count]
 
 
+def _idefics3(path: Path) -> Prompts:
+    """Idefics3: an image is several tiles (one wire image each), causal; chunks cut tiles."""
+    prompts = []
+    for seed in (1, 2):
+        p = idefics.idefics3_prompt(path, [idefics.picture((70, 50), seed), "What is this?"])
+        prompts.append((p.ids, idefics.wire_images(p)))
+    first, last = prompts[0][1][0], prompts[0][1][-1]
+    return prompts, [first.token_offset + 2, last.token_offset + 1]
+
+
 FAMILIES: dict[str, tuple[Callable[..., Path], Callable[[Path], Prompts]]] = {
     "qwen2_vl": (write_qwen2_vl_model, _qwen2_vl), "paligemma": (write_paligemma_model, _paligemma),
-    "llava_next": (write_llava_next_model, _llava_next), "gemma3": (write_gemma3_model, _gemma3)}
+    "llava_next": (write_llava_next_model, _llava_next), "gemma3": (write_gemma3_model, _gemma3),
+    "idefics3": (write_idefics3_model, _idefics3)}
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
