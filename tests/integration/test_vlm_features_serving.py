@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tests.integration.http_helpers import metric, sse_events
-from tests.integration.test_qwen2_vl_serving import expected, png
+from tests.integration.test_qwen2_vl_serving import MAX_NEW, expected, png
 from tests.router_process import RouterProcess
 from tests.shard_process import start_shards
 from tests.unit.router.http.media.images import data_uri
@@ -114,7 +114,7 @@ def test_a_stop_string_cuts_the_text(url: str) -> None:
 
 def test_logprobs_and_top_logprobs_are_transformers(served: tuple[str, Path]) -> None:
     url, model = served
-    body = chat_body(5, max_tokens=5, logprobs=True, top_logprobs=3)
+    body = chat_body(5, max_tokens=MAX_NEW, logprobs=True, top_logprobs=3)
     ids = [t["id"] for t in post(url, "/chat_tokenize", body)["tokenize_response"]]
     _, want = expected(model, ids, png(5))
     content = post(url, "/v1/chat/completions", body)["choices"][0]["logprobs"]["content"]
@@ -149,12 +149,12 @@ def test_generate_with_details_and_top_tokens(served: tuple[str, Path]) -> None:
     url, model = served
     image = png(7)
     out = post(url, "/generate", {"inputs": f"look at ![]({data_uri(image)}) and say",
-                                  "parameters": {"max_new_tokens": 5, "details": True,
+                                  "parameters": {"max_new_tokens": MAX_NEW, "details": True,
                                                  "decoder_input_details": True,
                                                  "top_n_tokens": 2}})
     details = out["details"]
     ids = [t["id"] for t in details["prefill"]]
-    tokens, logprobs = expected(model, ids, image)
+    tokens, logprobs = expected(model, ids, image)  # transformers' first MAX_NEW tokens
     got = details["tokens"]
     assert [t["id"] for t in got] == tokens[:len(got)] and len(got) >= 1
     np.testing.assert_allclose([t["logprob"] for t in got], logprobs[:len(got)],
