@@ -36,7 +36,7 @@ def png(seed: int, size: tuple[int, int] = (60, 40)) -> bytes:
     return out.getvalue()
 
 
-SERVED = [("qwen2_vl", 1), ("qwen2_vl", 2), ("qwen2_5_vl", 1)]
+SERVED = [("qwen2_vl", 1), ("qwen2_vl", 2), ("qwen2_5_vl", 1), ("qwen2_5_vl", 2)]
 
 
 @pytest.fixture(scope="module", params=SERVED, ids=[f"{f}-{n}rank" for f, n in SERVED])
