@@ -48,8 +48,10 @@ MAX_BATCH_PREFILL_TOKENS = 4096
 WAITING_SERVED_RATIO = 0.3
 MAX_WAITING_TOKENS = 20
 # Decode steps one Decode call may run when nothing waits to join (multi-step decode;
-# router/core/decode_steps.py); 1 turns it off.
-MAX_DECODE_STEPS = 8
+# router/core/decode_steps.py); 1 turns it off. 4: on the demo model on a quiet 2-core CPU it
+# gets the throughput of 8 (single stream 147 vs 149 tok/s, 64 concurrent 1,971 vs 1,961) at
+# a newcomer's TTFT of 42 ms instead of 68 (bench/results/cpu/multi_step_quiet_sweep.json).
+MAX_DECODE_STEPS = 4
 # The most steps a shard runs in one Decode call (a bound on one call's duration, far past where
 # another step still pays); the router's flag is checked against it.
 DECODE_STEPS_LIMIT = 64
