@@ -26,7 +26,9 @@ def test_requests_joining_and_leaving_get_their_solo_tokens(
 ) -> None:
     path = tiny_model("qwen2_moe")
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
-    long_req = request(tokenizer, "The quick brown fox jumps over the lazy dog", 10)
+    # Long enough that the newcomers join while it runs, though a decode call may run several
+    # steps before they are admitted (multi-step decode, --max-decode-steps 4 by default).
+    long_req = request(tokenizer, "The quick brown fox jumps over the lazy dog", 24)
     joiners = [
         request(tokenizer, "Hello world!", 3),
         request(tokenizer, "Paged attention stores keys and values in blocks", 5),
@@ -45,7 +47,7 @@ def test_requests_joining_and_leaving_get_their_solo_tokens(
             assert [await rest, *joined] == alone
             # The newcomers joined mid-generation and left (filtered out) before the long one.
             assert log.position(0, 2) < log.position(1, 1)
-            assert log.position(1, 3) < log.position(0, 10) and log.position(2, 5) < log.position(0, 10)
+            assert log.position(1, 3) < log.position(0, 24) and log.position(2, 5) < log.position(0, 24)
             concat = infer.metrics.registry.get_sample_value(
                 "tgi_batch_concat", {"reason": "backpressure"}
             )

@@ -55,8 +55,10 @@ def shards(model: Path) -> Iterator[ShardProcesses]:
 
 @pytest.fixture(scope="module")
 def url(shards: ShardProcesses, model: Path) -> Iterator[str]:
+    # One decode step per call: a k-step call's deadline is k step timeouts (multi-step decode),
+    # and these tests time a wedged shard against one.
     with RouterProcess(shards.urls[0], model, "--shard-step-timeout", str(STEP_TIMEOUT_S),
-                       "--max-total-tokens", "400") as router:
+                       "--max-total-tokens", "400", "--max-decode-steps", "1") as router:
         yield router.url
 
 
