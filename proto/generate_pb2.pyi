@@ -346,14 +346,16 @@ class PrefillResponse(_message.Message):
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("batches", "grants", "max_steps")
+    __slots__ = ("batches", "grants", "max_steps", "call_id")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     GRANTS_FIELD_NUMBER: _ClassVar[int]
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[CachedBatch]
     grants: _containers.RepeatedCompositeFieldContainer[BlockGrant]
     max_steps: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ..., max_steps: _Optional[int] = ...) -> None: ...
+    call_id: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[CachedBatch, _Mapping]]] = ..., grants: _Optional[_Iterable[_Union[BlockGrant, _Mapping]]] = ..., max_steps: _Optional[int] = ..., call_id: _Optional[int] = ...) -> None: ...
 
 class DecodeResponse(_message.Message):
     __slots__ = ("generations", "batch", "forward_ns", "decode_ns", "total_ns", "concat_ns", "drafted_tokens", "drafted_rows", "step_sizes")
@@ -376,6 +378,16 @@ class DecodeResponse(_message.Message):
     drafted_rows: int
     step_sizes: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, generations: _Optional[_Iterable[_Union[Generation, _Mapping]]] = ..., batch: _Optional[_Union[CachedBatch, _Mapping]] = ..., forward_ns: _Optional[int] = ..., decode_ns: _Optional[int] = ..., total_ns: _Optional[int] = ..., concat_ns: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., drafted_rows: _Optional[int] = ..., step_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CutShortRequest(_message.Message):
+    __slots__ = ("call_id",)
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    def __init__(self, call_id: _Optional[int] = ...) -> None: ...
+
+class CutShortResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class WarmupRequest(_message.Message):
     __slots__ = ("max_prefill_tokens", "max_input_tokens", "max_total_tokens", "max_batch_size", "max_batch_total_tokens")

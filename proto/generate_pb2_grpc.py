@@ -89,6 +89,11 @@ class TextGenerationServiceStub:
                 request_serializer=generate__pb2.UnloadAdapterRequest.SerializeToString,
                 response_deserializer=generate__pb2.UnloadAdapterResponse.FromString,
                 _registered_method=True)
+        self.CutShort = channel.unary_unary(
+                '/pytgi.generate.v1.TextGenerationService/CutShort',
+                request_serializer=generate__pb2.CutShortRequest.SerializeToString,
+                response_deserializer=generate__pb2.CutShortResponse.FromString,
+                _registered_method=True)
 
 
 class TextGenerationServiceServicer:
@@ -174,6 +179,14 @@ class TextGenerationServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CutShort(self, request, context):
+        """Asks a multi-step Decode call (DecodeRequest.call_id) to stop after the step it is on: a
+        newcomer is waiting to join. Answered at once, whether or not that call still runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TextGenerationServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +244,11 @@ def add_TextGenerationServiceServicer_to_server(servicer, server):
                     servicer.UnloadAdapter,
                     request_deserializer=generate__pb2.UnloadAdapterRequest.FromString,
                     response_serializer=generate__pb2.UnloadAdapterResponse.SerializeToString,
+            ),
+            'CutShort': grpc.unary_unary_rpc_method_handler(
+                    servicer.CutShort,
+                    request_deserializer=generate__pb2.CutShortRequest.FromString,
+                    response_serializer=generate__pb2.CutShortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -530,6 +548,33 @@ class TextGenerationService:
             '/pytgi.generate.v1.TextGenerationService/UnloadAdapter',
             generate__pb2.UnloadAdapterRequest.SerializeToString,
             generate__pb2.UnloadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CutShort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pytgi.generate.v1.TextGenerationService/CutShort',
+            generate__pb2.CutShortRequest.SerializeToString,
+            generate__pb2.CutShortResponse.FromString,
             options,
             channel_credentials,
             insecure,

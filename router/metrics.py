@@ -181,6 +181,13 @@ class Metrics:
             "Decode steps the shards ran (a Decode call runs up to --max-decode-steps of them)",
             registry=r,
         )
+        # A newcomer arriving during a multi-step call cuts it short (the CutShort RPC) so that it
+        # joins after the step in progress rather than after the call's last.
+        self.decode_cut_short = Counter(
+            "pytgi_decode_calls_cut_short_total",
+            "Multi-step Decode calls stopped early by the CutShort RPC for a newcomer",
+            registry=r,
+        )
         self.shard_health_checks = Counter(
             "pytgi_shard_health_checks",
             "Health RPCs sent to the shards (/health shares one and caches it; the watchdog's own)",

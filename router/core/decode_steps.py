@@ -20,9 +20,10 @@ Nothing changes between steps when:
 Everything else the router does per token (stop sequences, grammars, max_new_tokens and EOS are
 decided in the shards; the router only routes the Generations) works the same across a call:
 a row that finishes mid-call leaves the shards' batch as in any step and its later steps carry
-it no more, so k is not capped by the tokens a row has left. A request arriving during a call
-waits for its end: that is k's price (TTFT rises by up to k - 1 steps), and why a queue holding
-anybody at planning time keeps k = 1.
+it no more, so k is not capped by the tokens a row has left. A queue holding anybody at
+planning time keeps k = 1. A request arriving during a call would wait for its end (TTFT up by
+k - 1 steps), so the router cuts the call short (`cut_short_wanted`, the CutShort RPC): the
+shards stop after the step they are on and the next call prefills the newcomer.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Collection
 
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import Entry
-from pytgi_router.core.step_plan import Budgets, StepPlan, kv_tokens
+from pytgi_router.core.step_plan import Budgets, StepPlan, admission_open, kv_tokens
 
 
 def steps_wanted(
@@ -55,6 +56,18 @@ def steps_wanted(
         # Closed only until max_waiting_tokens steps passed since the last admission.
         most = min(most, budgets.max_waiting_tokens - steps_since_admission)
     return max(most, 1)
+
+
+def cut_short_wanted(
+    budgets: Budgets, running: int, waiting: int, steps_since_admission: int
+) -> bool:
+    """Whether a multi-step call in flight should stop after its current step: someone waits
+    and may join (the rule that would have kept k = 1 had they come before the call).
+    `steps_since_admission` is the count when the call was planned: for shards without
+    chunking (admission opens for a crowd, or after max_waiting_tokens steps), only a crowd
+    cuts a call short, not the steps it runs itself (conservative: a prefill there pauses
+    every stream)."""
+    return waiting > 0 and admission_open(budgets, running, waiting, steps_since_admission)
 
 
 def covered_steps(entry: Entry, block_size: int, most: int) -> int:

@@ -7,7 +7,8 @@ is short; continue prompts mid-prefill; admit newcomers), filters preempted requ
 shards' batch, then makes ONE call: a Prefill when any chunk is to be computed (the running
 batch's decode rows ride in the same forward), a Decode otherwise: of up to --max-decode-steps
 steps when nothing can join, leave or change between them (multi-step decode,
-router/core/decode_steps.py). The decisions are pure functions of `step_plan` and
+router/core/decode_steps.py), cut short when a newcomer arrives during it
+(router/core/call_cutter.py). The decisions are pure functions of `step_plan` and
 `decode_steps`, unit-tested without any shard.
 """
 
@@ -24,6 +25,7 @@ from opentelemetry.trace import Link
 
 from pytgi_proto import generate_pb2
 from pytgi_router.core.batch_wire import build_batch
+from pytgi_router.core.call_cutter import CallCutter
 from pytgi_router.core.decode_steps import grow_for_steps, steps_wanted
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
@@ -114,10 +116,16 @@ class Scheduler:
         self._speculation = SpeculationStats(metrics)
         self._tracer = trace.get_tracer(__name__)
         self._method_metrics = {m: _MethodMetrics(metrics, m) for m in ("prefill", "decode")}
+        # The multi-step Decode call in flight, cut short for a newcomer.
+        self._cutter = CallCutter(client, budgets)
+        # Steps the last Decode answer ran, and whether it left a batch.
+        self._decoded: tuple[int, bool] = (1, False)
 
     def notify(self) -> None:
-        """Work arrived (a submit)."""
+        """Work arrived (a submit): a multi-step Decode call in flight stops after its current
+        step if the newcomer may join."""
         self._work.set()
+        self._cutter.newcomer(len(self.running), len(self.queue))
 
     def cancel(self, entry_id: int) -> None:
         """A client cancelled: out of the queue now, or out of the live set after this step
@@ -184,10 +192,14 @@ class Scheduler:
         elif cached is not None:
             if timeout is not None:
                 timeout *= steps
+            # The count admission_open saw when planning, before this call's steps were added.
+            call_id = self._cutter.open(steps, self._steps_since_admission - steps)
             done = await self._call(
-                "decode", lambda: self.client.decode([cached], timeout, grants, steps),
+                "decode", lambda: self.client.decode([cached], timeout, grants, steps, call_id),
                 len(running),
             )
+            if done and steps > 1:
+                self._steps_cut(steps)
         else:
             return bool(plan.preempted)
         if done:
@@ -214,6 +226,15 @@ class Scheduler:
         # The admission rule of shards without chunking counts steps, not calls.
         self._steps_since_admission += steps - 1
         return steps
+
+    def _steps_cut(self, asked: int) -> None:
+        """After a call of `asked` steps: steps it did not run leave the admission count (it
+        counts steps run); one stopped with a batch left was cut short for a newcomer."""
+        ran, batch_left = self._decoded
+        if ran < asked:
+            self._steps_since_admission -= asked - ran
+            if batch_left:
+                self.metrics.decode_cut_short.inc()
 
     def _take_newcomers(self, plan: StepPlan) -> None:
         """Moves the plan's newcomers out of the queue (cancelled ones it met leave too)."""
@@ -286,6 +307,7 @@ class Scheduler:
                 response = await call()
         except Exception as err:  # ShardCallError, or a bug: either way this step is lost
             self.step_started = None
+            self._cutter.close()
             metrics.failure.inc()
             if chunks is not None and refused_as_invalid(err):
                 self._refuse(chunks, err)
@@ -294,6 +316,7 @@ class Scheduler:
             return False
         # (A cancelled task leaves it set: Infer then discards this scheduler.)
         self.step_started = None
+        self._cutter.close()
         end = time.perf_counter()
         metrics.success.inc()
         metrics.duration.observe(end - start)
@@ -303,7 +326,9 @@ class Scheduler:
             metrics.concat.observe(response.concat_ns / 1e9)
         if isinstance(response, generate_pb2.DecodeResponse):
             self._speculation.observe(response)
-            self.metrics.decode_steps.inc(len(response.step_sizes) or 1)
+            ran = len(response.step_sizes) or 1
+            self.metrics.decode_steps.inc(ran)
+            self._decoded = (ran, response.HasField("batch"))
         self.healthy = True
         self.last_success = time.monotonic()
         try:

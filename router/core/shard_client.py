@@ -205,14 +205,22 @@ class ShardClient:
         timeout: float | None = None,
         grants: Sequence[generate_pb2.BlockGrant] = (),
         max_steps: int = 1,
+        call_id: int = 0,
     ) -> generate_pb2.DecodeResponse:
         """One decode step, or up to `max_steps` back to back (multi-step decode: the answer's
-        step_sizes group its Generations by step)."""
+        step_sizes group its Generations by step); `call_id` (non-zero) lets `cut_short` stop
+        such a call early."""
         request = generate_pb2.DecodeRequest(batches=batches, grants=grants)
         if max_steps > 1:
             request.max_steps = max_steps
+            request.call_id = call_id
         response: generate_pb2.DecodeResponse = await self._all("Decode", request, timeout)
         return response
+
+    async def cut_short(self, call_id: int, timeout: float | None = None) -> None:
+        """Asks every rank to stop the multi-step Decode call `call_id` after its current step
+        (the ranks agree on which); harmless when the call has ended."""
+        await self._all("CutShort", generate_pb2.CutShortRequest(call_id=call_id), timeout)
 
     async def filter_batch(
         self, batch_id: int, request_ids: list[int], timeout: float | None = None

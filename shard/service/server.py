@@ -31,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 
 from pytgi_proto import generate_pb2, generate_pb2_grpc
 from pytgi_shard.device.failure import exit_on_device_failure
+from pytgi_shard.engine.cut_short import CutShort
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.multi_step import decode_steps
 from pytgi_shard.errors import BatchNotFound, InvalidRequest, OutOfMemory
@@ -61,6 +62,9 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
         self.urls = urls
         self.executor = executor
         self.state = state
+        # CutShort's flag: set here on the event loop while the engine thread runs the
+        # multi-step call it names (shard/engine/cut_short.py).
+        self.cut = CutShort()
 
     async def _run(self, context: grpc.aio.ServicerContext, fn: Callable[..., T], *args: Any) -> T:
         """Runs `fn` on the engine thread, carrying the trace context there."""
@@ -95,6 +99,8 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
 
     async def ClearCache(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         batch_id = request.id if request.HasField("id") else None
+        if batch_id is None:
+            self.cut.reset()
         await self._run(context, self.engine.clear, batch_id)
         return generate_pb2.ClearCacheResponse()
 
@@ -117,10 +123,16 @@ class ShardServicer(generate_pb2_grpc.TextGenerationServiceServicer):
 
     async def Decode(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         # One step (max_steps 0/1) is Engine.decode itself; more run on the engine thread in
-        # one go (shard/engine/multi_step.py).
+        # one go (shard/engine/multi_step.py), until done or cut short.
         if request.max_steps <= 1:
             return await self._run(context, self.engine.decode, request)
-        return await self._run(context, decode_steps, self.engine, request)
+        return await self._run(context, decode_steps, self.engine, request, self.cut)
+
+    async def CutShort(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Answered on the event loop, not queued behind the call it stops on the engine
+        thread."""
+        self.cut.request(request.call_id)
+        return generate_pb2.CutShortResponse()
 
     async def LoadAdapter(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         """Reads and checks the adapter in a worker thread (steps go on meanwhile), then makes

@@ -12,7 +12,8 @@ large workload) it only bounds writes by the tables and generates the tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -65,6 +66,14 @@ class ModelShard:
         self._owned: dict[int, int] | None = None
         # max_steps of every Decode call, in order.
         self.calls: list[int] = []
+        # Steps every multi-step Decode call ran, in order.
+        self.ran: list[int] = []
+        # Set by a test: called with the steps done so far between a multi-step call's steps
+        # (where a newcomer arrives mid-call).
+        self.between_steps: Callable[[int], None] | None = None
+        # The call id of the last CutShort, and every CutShort's, in order.
+        self.cut_id = 0
+        self.cuts: list[int] = []
 
     # The calls
 
@@ -97,10 +106,13 @@ class ModelShard:
         timeout: float | None = None,
         grants: Sequence[pb.BlockGrant] = (),
         max_steps: int = 1,
+        call_id: int = 0,
     ) -> pb.DecodeResponse:
         """One decode step, or up to `max_steps` (multi-step decode, as
-        shard/engine/multi_step.py: finished rows leave, the call stops when none is left):
-        every step's writes must fall in the blocks granted with the call."""
+        shard/engine/multi_step.py: finished rows leave, the call stops when none is left or
+        when a CutShort named `call_id`, read between steps, the event loop run meanwhile as
+        the shards' own runs during a call): every step's writes must fall in the blocks granted
+        with the call."""
         (cached,) = batches
         self._check_batch(cached)
         self._begin()
@@ -110,12 +122,23 @@ class ModelShard:
         if max_steps > 1:
             sizes = [len(out.generations)]
             while len(sizes) < max_steps and self.rows:
+                if self.between_steps is not None:
+                    self.between_steps(len(sizes))
+                for _ in range(3):  # the CutShort's task: sent, answered
+                    await asyncio.sleep(0)
+                if call_id and self.cut_id == call_id:
+                    break
                 step = self._decode_rows()
                 out.generations.extend(step)
                 sizes.append(len(step))
             out.step_sizes.extend(sizes)
+            self.ran.append(len(sizes))
         self._finish_reply(out)
         return out
+
+    async def cut_short(self, call_id: int, timeout: float | None = None) -> None:
+        self.cut_id = call_id
+        self.cuts.append(call_id)
 
     async def filter_batch(
         self, batch_id: int, request_ids: list[int], timeout: float | None = None
