@@ -47,15 +47,18 @@ from collections.abc import Sequence
 import torch
 
 from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
+from pytgi_shard.engine.draft_steps import (
+    CATCH_UP_TOKENS,
+    Feed,
+    catch_up_inputs,
+    one_position_meta,
+    plan_catch_up,
+)
 from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.models.model import Model
-
-# Catch-up tokens per step until Warmup sets the prefill budget.
-CATCH_UP_TOKENS = 512
 
 
 class DraftModel:
@@ -110,41 +113,18 @@ class DraftModel:
         tokens = self._continue(batch, rows, [feed[i][2] for i, _ in drafting], ks, first)
         return Drafts(rows, tokens)
 
-    def _catch_up(
-        self, batch: Batch, feed: list[tuple[int, int, int]], drafting: list[int]
-    ) -> torch.Tensor:
+    def _catch_up(self, batch: Batch, feed: Feed, drafting: list[int]) -> torch.Tensor:
         """One varlen forward over each fed row's positions [start, end) (written into the
         draft cache), with logits at the last position of the drafting ones: their first
         drafts, [len(drafting)] on the device."""
-        device = batch.lengths.device
-        counts = [end - start for _, start, end in feed]
-        total = sum(counts)
-        rows = torch.tensor([row for row, _, _ in feed], dtype=torch.long, device=device)
-        q_lens = torch.tensor(counts, dtype=torch.long, device=device)
-        cu = torch.nn.functional.pad(torch.cumsum(q_lens, 0), (1, 0))
-        fed = torch.repeat_interleave(torch.arange(len(feed), device=device), q_lens,
-                                      output_size=total)
-        starts = torch.tensor([start for _, start, _ in feed], dtype=torch.long, device=device)
-        positions = starts[fed] + torch.arange(total, device=device) - cu[:-1][fed]
-        row_of_token = rows[fed]
-        meta = AttentionMetadata(
-            is_prefill=max(counts) > 1,
-            cu_seqlens_q=cu.to(torch.int32),
-            seqlens_k=(starts + q_lens).to(torch.int32),
-            slot_mapping=batch.slot_table[row_of_token, positions],
-            block_tables=batch.block_tables[rows],
-            max_seqlen_q=max(counts),
-            max_seqlen_k=max(end for _, _, end in feed),
-            block_size=self.block_size,
-        )
-        ends = [sum(counts[: i + 1]) - 1 for i in drafting]
-        last = torch.tensor(ends or [total - 1], dtype=torch.long, device=device)
-        ids = batch.all_ids[row_of_token, positions]
-        every = ForwardInputs(ids, positions, meta, None, last)
+        inputs = catch_up_inputs(batch, feed, drafting, self.block_size)
+        last = inputs.last
+        ids = batch.all_ids[inputs.row_of_token, inputs.positions]
+        every = ForwardInputs(ids, inputs.positions, inputs.meta, None, last)
         if self.graphs is not None and self.graphs.takes(every, self.kv_cache):
             logits = self.graphs.forward(every, self.kv_cache).index_select(0, last)
         else:
-            logits = self.model.forward(ids, positions, self.kv_cache, meta, last)
+            logits = self.model.forward(ids, inputs.positions, self.kv_cache, inputs.meta, last)
         return logits[:, : self.vocab].argmax(dim=-1)
 
     def _continue(
@@ -164,16 +144,8 @@ class DraftModel:
             at = torch.tensor(active, dtype=torch.long, device=device)
             these = row_t[at]
             positions = length_t[at] - 1 + i
-            meta = AttentionMetadata(
-                is_prefill=False,
-                cu_seqlens_q=torch.arange(len(active) + 1, dtype=torch.int32, device=device),
-                seqlens_k=(positions + 1).to(torch.int32),
-                slot_mapping=batch.slot_table[these, positions],
-                block_tables=batch.block_tables[these],
-                max_seqlen_q=1,
-                max_seqlen_k=max(lengths[j] for j in active) + i,
-                block_size=self.block_size,
-            )
+            meta = one_position_meta(batch, these, positions,
+                                     max(lengths[j] for j in active) + i, self.block_size)
             logits = self._decode(ForwardInputs(out[at, i - 1], positions, meta, None, at))
             out[at, i] = logits[:, : self.vocab].argmax(dim=-1)
         return [row[:k] for row, k in zip(out.tolist(), ks, strict=True)]
@@ -186,33 +158,6 @@ class DraftModel:
         return self.model.forward(
             inputs.input_ids, inputs.positions, self.kv_cache, inputs.meta, None
         )
-
-
-def plan_catch_up(
-    batch: Batch, asks: Sequence[tuple[int, int]], budget: int, lag: int = 0
-) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
-    """The rows fed by a catch-up forward, as (row, start, end) positions from each row's
-    DraftState.written to its length less `lag` (an EAGLE-3 head's cache ends a position
-    before the newest token, shard/engine/eagle3.py), and the ones that draft, as (index into
-    the feed, k): a row drafts once its catch-up fits what is left of `budget` tokens; the first
-    that does not fit takes what is left. A row with nothing to catch up is skipped (its first
-    draft needs the catch-up's last position)."""
-    feed: list[tuple[int, int, int]] = []
-    drafting: list[tuple[int, int]] = []
-    for row, k in asks:
-        r = batch.requests[row]
-        assert r.draft is not None, "plan_asks asks only rows with a DraftState"
-        start, end = r.draft.written, r.length - lag
-        if end <= start:
-            continue
-        if end - start <= budget:
-            drafting.append((len(feed), k))
-            feed.append((row, start, end))
-            budget -= end - start
-        elif budget > 0:
-            feed.append((row, start, start + budget))
-            budget = 0
-    return feed, drafting
 
 
 def draft_share_line(draft: DraftModel, target: KVCache, num_blocks: int) -> str:

@@ -23,8 +23,9 @@ gives the first draft. Each further draft i feeds the draft before it at positio
 the head's own pre-norm output at the position before as its hidden state. After the step
 `written` is L - 1: the next catch-up rewrites the drafts' positions with the kept tokens, and
 rejected ones are overwritten, as in the draft model's cache (shard/engine/draft_model.py,
-whose catch-up plan and budget this shares). Each block id costs a block of the head's KV and
-of the store beside the target's (bytes_per_token, the memory rule of Warmup).
+whose catch-up plan and budget, and the metadata of both kinds of forward, this shares:
+shard/engine/draft_steps.py). Each block id costs a block of the head's KV and of the store
+beside the target's (bytes_per_token, the memory rule of Warmup).
 
 Replicated on every rank: each rank's residual streams are whole after the row-parallel
 all-reduce, so every rank stores and proposes the same; the target's embedding the head may
@@ -39,9 +40,14 @@ import torch
 from torch import nn
 
 from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import Batch
-from pytgi_shard.engine.draft_model import CATCH_UP_TOKENS, plan_catch_up
+from pytgi_shard.engine.draft_steps import (
+    CATCH_UP_TOKENS,
+    Feed,
+    catch_up_inputs,
+    one_position_meta,
+    plan_catch_up,
+)
 from pytgi_shard.engine.drafting import Drafts
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.models.llama.eagle3_head import Eagle3Head
@@ -146,38 +152,16 @@ class Eagle3Drafter:
         return Drafts(rows, tokens)
 
     def _catch_up(
-        self, batch: Batch, feed: list[tuple[int, int, int]], drafting: list[int]
+        self, batch: Batch, feed: Feed, drafting: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One varlen forward of the head over each fed row's positions [start, end): the
         first drafts and pre-norm states at the last position of the drafting rows."""
-        device = batch.lengths.device
-        counts = [end - start for _, start, end in feed]
-        total = sum(counts)
-        rows = torch.tensor([row for row, _, _ in feed], dtype=torch.long, device=device)
-        q_lens = torch.tensor(counts, dtype=torch.long, device=device)
-        cu = torch.nn.functional.pad(torch.cumsum(q_lens, 0), (1, 0))
-        fed = torch.repeat_interleave(torch.arange(len(feed), device=device), q_lens,
-                                      output_size=total)
-        starts = torch.tensor([start for _, start, _ in feed], dtype=torch.long, device=device)
-        positions = starts[fed] + torch.arange(total, device=device) - cu[:-1][fed]
-        row_of_token = rows[fed]
-        slots = batch.slot_table[row_of_token, positions]
-        meta = AttentionMetadata(
-            is_prefill=max(counts) > 1,
-            cu_seqlens_q=cu.to(torch.int32),
-            seqlens_k=(starts + q_lens).to(torch.int32),
-            slot_mapping=slots,
-            block_tables=batch.block_tables[rows],
-            max_seqlen_q=max(counts),
-            max_seqlen_k=max(end for _, _, end in feed),
-            block_size=self.block_size,
-        )
-        ends = [sum(counts[: i + 1]) - 1 for i in drafting]
-        last = torch.tensor(ends or [total - 1], dtype=torch.long, device=device)
-        embeds = self.embed(batch.all_ids[row_of_token, positions + 1])
+        inputs = catch_up_inputs(batch, feed, drafting, self.block_size)
+        positions, slots = inputs.positions, inputs.meta.slot_mapping
+        embeds = self.embed(batch.all_ids[inputs.row_of_token, positions + 1])
         tokens, prenorm = self.head.step(embeds, self.store[slots], positions, self.kv_cache,
-                                         meta, last)
-        return tokens, prenorm[last]
+                                         inputs.meta, inputs.last)
+        return tokens, prenorm[inputs.last]
 
     def _continue(
         self, batch: Batch, rows: list[int], ends: list[int], ks: list[int],
@@ -195,16 +179,8 @@ class Eagle3Drafter:
             at = torch.tensor(active, dtype=torch.long, device=device)
             these = row_t[at]
             positions = end_t[at] - 1 + i
-            meta = AttentionMetadata(
-                is_prefill=False,
-                cu_seqlens_q=torch.arange(len(active) + 1, dtype=torch.int32, device=device),
-                seqlens_k=(positions + 1).to(torch.int32),
-                slot_mapping=batch.slot_table[these, positions],
-                block_tables=batch.block_tables[these],
-                max_seqlen_q=1,
-                max_seqlen_k=max(ends[j] for j in active) + i,
-                block_size=self.block_size,
-            )
+            meta = one_position_meta(batch, these, positions,
+                                     max(ends[j] for j in active) + i, self.block_size)
             tokens, prenorm = self.head.step(self.embed(out[at, i - 1]), states[at], positions,
                                              self.kv_cache, meta, None)
             out[at, i] = tokens
