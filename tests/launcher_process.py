@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from tests.router_process import no_drain_grace
+
 START_TIMEOUT = 180.0
 
 
@@ -74,7 +76,8 @@ class Launcher:
         self.uds = str(self.workdir / "s") if private else f"/tmp/text-generation-server-{self.port}"
         own = ["--shard-uds-path", self.uds, "--master-port", str(free_port())] if private else []
         argv = [sys.executable, "-m", "pytgi_launcher.cli", "--hostname", "127.0.0.1",
-                "--port", str(self.port), *own, "--graceful-termination-timeout", "20", *flags]
+                "--port", str(self.port), *own, "--graceful-termination-timeout", "20",
+                *no_drain_grace(flags), *flags]
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

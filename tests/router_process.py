@@ -15,6 +15,13 @@ READY = re.compile(r"Connected, serving on (http://\S+)")
 ROUTER = str(Path(sys.executable).with_name("pytgi-router"))
 
 
+def no_drain_grace(flags: tuple[str, ...] | list[str]) -> list[str]:
+    """`--drain-grace-seconds 0` unless `flags` set it (router or launcher flags): the default
+    grace (5 s of /health 503 before the router stops admitting) would be waited out by every
+    test's stop; the tests of the grace itself (test_http_api, the replica gateways) set it."""
+    return [] if "--drain-grace-seconds" in flags else ["--drain-grace-seconds", "0"]
+
+
 class RouterProcess:
     """`RouterProcess(shard, tokenizer_dir, *flags)`; `shard` is a socket path or host:port."""
 
@@ -25,7 +32,7 @@ class RouterProcess:
         target = ["--master-shard-address", shard] if ":" in shard and not shard.startswith(
             ("/", "unix:")) else ["--master-shard-uds-path", shard]
         self.argv = [ROUTER, *target, "--tokenizer-name", str(tokenizer_dir),
-                     "--hostname", "127.0.0.1", "--port", "0", *flags]
+                     "--hostname", "127.0.0.1", "--port", "0", *no_drain_grace(flags), *flags]
         self.env = {**os.environ, **(env or {})}
         self.timeout = timeout
         self.lines: list[str] = []
