@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from tests.integration.http_helpers import metric, sse_events
-from tests.integration.test_qwen2_vl_serving import MAX_NEW, expected, png
+from tests.integration.test_qwen2_vl_serving import expected
+from tests.integration.vlm_serving import MAX_NEW, png
 from tests.router_process import RouterProcess
 from tests.shard_process import start_shards
 from tests.unit.router.http.media.images import data_uri
