@@ -8,8 +8,9 @@ Per server and round: 64 prompts of U[16, 64) tokens at once (output tok/s, TTFT
 single stream (decode tok/s = 1000 / TPOT p50, TTFT p50), 64 new tokens, greedy, EOS ignored,
 each with the CPU time the server's processes spent per output token (robust to the neighbours'
 load, which wall times are not); then the price of k: the TTFT p50 of single requests sent one at a time while another stream
-decodes (a newcomer waits for the end of the Decode call in flight). Rounds alternate the
-servers' order; every round is kept, with the load average.
+decodes (a newcomer cuts the Decode call in flight short: it waits for the step in progress,
+not the call's end; the calls cut short are counted from the server's /metrics). Rounds
+alternate the servers' order; every round is kept, with the load average.
 """
 
 from __future__ import annotations
@@ -106,6 +107,15 @@ def busy_ttft_ms(url: str, prompts: list[str], work: Path, name: str) -> float:
     return float(summary.ttft.p50_ms)
 
 
+def cut_short_calls(url: str) -> float:
+    """pytgi_decode_calls_cut_short_total on the server's /metrics (0 if absent)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("pytgi_decode_calls_cut_short_total "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", default="1,8", help="--max-decode-steps of each server")
@@ -148,8 +158,10 @@ def main(argv: list[str] | None = None) -> int:
                 url = servers[k].url
                 numbers = one_round(servers[k], concurrent, single, args.new_tokens,
                                     args.work_dir, f"k{k}")
+                cuts = cut_short_calls(url)
                 numbers["busy_ttft_p50_ms"] = busy_ttft_ms(url, single, args.work_dir,
                                                            f"k{k}.busy")
+                numbers["busy_calls_cut_short"] = cut_short_calls(url) - cuts
                 row[str(k)] = numbers
             loads.append(os.getloadavg()[0])
             rounds.append(row)
