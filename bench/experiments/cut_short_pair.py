@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             os.environ.pop("PYTHONPATH")
         else:
             os.environ["PYTHONPATH"] = saved
-        for name, server in servers.items():
+        for server in servers.values():
             _load(server.url, warm, 16, None, args.work_dir, "warm")
         rounds: list[dict[str, float]] = []
         for index in range(args.rounds):
