@@ -110,6 +110,8 @@ _VALUED: list[tuple[str, Any, str]] = [
     ("--attention", str, "shard attention backend (default: the shard's choice)"),
     ("--cuda-graphs", str, "decode batch sizes captured as CUDA graphs, comma list like 1,2,4,8; "
      "0 disables (default: 1,2,4,...,256 capped at --max-batch-size)"),
+    ("--cpu-graphs", str, "on CPU shards, decode batch sizes whose forward is compiled "
+     "(torch.compile), comma list like 1,4,16,64; 0 or unset: eager"),
     ("--watermark-gamma", float, "watermark green-list fraction (default 0.5)"),
     ("--watermark-delta", float, "watermark logit bias (default 2.0)"),
     ("--huggingface-hub-cache", str, "Hub cache directory (default: huggingface_hub's)"),

@@ -54,6 +54,7 @@ def shard_argv(
         *_opt("--rope-scaling", s.rope_scaling),
         *_opt("--rope-factor", s.rope_factor),
         *_opt("--cuda-graphs", s.cuda_graphs),
+        *_opt("--cpu-graphs", s.cpu_graphs),
         *_opt("--grammar-cache-bytes", s.grammar_cache_bytes),
         *_opt("--watermark-gamma", s.watermark_gamma),
         *_opt("--watermark-delta", s.watermark_delta),

@@ -115,6 +115,8 @@ class LauncherSettings:
     rope_factor: float | None = None
     # TGI's comma list of decode batch sizes for CUDA graphs, passed to the shards; None: theirs.
     cuda_graphs: str | None = None
+    # The CPU counterpart: decode batch sizes compiled on CPU shards; None: eager.
+    cpu_graphs: str | None = None
     watermark_gamma: float | None = None
     watermark_delta: float | None = None
     # Weights.
@@ -198,6 +200,11 @@ class LauncherSettings:
         if self.cuda_graphs is not None:
             try:
                 parse_cuda_graphs(self.cuda_graphs)
+            except ValueError as e:
+                out.append(str(e))
+        if self.cpu_graphs is not None:
+            try:
+                parse_cuda_graphs(self.cpu_graphs, "--cpu-graphs")
             except ValueError as e:
                 out.append(str(e))
         out += rope_problems(self.rope_scaling, self.rope_factor)

@@ -141,6 +141,9 @@ class ShardSettings:
     grammar_cache_bytes: int = DEFAULT_GRAMMAR_CACHE_BYTES
     # Decode batch sizes to capture as CUDA graphs; () disables them.
     cuda_graphs: tuple[int, ...] = DEFAULT_CUDA_GRAPHS
+    # On a CPU, decode batch sizes whose forward is compiled (shard/engine/cpu_graphs.py); ():
+    # eager decode. Opt-in: each size compiles for tens of seconds at the first start.
+    cpu_graphs: tuple[int, ...] = ()
     watermark_gamma: float = 0.5
     watermark_delta: float = 2.0
     json_output: bool = False
@@ -197,6 +200,8 @@ class ShardSettings:
             out.append(f"--cuda-memory-fraction must be in (0, 1], got {self.cuda_memory_fraction}")
         if any(size < 1 for size in self.cuda_graphs):
             out.append(f"--cuda-graphs sizes must be >= 1, got {self.cuda_graphs}")
+        if any(size < 1 for size in self.cpu_graphs):
+            out.append(f"--cpu-graphs sizes must be >= 1, got {self.cpu_graphs}")
         if self.shard_token is not None and not self.shard_token:
             out.append("--shard-token must not be empty")
         if not 0.0 < self.watermark_gamma < 1.0:

@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeline", choices=("both", "on", "off"), default="on",
                    help="the step timeline: recorded (each row's summary in the JSON), not "
                    "recorded, or both (its overhead)")
+    p.add_argument("--cpu-graphs", default="0",
+                   help="on a CPU, the decode batch sizes to compile (shard --cpu-graphs)")
     p.add_argument("--extra", default="", help="more ShardSettings as k=v,k=v")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -161,12 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from pytgi_shard.service.startup import load_engine
-    from pytgi_shard.settings import ShardSettings
+    from pytgi_shard.settings import ShardSettings, parse_cuda_graphs
 
     if args.threads:
         torch.set_num_threads(args.threads)
     extra = dict(kv.split("=", 1) for kv in args.extra.split(",") if kv)
     settings = ShardSettings(model_path=args.model, dtype=args.dtype, attention=args.attention,
+                             cpu_graphs=parse_cuda_graphs(args.cpu_graphs, "--cpu-graphs"),
                              **extra)  # type: ignore[arg-type]
     engine = load_engine(settings)
     sizes = [int(s) for s in args.batch_sizes.split(",")]

@@ -22,6 +22,11 @@ runner hands the hook's tensor over itself: with a `tap`, the capture arms it ov
 and keeps the hidden-state tensor the hook saw, which lives in the graph's memory and holds each
 replay's hidden states; after a replay the tap gets that tensor and the buffers' slots.
 
+On a CPU there are no graphs to capture; `capture` compiles each bucket's padded forward instead
+(--cpu-graphs, shard/engine/cpu_graphs.py) and `forward` calls the compiled step where a GPU
+replays: the same buckets, buffers, padding and static context. When either is off, and why:
+shard/engine/graphs_off.py.
+
 A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
 states the largest context (max_seqlen_k = max_blocks_per_seq * block_size) rather than the
 step's: only a backend whose launches do not depend on that value gains from a graph (Triton's
@@ -36,27 +41,19 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 import torch
-from torch import nn
 
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT, KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
-from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.engine.batch import ForwardInputs
+from pytgi_shard.engine.cpu_graphs import NotCompilable, Step, compile_step
 from pytgi_shard.lora.layer import RowAdapters, lora_rows_of
 from pytgi_shard.models.model import Model
-from pytgi_shard.quantization.linear_weight import QuantizedWeight
-from pytgi_shard.settings import ShardSettings
 
 log = logging.getLogger(__name__)
-
-# Attention backends whose decode launches are capturable: no host synchronisation, and a grid
-# that depends on the batch size only (never on a step's context lengths).
-CAPTURABLE_BACKENDS = ("triton",)
-
 
 class HiddenTap(Protocol):
     """Keeps the hidden states a forward's LM head reads and the KV slot of each row's token
@@ -98,32 +95,6 @@ def token_rows(meta: AttentionMetadata, num_tokens: int) -> tuple[torch.Tensor, 
     rows = torch.searchsorted(ends, t, right=True)
     seqlens = meta.seqlens_k.long()[rows] - ends[rows] + t + 1
     return rows, seqlens.to(torch.int32)
-
-
-def graphs_off_reason(
-    settings: ShardSettings, model: Model, caps: DeviceCapabilities
-) -> str | None:
-    """Why this shard must decode without CUDA graphs, or None when it can capture them: the
-    device (`caps`, resolved at start-up) must allow graphs, then the settings and the model."""
-    if not settings.cuda_graphs:
-        return "--cuda-graphs 0"
-    if not caps.cuda_graphs:
-        return f"the model runs on {caps.kind}"
-    if settings.attention not in CAPTURABLE_BACKENDS:
-        return (
-            f"the {settings.attention} attention backend's shapes follow the context length "
-            f"(capturable: {', '.join(CAPTURABLE_BACKENDS)})"
-        )
-    if not model.graph_capturable:
-        return (f"{model.model_type}'s forward is not capturable (the transformers fallback, "
-                "an encoder-decoder)")
-    uncapturable = sorted({
-        type(m).__name__ for m in (model.modules() if isinstance(model, nn.Module) else ())
-        if isinstance(m, QuantizedWeight) and not m.graph_capturable
-    })
-    if uncapturable:
-        return f"{', '.join(uncapturable)} synchronises with the host in its matmul"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +157,8 @@ class DecodeGraphRunner:
         self._rows = 0
         self._width = 0
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # On a CPU, each bucket's compiled step (shard/engine/cpu_graphs.py) instead of a graph.
+        self._compiled: dict[int, Step] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self._captured_cache: KVCache | None = None
         # The model's LoRA rows holder (None: no adapted layer), bound to the adapters buffer.
@@ -197,7 +170,7 @@ class DecodeGraphRunner:
 
     @property
     def captured(self) -> tuple[int, ...]:
-        return tuple(sorted(self._graphs))
+        return tuple(sorted(self._graphs.keys() | self._compiled.keys()))
 
     def takes(self, inputs: ForwardInputs, kv_cache: KVCache) -> bool:
         """Whether `forward` runs this step through a graph (or its eager padding): a decode step
@@ -206,7 +179,8 @@ class DecodeGraphRunner:
         bucket = self._bucket(inputs)
         if bucket is None:
             return False
-        return self.pad_eagerly or (kv_cache is self._captured_cache and bucket in self._graphs)
+        return self.pad_eagerly or (kv_cache is self._captured_cache and (
+            bucket in self._graphs or bucket in self._compiled))
 
     def _bucket(self, inputs: ForwardInputs) -> int | None:
         """The bucket of a step with logits at every token (a decode step, or a verification
@@ -235,6 +209,9 @@ class DecodeGraphRunner:
         n = _tokens(inputs)
         self._load(inputs)
         graph = self._graphs.get(bucket) if kv_cache is self._captured_cache else None
+        step = self._compiled.get(bucket) if kv_cache is self._captured_cache else None
+        if step is not None:
+            return step(kv_cache)[:n]
         if graph is not None:
             graph.replay()
             if self.tap is not None and bucket in self._hidden:
@@ -312,6 +289,18 @@ class DecodeGraphRunner:
             if self.tap is not None:
                 self.tap.disarm()
 
+    def _run_over(
+        self, buffers: _Buffers, bucket: int, kv_cache: KVCache, max_seqlen_k: int
+    ) -> torch.Tensor:
+        """`_run` over `buffers` in place of the runner's: a compiled step is traced with the
+        buffers as its inputs (shard/engine/cpu_graphs.py)."""
+        kept = self._buffers
+        self._buffers = buffers
+        try:
+            return self._run(bucket, kv_cache, max_seqlen_k)
+        finally:
+            self._buffers = kept
+
     @contextmanager
     def _bound(self, adapters: torch.Tensor | None) -> Iterator[None]:
         """The LoRA rows bound to `adapters` around a forward (nothing without adapters)."""
@@ -335,6 +324,9 @@ class DecodeGraphRunner:
         (the tensor-parallel collectives are captured into the graphs).
         """
         device = self.model.device
+        if device.type == "cpu":
+            self._compile(kv_cache)
+            return
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
         self.release()
@@ -369,8 +361,37 @@ class DecodeGraphRunner:
             "captured decode graphs %s in %.1f s", list(self.buckets), time.perf_counter() - start
         )
 
+    def _compile(self, kv_cache: KVCache) -> None:
+        """A CPU's counterpart of `capture`: every bucket's step compiled over `kv_cache`
+        (shard/engine/cpu_graphs.py), smallest first; NotCompilable (none kept) when the model's
+        decode forward reads a tensor back to the host or its compiled step differs from eager.
+        A hidden-state tap is refused: a compiled step runs no Python hook."""
+        if self.tap is not None:
+            raise NotCompilable("a speculator reads the hidden states of eager forwards")
+        self.release()
+        self._pad(0, self.buckets[-1])
+        self._rows, self._width = 0, 0
+        static_max = self.max_blocks_per_seq * self.block_size
+        start = time.perf_counter()
+        # The buffers themselves, in field order (dataclasses.astuple would copy them).
+        buffers = tuple(getattr(self._buffers, f.name) for f in fields(_Buffers))
+        try:
+            for bucket in self.buckets:
+                self._compiled[bucket] = compile_step(
+                    lambda cache, *bufs, b=bucket: self._run_over(_Buffers(*bufs), b, cache,
+                                                                  static_max),
+                    kv_cache, buffers,
+                )
+        except BaseException:
+            self.release()
+            raise
+        self._captured_cache = kv_cache
+        log.debug("compiled decode steps %s in %.1f s", list(self.buckets),
+                  time.perf_counter() - start)
+
     def release(self) -> None:
         """Drops the graphs and their outputs, so that their memory pool can be freed."""
+        self._compiled.clear()
         self._graphs.clear()
         self._outputs.clear()
         self._hidden.clear()

@@ -25,10 +25,11 @@ from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.engine.batch import Batch
-from pytgi_shard.engine.decode_graphs import DecodeGraphRunner, graphs_off_reason
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.draft_model import DraftModel, draft_share_line
 from pytgi_shard.engine.eagle3 import Eagle3Drafter
 from pytgi_shard.engine.forward_timer import ForwardTimer
+from pytgi_shard.engine.graphs_off import graphs_off_reason
 from pytgi_shard.engine.hidden_drafter import HiddenStateDrafter
 from pytgi_shard.engine.kv_format import capacity_line, resolve_kv_format
 from pytgi_shard.engine.lookahead import Lookahead, Lookaheads
@@ -47,6 +48,7 @@ from pytgi_shard.engine.warmup import (
     capture_graphs,
     graph_buckets,
     graph_bytes,
+    graph_sizes,
     is_out_of_memory,
     no_cache_room,
     peak_bytes,
@@ -195,8 +197,8 @@ class ModelRunner:
         # Verification steps replay the decode graphs as one row per token (verify_graphs.py).
         most = most_verified_tokens(self.settings.speculate)
         buckets = verification_buckets(
-            graph_buckets(self.settings, model, self.dist.caps, limits), self.settings.cuda_graphs,
-            most,
+            graph_buckets(self.settings, model, self.dist.caps, limits, self.dist.world_size),
+            graph_sizes(self.settings, self.dist.caps), most,
         )
         if buckets and self.hidden_tap is not None and self._graph_tap() is None:
             # A graph's replay runs no Python hook: this tap would see no hidden state.
@@ -271,7 +273,8 @@ class ModelRunner:
         draft = self.draft
         if draft is None or not buckets:
             return ()
-        reason = graphs_off_reason(self.settings, draft.model, self.dist.caps)
+        reason = graphs_off_reason(self.settings, draft.model, self.dist.caps,
+                                   self.dist.world_size)
         if reason is not None:
             log.info("draft model CUDA graphs off: %s", reason)
             return ()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +34,13 @@ from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.kv_quant import kv_cache_dtype
 from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.device.distributed import Dist
+from pytgi_shard.engine.cpu_graphs import NotCompilable
 from pytgi_shard.engine.decode_graphs import (
     DecodeGraphRunner,
     HiddenTap,
-    graphs_off_reason,
     resolve_buckets,
 )
+from pytgi_shard.engine.graphs_off import graphs_off_reason
 from pytgi_shard.errors import InvalidRequest, OutOfMemory
 from pytgi_shard.models.model import Model
 from pytgi_shard.settings import ShardSettings
@@ -243,14 +245,22 @@ def prefill_failure(prefill_tokens: int) -> OutOfMemory:
 
 
 def graph_buckets(
-    settings: ShardSettings, model: Model, caps: DeviceCapabilities, limits: Limits
+    settings: ShardSettings, model: Model, caps: DeviceCapabilities, limits: Limits,
+    world_size: int = 1,
 ) -> tuple[int, ...]:
-    """The decode batch sizes to capture; () (and the reason, logged) when graphs are off."""
-    reason = graphs_off_reason(settings, model, caps)
+    """The decode batch sizes to capture (on a CPU: to compile, --cpu-graphs); () (and the
+    reason, logged) when graphs are off."""
+    cpu = caps.kind == "cpu"
+    reason = graphs_off_reason(settings, model, caps, world_size)
     if reason is not None:
-        log.info("CUDA graphs off: %s", reason)
+        log.info("%s off: %s", "compiled decode steps" if cpu else "CUDA graphs", reason)
         return ()
-    return resolve_buckets(settings.cuda_graphs, limits.max_batch_size)
+    return resolve_buckets(graph_sizes(settings, caps), limits.max_batch_size)
+
+
+def graph_sizes(settings: ShardSettings, caps: DeviceCapabilities) -> tuple[int, ...]:
+    """The batch sizes asked for: --cpu-graphs on a CPU, --cuda-graphs elsewhere."""
+    return settings.cpu_graphs if caps.kind == "cpu" else settings.cuda_graphs
 
 
 def _graph_runner(
@@ -268,8 +278,11 @@ def graph_bytes(
     max_total_tokens: int,
 ) -> int:
     """Device memory the decode graphs keep, measured by capturing them into `kv_cache` (the
-    warmup-sized one): padding rows only touch block 0, which every cache has."""
+    warmup-sized one): padding rows only touch block 0, which every cache has. A CPU's
+    compiled steps keep none: their temporaries come and go per call, as an eager forward's."""
     device = model.device
+    if device.type == "cpu":
+        return 0
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     free_before = torch.cuda.mem_get_info(device)[0]
@@ -295,10 +308,13 @@ def graph_bytes(
 def capture_graphs(
     model: Model, kv_cache: KVCache, block_size: int, size: CacheSize, max_total_tokens: int,
     tap: HiddenTap | None = None,
-) -> DecodeGraphRunner:
+) -> DecodeGraphRunner | None:
     """The graphs over the final `kv_cache`, in the room graph_bytes kept for them; an
     OutOfMemory when that room does not suffice. `tap`: speculator heads' hidden states,
     handed over by each replay (decode_graphs.HiddenTap)."""
+    if model.device.type == "cpu":
+        return compile_cpu_graphs(model, kv_cache, block_size, size.graph_buckets,
+                                  max_total_tokens, tap)
     try:
         runner = _graph_runner(model, block_size, size.graph_buckets, max_total_tokens, tap)
         runner.capture(kv_cache)
@@ -310,6 +326,25 @@ def capture_graphs(
         "CUDA graphs: decode batch sizes %s up to %d tokens of context (%.0f MiB kept for them)",
         list(size.graph_buckets), max_total_tokens, size.graph_bytes / 2**20,
     )  # fmt: skip
+    return runner
+
+
+def compile_cpu_graphs(
+    model: Model, kv_cache: KVCache, block_size: int, buckets: tuple[int, ...],
+    max_total_tokens: int, tap: HiddenTap | None = None,
+) -> DecodeGraphRunner | None:
+    """A CPU's decode steps compiled per bucket (--cpu-graphs, shard/engine/cpu_graphs.py);
+    None, with the reason logged, when the model's forward cannot be compiled: it then decodes
+    eagerly, as without the flag."""
+    start = time.perf_counter()
+    runner = _graph_runner(model, block_size, buckets, max_total_tokens, tap)
+    try:
+        runner.capture(kv_cache)
+    except NotCompilable as e:
+        log.warning("compiled decode steps off: %s", e)
+        return None
+    log.info("compiled decode steps: batch sizes %s up to %d tokens of context (%.0f s)",
+             list(buckets), max_total_tokens, time.perf_counter() - start)
     return runner
 
 

@@ -166,6 +166,11 @@ def add_serve_command(subparsers: argparse._SubParsersAction) -> None:
         "(env CUDA_GRAPHS; default 1,2,4,...,256 capped at the router's max batch size)",
     )
     p.add_argument(
+        "--cpu-graphs",
+        help="on a CPU, decode batch sizes whose forward is compiled (torch.compile, inductor's "
+        "C++ backend), a comma list like 1,4,16,64; 0 or unset: eager",
+    )
+    p.add_argument(
         "--overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -247,6 +252,8 @@ def settings_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> Shar
     graphs = _cuda_graphs(args, env)
     if graphs is not None:
         values["cuda_graphs"] = graphs
+    if args.cpu_graphs is not None:
+        values["cpu_graphs"] = parse_cuda_graphs(args.cpu_graphs, "--cpu-graphs")
     quantize = _quantize(args, env)
     if quantize is not None:
         values["quantize"] = quantize

@@ -23,10 +23,10 @@ from pytgi_shard.device.capabilities import resolve_capabilities
 from pytgi_shard.engine.decode_graphs import (
     DecodeGraphRunner,
     bucket_for,
-    graphs_off_reason,
     resolve_buckets,
 )
 from pytgi_shard.engine.engine import Engine
+from pytgi_shard.engine.graphs_off import graphs_off_reason
 from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import DEFAULT_CUDA_GRAPHS, ShardSettings, parse_cuda_graphs
@@ -220,18 +220,22 @@ def test_the_engine_decodes_through_the_runner_with_the_same_tokens(engine: Engi
 
 
 def test_warmup_says_why_graphs_are_off(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    cpu = engine.model.device.type == "cpu"
+    # A CPU's counterpart of CUDA graphs is compiled steps, which --cpu-graphs asks for.
     reason = (
-        "the model runs on cpu"
-        if engine.model.device.type == "cpu"
+        "--cpu-graphs not set"
+        if cpu
         else "the reference attention backend's shapes follow the context length"
     )
     caps = engine.runner.dist.caps
     assert (graphs_off_reason(engine.settings, engine.model, caps) or "").startswith(reason)
     off = ShardSettings(model_path=engine.settings.model_path, cuda_graphs=())
-    assert graphs_off_reason(off, engine.model, caps) == "--cuda-graphs 0"
+    assert graphs_off_reason(off, engine.model, caps) == ("--cpu-graphs not set" if cpu
+                                                          else "--cuda-graphs 0")
     with caplog.at_level(logging.INFO, logger="pytgi_shard.engine.warmup"):
         engine.warmup(pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048))
-    assert f"CUDA graphs off: {reason}" in caplog.text
+    what = "compiled decode steps" if cpu else "CUDA graphs"
+    assert f"{what} off: {reason}" in caplog.text
     assert engine.runner.decode_graphs is None
 
 

@@ -1,0 +1,104 @@
+"""CPU decode graphs: each decode bucket's forward traced once and compiled (--cpu-graphs).
+
+On a CPU the forward of a small model is not arithmetic but dispatch: a decode step of the demo
+model runs ~500 ATen ops at 3-25 us each on a small VM (a 128-wide RMSNorm alone costs ~60 us in
+eager PyTorch), so eager decode spends most of its time between kernels. The CUDA answer, a
+graph replay, does not exist on a CPU; its counterpart here is a compiled step: the padded
+decode forward of one batch-size bucket (decode_graphs.DecodeGraphRunner's buffers, the same
+padding and the same static context) is traced to one flat ATen graph and compiled by inductor's
+C++ backend, which fuses the elementwise work into a few loops and leaves the matmuls to the
+BLAS.
+
+Why trace with make_fx rather than torch.compile the model directly: the model's Python
+(attention metadata, per-forward plan caches, dataclass keys) breaks dynamo's graph into a dozen
+pieces per layer, each with guards, which was measured slower than eager. make_fx runs the
+forward once on the real buffers and records only the ATen ops, so nothing above them matters.
+What it cannot see is a value read back to the host (`.item()`, `bool(tensor)`): that would be
+frozen into the graph. So a trace that reads any tensor back is refused (the model decodes
+eagerly, with one log line), and every compiled bucket is checked against the eager forward on
+the buffers before it is used.
+
+The KV cache tensors and the runner's buffers are the compiled step's inputs: its writes land in
+the live cache (a cache resized by a later Warmup needs a new compile, as a CUDA graph needs a
+new capture), and each call reads the values the step copied into the buffers. The weights are
+held by reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import fx
+
+from pytgi_shard.attention.kv_cache import KVCache
+
+log = logging.getLogger(__name__)
+
+# The ATen op a tensor's read-back to the host goes through (Tensor.item, bool, int, tolist).
+_HOST_READ = "_local_scalar_dense"
+
+# How far a compiled step's logits may differ from eager's: inductor reorders float reductions.
+ATOL = 1e-3
+
+# A compiled step: the logits of the bucket's forward over the given cache.
+Step = Callable[[KVCache], torch.Tensor]
+# What is traced: the forward over a cache and the step's input tensors.
+Run = Callable[..., torch.Tensor]
+
+
+class NotCompilable(Exception):
+    """The forward cannot be a compiled step: it reads a tensor back to the host, or the
+    compiled step's logits differ from the eager forward's."""
+
+
+def trace(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
+    """`run(kv_cache, *inputs)` as one ATen graph whose inputs are the cache's tensors (keys,
+    values) then `inputs`; what else it reads (the weights) is held by reference. The step's
+    own inputs must be graph inputs: a host read of a tensor the trace holds as a constant is
+    not recorded, so it could not be refused."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    layers = len(kv_cache.keys)
+    scales = kv_cache.scales
+
+    def over(*tensors: torch.Tensor) -> torch.Tensor:
+        cache = KVCache(keys=list(tensors[:layers]), values=list(tensors[layers:2 * layers]),
+                        scales=scales)
+        return run(cache, *tensors[2 * layers:])
+
+    try:
+        return make_fx(over)(*kv_cache.keys, *kv_cache.values, *inputs)
+    except RuntimeError as e:
+        # make_fx refuses a read of a traced tensor's value (.item(), bool, a data-dependent
+        # shape); anything else is a bug to see.
+        if _HOST_READ not in str(e):
+            raise
+        raise NotCompilable("the decode forward reads a tensor value back to the host "
+                            "(data-dependent control flow)") from e
+
+
+def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> Step:
+    """`run` traced and compiled over the persistent `inputs` (each call reads their current
+    values); checked equal to `run` (eager) on them before it is returned."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        gm = trace(run, kv_cache, inputs)
+        compiled = torch.compile(gm, dynamic=False, fullgraph=True)
+
+    def step(cache: KVCache) -> torch.Tensor:
+        out: torch.Tensor = compiled(*cache.keys, *cache.values, *inputs)
+        return out
+
+    with torch.no_grad():
+        expected = run(kv_cache, *inputs)
+        got = step(kv_cache)
+    if got.shape != expected.shape or not torch.allclose(got, expected, atol=ATOL, rtol=0):
+        diff = (got - expected).abs().max().item() if got.shape == expected.shape else None
+        raise NotCompilable(f"the compiled decode step differs from the eager forward "
+                            f"(max |diff| {diff})")
+    log.debug("compiled a decode step of %d ops in %.1f s", len(gm.graph.nodes),
+              time.perf_counter() - start)
+    return step
