@@ -1,9 +1,12 @@
 """What every vision-language model on the shards shares, whatever its tower: the tower's output
-kept per (request, image) between the chunks of a prefill (`ImageEmbeddings`), and the step that
-puts an image's embedding rows in place of its tokens' (`ImageEncoder.place_images`). A family
-says only how one image is encoded (`encode`: its tower + projector, on the pixel values and grid
-the router's processor made) and how its images' wire fields must look (`image_layout`,
-shard/models/media_inputs.py). Registered families: shard/models/vision_families.py."""
+kept per (request, image) between the chunks of a prefill (`ImageEmbeddings`), the step that
+puts an image's embedding rows in place of its tokens' (`ImageEncoder.place_images`), and the
+forward of a Llama-style decoder fed those rows (`LlamaVLM`; `FixedSizeVLM` for a tower that
+takes one image size). A family says only how one image is encoded (`encode`: its tower +
+projector, on the pixel values and grid the router's processor made), how its images' wire
+fields must look (`image_layout`, shard/models/media_inputs.py), and what it does apart
+(`position_offset`, `_image_rotations`, `warmup_images`). Registered families:
+shard/models/vision_families.py."""
 
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ from collections import OrderedDict
 
 import torch
 
+from pytgi_shard.attention.kv_cache import KVCache
+from pytgi_shard.attention.metadata import AttentionMetadata
+from pytgi_shard.models.llama.model import Llama
 from pytgi_shard.models.media_inputs import ImageRows, StepMedia
 
 # Images whose embeddings are kept between the chunks of a prefill at most (oldest dropped
@@ -79,3 +85,54 @@ class ImageEncoder:
         for image in media.images:
             hidden[image.row : image.row + image.hi - image.lo] = self.image_rows(image)
         return hidden
+
+
+class LlamaVLM(Llama, ImageEncoder):
+    """A vision-language model on the registry's Llama-style decoder (every family's: Qwen2-VL,
+    LLaVA, Idefics3, PaliGemma, Gemma 3), its forward taking a prefill's StepMedia."""
+
+    # Added to every position the engine gives, text, image and decode rows alike (PaliGemma
+    # numbers positions from 1, transformers' PaliGemmaModel adding 1 to position_ids).
+    position_offset: int = 0
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+        lm_head_indices: torch.Tensor | None = None,
+        media: StepMedia | None = None,
+    ) -> torch.Tensor:
+        """Without media (text-only requests, every decode step) the decoder's own forward, so
+        decode CUDA graphs capture and replay it unchanged; with it, each image's rows in place
+        of its tokens' embeddings (placed after the decoder's embedding scale: Gemma's
+        normalizer applies to text rows only), the step's bidirectional spans in the metadata
+        (None for a causal family), at the family's rotations."""
+        if self.position_offset:
+            positions = positions + self.position_offset
+        if media is None:
+            return super().forward(input_ids, positions, kv_cache, meta, lm_head_indices)
+        # Every layer's attention reads the spans from the metadata.
+        meta.spans = media.spans
+        hidden = self.place_images(self._embed(input_ids), media)
+        rotations = self._image_rotations(positions, media, hidden.dtype)
+        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)
+
+    def _image_rotations(self, positions: torch.Tensor, media: StepMedia, dtype: torch.dtype
+                         ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's (cos, sin) for a forward with images: the plain 1-D positions' (an
+        M-RoPE family's come from the StepMedia's 3-D positions instead)."""
+        return self._rotations(positions, dtype)
+
+
+class FixedSizeVLM(LlamaVLM):
+    """A LlamaVLM whose tower takes images of one size (SigLIP's images, Idefics3's tiles):
+    pixel values `pixel_shape` ([C, S, S], set in its __init__), no grid."""
+
+    pixel_shape: tuple[int, int, int]
+
+    def warmup_images(self) -> None:
+        """Every image is the same size: one, so Warmup's peak includes the tower's."""
+        self.encode(torch.zeros(self.pixel_shape, device=self.device), ())

@@ -16,8 +16,10 @@ but in float32 not always, the plain row-major index: `bucketed_positions` compu
 transformers does, once.
 
 Attention in the decoder is causal (no bidirectional spans) and positions are plain 1-D: a
-forward without images (text, decode steps) is the Llama's own. The tower is split over
-the ranks as SigLIP's (siglip/vision.py); the connector is replicated, as the projectors are.
+forward without images (text, decode steps) is the Llama's own (the forward is LlamaVLM's,
+shard/models/vision_language.py; the warmup FixedSizeVLM's, every tile being the tower's size).
+The tower is split over the ranks as SigLIP's (siglip/vision.py); the connector is replicated,
+as the projectors are.
 """
 
 from __future__ import annotations
@@ -31,14 +33,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
-from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.models.fused_qkv_decoder import with_weights
 from pytgi_shard.models.llama.config import LlamaConfig
-from pytgi_shard.models.llama.model import Llama
-from pytgi_shard.models.media_inputs import StepMedia
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.siglip.vision import (
     SiglipConfig,
@@ -46,7 +44,7 @@ from pytgi_shard.models.siglip.vision import (
     image_patches,
     siglip_prefix,
 )
-from pytgi_shard.models.vision_language import ImageEmbeddings, ImageEncoder
+from pytgi_shard.models.vision_language import FixedSizeVLM, ImageEmbeddings
 from pytgi_shard.weights.reader import Weights
 
 # transformers' Idefics3VisionConfig defaults (a config.json may leave them out).
@@ -141,7 +139,7 @@ def text_names(weights: Weights) -> dict[str, str]:
             for name in weights.names() if name.startswith("model.text_model.")}
 
 
-class Idefics3(Llama, ImageEncoder):
+class Idefics3(FixedSizeVLM):
     def __init__(self, config: LlamaConfig, raw: Mapping[str, Any], weights: Weights,
                  backend: AttentionBackend) -> None:
         super().__init__(config, weights.with_names(text_names(weights)), backend)
@@ -158,7 +156,7 @@ class Idefics3(Llama, ImageEncoder):
             raise ValueError(f"{projection} {list(self.projection.shape)} is not {list(want)}")
         tokens = (vision.patches_per_side // self.scale) ** 2
         self.image_layout = Idefics3Tiles(vision.num_channels, vision.image_size, tokens)
-        self.tile_layout = self.image_layout
+        self.pixel_shape = (vision.num_channels, vision.image_size, vision.image_size)
         self.images = ImageEmbeddings()
 
     @classmethod
@@ -173,25 +171,3 @@ class Idefics3(Llama, ImageEncoder):
         patches = image_patches(pixel_values.to(self.device), self.visual.config.patch_size)
         shuffled = pixel_shuffle(self.visual(patches), self.scale)
         return F.linear(shuffled.to(self.projection.dtype), self.projection).to(self.dtype)
-
-    def warmup_images(self) -> None:
-        """Every tile is the same size: one, so Warmup's peak includes the tower's."""
-        layout = self.tile_layout
-        self.encode(torch.zeros(layout.channels, layout.image_size, layout.image_size,
-                                device=self.device), ())
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-        media: StepMedia | None = None,
-    ) -> torch.Tensor:
-        if media is None:
-            return super().forward(input_ids, positions, kv_cache, meta, lm_head_indices)
-        hidden = self.place_images(self.embed_tokens(input_ids), media)
-        rotations = self._rotations(positions, hidden.dtype)
-        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)

@@ -355,13 +355,20 @@ class Llama(nn.Module, Model):
         meta: AttentionMetadata,
         lm_head_indices: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        hidden = self._embed(input_ids)
+        rotations = self._rotations(positions, hidden.dtype)
+        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embeddings as the first layer takes them: Gemma's normalizer, Granite's
+        multiplier (a vision-language model places its image rows after them,
+        shard/models/vision_language.py)."""
         hidden = self.embed_tokens(input_ids)
         if self.embed_normalizer is not None:
             hidden = hidden * self.embed_normalizer
         if self.config.embedding_multiplier != 1.0:
             hidden = hidden * self.config.embedding_multiplier
-        rotations = self._rotations(positions, hidden.dtype)
-        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)
+        return hidden
 
     def _layers_to_logits(
         self,

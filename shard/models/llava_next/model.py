@@ -6,8 +6,9 @@ unpadded tile grid with image_newline after each row).
 
 Positions are plain 1-D: a forward without images (text-only requests, every decode step) is
 the decoder's own, CUDA graphs included; a prefill chunk covering image tokens comes with a
-StepMedia whose image rows replace those tokens' embeddings (shard/models/vision_language.py
-keeps an image's rows between the chunks of a prefill, so the tower runs once per image). The
+StepMedia whose image rows replace those tokens' embeddings (shard/models/vision_language.py's
+LlamaVLM forward; it keeps an image's rows between the chunks of a prefill, so the tower runs
+once per image). The
 tower is split over the ranks as the decoder (clip/vision.py, models/vision_sharding.py); the
 projector (21M parameters for a 7B) is replicated: not worth two more collectives per image.
 
@@ -26,18 +27,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pytgi_shard.attention.backend import AttentionBackend
-from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.models.clip.vision import ClipVisionConfig, ClipVisionTower, clip_prefix
 from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.models.fused_qkv_decoder import with_weights
 from pytgi_shard.models.llama.config import LlamaConfig
-from pytgi_shard.models.llama.model import Llama
 from pytgi_shard.models.llava_next.anyres import AnyRes
-from pytgi_shard.models.media_inputs import StepMedia
 from pytgi_shard.models.model_config import ModelConfig
-from pytgi_shard.models.vision_language import ImageEmbeddings, ImageEncoder
+from pytgi_shard.models.vision_language import ImageEmbeddings, LlamaVLM
 from pytgi_shard.weights.reader import Weights
 
 # transformers' LlavaNextConfig defaults.
@@ -126,7 +123,7 @@ class Projector(nn.Module):
         return F.linear(x, p["linear_2_weight"], p.get("linear_2_bias"))
 
 
-class LlavaNext(Llama, ImageEncoder):
+class LlavaNext(LlamaVLM):
     def __init__(self, config: LlamaConfig, raw: Mapping[str, Any], weights: Weights,
                  backend: AttentionBackend) -> None:
         super().__init__(config, weights.with_names(text_names(weights)), backend)
@@ -185,19 +182,3 @@ class LlavaNext(Llama, ImageEncoder):
         pixels = torch.zeros(tiles, self.visual.config.num_channels, side, side,
                              device=self.device)
         self.encode(pixels, (height, width))
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-        media: StepMedia | None = None,
-    ) -> torch.Tensor:
-        if media is None:
-            return super().forward(input_ids, positions, kv_cache, meta, lm_head_indices)
-        hidden = self.place_images(self.embed_tokens(input_ids), media)
-        rotations = self._rotations(positions, hidden.dtype)
-        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)

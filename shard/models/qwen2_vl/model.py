@@ -6,9 +6,10 @@ A forward without images (text-only requests, every decode step) is the Qwen2 de
 the 1-D positions the engine gives (a request's index + its rope delta): M-RoPE with three equal
 axes is plain RoPE, so decode CUDA graphs capture and replay it unchanged. A prefill chunk that
 covers image tokens comes with a StepMedia (shard/models/media_inputs.py): the 3-D positions
-of its tokens and which rows take which slice of which image's embeddings. The tower's output
-for an image is kept (ImageEmbeddings) until a chunk has computed its last token, so a chunked
-prefill that splits an image runs the tower once.
+of its tokens and which rows take which slice of which image's embeddings (the forward is
+LlamaVLM's, shard/models/vision_language.py, at this family's `_image_rotations`). The tower's
+output for an image is kept (ImageEmbeddings) until a chunk has computed its last token, so a
+chunked prefill that splits an image runs the tower once.
 """
 
 from __future__ import annotations
@@ -24,19 +25,16 @@ from typing import Any
 import torch
 
 from pytgi_shard.attention.backend import AttentionBackend
-from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.layers.rotary import interleaved_rotation_tables, rotation_tables
 from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.models.fused_qkv_decoder import with_weights
 from pytgi_shard.models.llama.config import LlamaConfig
-from pytgi_shard.models.llama.model import Llama
 from pytgi_shard.models.media_inputs import StepMedia
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.qwen2_vl.mrope import mrope_cos_sin
 from pytgi_shard.models.qwen2_vl.vision import VisionConfig, VisionTower
-from pytgi_shard.models.vision_language import ImageEmbeddings, ImageEncoder
+from pytgi_shard.models.vision_language import ImageEmbeddings, LlamaVLM
 from pytgi_shard.weights.reader import Weights
 
 log = logging.getLogger(__name__)
@@ -101,7 +99,7 @@ class Qwen2VLImages:
         return None
 
 
-class Qwen2VL(Llama, ImageEncoder):
+class Qwen2VL(LlamaVLM):
 
     def __init__(self, config: LlamaConfig, section: tuple[int, ...], vision: VisionConfig,
                  weights: Weights, backend: AttentionBackend) -> None:
@@ -142,28 +140,14 @@ class Qwen2VL(Llama, ImageEncoder):
         t, h, w = grid
         return self.visual(pixel_values.to(self.device), (t, h, w)).to(self.dtype)
 
-    def _mrope_rotations(self, positions3: torch.Tensor, dtype: torch.dtype
+    def _image_rotations(self, positions: torch.Tensor, media: StepMedia, dtype: torch.dtype
                          ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every layer's (cos, sin) at 3-D positions, in the form its rotation takes."""
+        """Every layer's (cos, sin) at the StepMedia's 3-D positions, in the form its rotation
+        takes."""
+        assert media.positions is not None  # an M-RoPE model's StepMedia carries them
+        positions3 = media.positions.to(positions.device)
         cos, sin = mrope_cos_sin(self.rotary.cos_sin(positions3), self.mrope_section)
         if not self.fused_rotary:
             cos, sin = (interleaved_rotation_tables if self.config.rope_interleaved
                         else rotation_tables)(cos, sin, dtype)
         return [(cos, sin)] * len(self.layers)
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-        media: StepMedia | None = None,
-    ) -> torch.Tensor:
-        if media is None:
-            return super().forward(input_ids, positions, kv_cache, meta, lm_head_indices)
-        hidden = self.place_images(self.embed_tokens(input_ids), media)
-        assert media.positions is not None  # an M-RoPE model's StepMedia carries them
-        rotations = self._mrope_rotations(media.positions.to(positions.device), hidden.dtype)
-        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)

@@ -14,7 +14,8 @@ noncausal_spans):
 - Gemma 3 attends bidirectionally within each image's soft tokens, causally elsewhere, its
   sliding layers' window included (transformers' or_mask of the block ids).
 PaliGemma's positions start at 1 (transformers' PaliGemmaModel adds 1 to position_ids), for
-text, image and decode rows alike: `position_offset`.
+text, image and decode rows alike: `position_offset`, the one thing this family's forward
+(LlamaVLM's, shard/models/vision_language.py) does apart.
 
 Image rows replace the token embeddings after Gemma's sqrt(hidden_size) normalizer (which
 transformers 5 applies inside the embedding), so the projected features go in unscaled.
@@ -29,15 +30,11 @@ from typing import Any
 import torch
 
 from pytgi_shard.attention.backend import AttentionBackend
-from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.device.distributed import Dist
 from pytgi_shard.models.config_layout import legacy_layout
 from pytgi_shard.models.fused_qkv_decoder import with_weights
 from pytgi_shard.models.llama.config import LlamaConfig
 from pytgi_shard.models.llama.gemma import gemma2_config, gemma3_text_config, gemma_config
-from pytgi_shard.models.llama.model import Llama
-from pytgi_shard.models.media_inputs import StepMedia
 from pytgi_shard.models.model_config import ModelConfig
 from pytgi_shard.models.siglip.projectors import Gemma3Projector, PaliGemmaProjector
 from pytgi_shard.models.siglip.vision import (
@@ -46,7 +43,7 @@ from pytgi_shard.models.siglip.vision import (
     image_patches,
     siglip_prefix,
 )
-from pytgi_shard.models.vision_language import ImageEmbeddings, ImageEncoder
+from pytgi_shard.models.vision_language import FixedSizeVLM, ImageEmbeddings
 from pytgi_shard.weights.reader import Weights
 
 TEXT_CONFIGS: Mapping[str, Callable[[Mapping[str, Any]], LlamaConfig]] = {
@@ -117,7 +114,7 @@ class SiglipImages:
         return tuple((offset, offset + count) for offset, count in images)
 
 
-class SiglipVLM(Llama, ImageEncoder):
+class SiglipVLM(FixedSizeVLM):
     """A Gemma decoder with a SigLIP tower and a projector (PaliGemma or Gemma 3)."""
 
     def __init__(self, config: LlamaConfig, raw: Mapping[str, Any], weights: Weights,
@@ -135,11 +132,9 @@ class SiglipVLM(Llama, ImageEncoder):
             tokens = int(raw.get("mm_tokens_per_image", GEMMA3_MM_TOKENS))
             self.projector = Gemma3Projector(weights, projector, vision.patches_per_side,
                                              tokens, vision.layer_norm_eps)
-        # Kept typed as SiglipImages too: Warmup reads its image size (Model types it as the
-        # generic ImageLayout | None).
-        self.siglip_layout = SiglipImages(vision.num_channels, vision.image_size, tokens,
-                                          prefix=paligemma)
-        self.image_layout = self.siglip_layout
+        self.image_layout = SiglipImages(vision.num_channels, vision.image_size, tokens,
+                                         prefix=paligemma)
+        self.pixel_shape = (vision.num_channels, vision.image_size, vision.image_size)
         # PaliGemma numbers positions from 1.
         self.position_offset = 1 if paligemma else 0
         self.images = ImageEmbeddings()
@@ -156,32 +151,3 @@ class SiglipVLM(Llama, ImageEncoder):
         """One image's rows [tokens, hidden]: its patches through the tower and projector."""
         patches = image_patches(pixel_values.to(self.device), self.visual.config.patch_size)
         return self.projector(self.visual(patches)).to(self.dtype)
-
-    def warmup_images(self) -> None:
-        """Every image is the same size: one, so Warmup's peak includes the tower's."""
-        layout = self.siglip_layout
-        self.encode(torch.zeros(layout.channels, layout.image_size, layout.image_size,
-                                device=self.device), ())
-
-    @torch.inference_mode()
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: KVCache,
-        meta: AttentionMetadata,
-        lm_head_indices: torch.Tensor | None = None,
-        media: StepMedia | None = None,
-    ) -> torch.Tensor:
-        if self.position_offset:
-            positions = positions + self.position_offset
-        if media is None:
-            return super().forward(input_ids, positions, kv_cache, meta, lm_head_indices)
-        # The step's bidirectional spans: every layer's attention reads them from the metadata.
-        meta.spans = media.spans
-        hidden = self.embed_tokens(input_ids)
-        if self.embed_normalizer is not None:
-            hidden = hidden * self.embed_normalizer
-        hidden = self.place_images(hidden, media)
-        rotations = self._rotations(positions, hidden.dtype)
-        return self._layers_to_logits(hidden, rotations, kv_cache, meta, lm_head_indices)
