@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pytgi_router.core.decode_steps import cut_short_wanted
 from pytgi_router.core.request import Entry
+from pytgi_router.core.shard_client import ShardCallError
 from pytgi_router.core.step_plan import Budgets
 from tests.unit.router.core.test_decode_steps import Harness
 from tests.unit.router.model_shard import reference
@@ -125,3 +126,23 @@ def test_a_newcomer_admission_keeps_out_does_not_cut() -> None:
     for row in rows:
         assert h.tokens(row) == reference(list(row.request.input_ids), 40)
     assert h.tokens(late[0]) == reference([2, 2], 3)
+
+
+def test_a_failed_cut_short_lets_the_call_run_to_its_end() -> None:
+    h = Harness()
+    a = h.submit([1, 2, 0], 30)
+    h.step()
+
+    async def refused(call_id: int, timeout: float | None = None) -> None:
+        raise ShardCallError("Server error: unimplemented")
+
+    h.shard.cut_short = refused  # type: ignore[method-assign]
+    late: list[Entry] = []
+    arrive_after(h, 2, [2, 1, 1], 6, late)
+    h.step()
+    assert h.shard.ran == [8]
+    assert h.scheduler.metrics.decode_cut_short._value.get() == 0
+    h.shard.between_steps = None
+    h.drain()
+    assert h.tokens(a) == reference([1, 2, 0], 30)
+    assert h.tokens(late[0]) == reference([2, 1, 1], 6)
