@@ -47,6 +47,8 @@ ATOL = 1e-3
 Step = Callable[[KVCache], torch.Tensor]
 # What is traced: the forward over a cache and the step's input tensors.
 Run = Callable[..., torch.Tensor]
+# A compiled `Run`: the forward over a cache and input tensors of the traced shapes.
+Compiled = Callable[[KVCache, Sequence[torch.Tensor]], torch.Tensor]
 
 
 class NotCompilable(Exception):
@@ -80,21 +82,22 @@ def trace(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> fx.Gra
                             "(data-dependent control flow)") from e
 
 
-def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> Step:
-    """`run` traced and compiled over the persistent `inputs` (each call reads their current
-    values); checked equal to `run` (eager) on them before it is returned."""
+def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> Compiled:
+    """`run` traced over `inputs` and compiled: the returned function takes the cache and input
+    tensors of the same shapes (each call reads their current values). Checked equal to `run`
+    (eager) on `inputs` before it is returned."""
     start = time.perf_counter()
     with torch.no_grad():
         gm = trace(run, kv_cache, inputs)
         compiled = torch.compile(gm, dynamic=False, fullgraph=True)
 
-    def step(cache: KVCache) -> torch.Tensor:
-        out: torch.Tensor = compiled(*cache.keys, *cache.values, *inputs)
+    def step(cache: KVCache, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        out: torch.Tensor = compiled(*cache.keys, *cache.values, *tensors)
         return out
 
     with torch.no_grad():
         expected = run(kv_cache, *inputs)
-        got = step(kv_cache)
+        got = step(kv_cache, inputs)
     if got.shape != expected.shape or not torch.allclose(got, expected, atol=ATOL, rtol=0):
         diff = (got - expected).abs().max().item() if got.shape == expected.shape else None
         raise NotCompilable(f"the compiled decode step differs from the eager forward "

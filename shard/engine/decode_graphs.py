@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -159,6 +160,8 @@ class DecodeGraphRunner:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         # On a CPU, each bucket's compiled step (shard/engine/cpu_graphs.py) instead of a graph.
         self._compiled: dict[int, Step] = {}
+        # The thread compiling them after Warmup (shard/engine/background_compile.py), if any.
+        self.compiling: threading.Thread | None = None
         self._outputs: dict[int, torch.Tensor] = {}
         self._captured_cache: KVCache | None = None
         # The model's LoRA rows holder (None: no adapted layer), bound to the adapters buffer.
@@ -260,9 +263,8 @@ class DecodeGraphRunner:
         b.block_tables[start:stop].zero_()
         b.adapters[start:stop].zero_()
 
-    def _metadata(self, bucket: int, max_seqlen_k: int) -> AttentionMetadata:
+    def _metadata(self, b: _Buffers, bucket: int, max_seqlen_k: int) -> AttentionMetadata:
         """A fresh metadata (backends cache per-forward plans in it) over the first rows."""
-        b = self._buffers
         return AttentionMetadata(
             is_prefill=False,
             cu_seqlens_q=b.cu_seqlens_q[: bucket + 1],
@@ -274,11 +276,15 @@ class DecodeGraphRunner:
             block_size=self.block_size,
         )
 
-    def _run(self, bucket: int, kv_cache: KVCache, max_seqlen_k: int) -> torch.Tensor:
+    def _run(
+        self, bucket: int, kv_cache: KVCache, max_seqlen_k: int, buffers: _Buffers | None = None
+    ) -> torch.Tensor:
         """The bucket's forward over the buffers (eager, or being captured); a tap is armed
-        with the buffers' slots (padding rows: the scratch slot, which no row looks up)."""
-        b = self._buffers
-        meta = self._metadata(bucket, max_seqlen_k)
+        with the buffers' slots (padding rows: the scratch slot, which no row looks up).
+        `buffers`: others of the same shapes, which a compiled step is traced over (its
+        inputs; shard/engine/cpu_graphs.py)."""
+        b = self._buffers if buffers is None else buffers
+        meta = self._metadata(b, bucket, max_seqlen_k)
         ids, positions = b.input_ids[:bucket], b.positions[:bucket]
         if self.tap is not None:
             self.tap.arm(ForwardInputs(ids, positions, meta, None, ids))
@@ -288,18 +294,6 @@ class DecodeGraphRunner:
         finally:
             if self.tap is not None:
                 self.tap.disarm()
-
-    def _run_over(
-        self, buffers: _Buffers, bucket: int, kv_cache: KVCache, max_seqlen_k: int
-    ) -> torch.Tensor:
-        """`_run` over `buffers` in place of the runner's: a compiled step is traced with the
-        buffers as its inputs (shard/engine/cpu_graphs.py)."""
-        kept = self._buffers
-        self._buffers = buffers
-        try:
-            return self._run(bucket, kv_cache, max_seqlen_k)
-        finally:
-            self._buffers = kept
 
     @contextmanager
     def _bound(self, adapters: torch.Tensor | None) -> Iterator[None]:
@@ -362,40 +356,61 @@ class DecodeGraphRunner:
         )
 
     def _compile(self, kv_cache: KVCache) -> None:
-        """A CPU's counterpart of `capture`: every bucket's step compiled over `kv_cache`
-        (shard/engine/cpu_graphs.py), smallest first; NotCompilable (none kept) when the model's
-        decode forward reads a tensor back to the host or its compiled step differs from eager.
-        A hidden-state tap is refused: a compiled step runs no Python hook."""
-        if self.tap is not None:
-            raise NotCompilable("a speculator reads the hidden states of eager forwards")
+        """A CPU's counterpart of `capture`: every bucket's step compiled over `kv_cache`,
+        smallest first, before it returns (Warmup compiles in the background instead:
+        cpu_graphs.BackgroundCompile); NotCompilable, none kept, as `compile_bucket`."""
         self.release()
-        self._pad(0, self.buckets[-1])
-        self._rows, self._width = 0, 0
-        static_max = self.max_blocks_per_seq * self.block_size
-        start = time.perf_counter()
-        # The buffers themselves, in field order (dataclasses.astuple would copy them).
-        buffers = tuple(getattr(self._buffers, f.name) for f in fields(_Buffers))
+        self._captured_cache = kv_cache
         try:
             for bucket in self.buckets:
-                self._compiled[bucket] = compile_step(
-                    lambda cache, *bufs, b=bucket: self._run_over(_Buffers(*bufs), b, cache,
-                                                                  static_max),
-                    kv_cache, buffers,
-                )
+                self.add_compiled(bucket, self.compile_bucket(bucket, kv_cache))
         except BaseException:
             self.release()
             raise
+
+    def compile_bucket(self, bucket: int, kv_cache: KVCache) -> Step:
+        """The bucket's compiled step over `kv_cache` (shard/engine/cpu_graphs.py), traced over
+        buffers of its own, so that steps may run over the runner's meanwhile; NotCompilable
+        when the model's decode forward reads a tensor back to the host, its compiled step
+        differs from eager, or a hidden-state tap would need a Python hook."""
+        if self.tap is not None:
+            raise NotCompilable("a speculator reads the hidden states of eager forwards")
+        static_max = self.max_blocks_per_seq * self.block_size
+        traced = _Buffers.allocate(self.buckets[-1], self.max_blocks_per_seq, self.model.device)
+        step = compile_step(
+            lambda cache, *bufs: self._run(bucket, cache, static_max, _Buffers(*bufs)),
+            kv_cache, _fields(traced),
+        )
+        live = _fields(self._buffers)
+        return lambda cache: step(cache, live)
+
+    def add_compiled(self, bucket: int, step: Step) -> None:
+        """Decode steps of `bucket` run `step` from now on (over the cache `_compile` or
+        `expect_compiled` named: a step is bound to the cache it was compiled over)."""
+        self._compiled[bucket] = step
+
+    def expect_compiled(self, kv_cache: KVCache) -> None:
+        """Steps will be compiled over `kv_cache` (in the background): until each bucket's is
+        added, its steps run eagerly."""
+        self.release()
         self._captured_cache = kv_cache
-        log.debug("compiled decode steps %s in %.1f s", list(self.buckets),
-                  time.perf_counter() - start)
+
+    def expects(self, kv_cache: KVCache) -> bool:
+        """Whether steps compiled over `kv_cache` are still wanted (not released since)."""
+        return self._captured_cache is kv_cache
 
     def release(self) -> None:
         """Drops the graphs and their outputs, so that their memory pool can be freed."""
-        self._compiled.clear()
+        self._compiled = {}
         self._graphs.clear()
         self._outputs.clear()
         self._hidden.clear()
         self._captured_cache = None
+
+
+def _fields(buffers: _Buffers) -> tuple[torch.Tensor, ...]:
+    """The buffers' tensors themselves, in field order (dataclasses.astuple would copy them)."""
+    return tuple(getattr(buffers, f.name) for f in fields(_Buffers))
 
 
 def _tokens(inputs: ForwardInputs) -> int:

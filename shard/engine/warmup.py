@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.attention.kv_quant import kv_cache_dtype
 from pytgi_shard.device.capabilities import DeviceCapabilities
 from pytgi_shard.device.distributed import Dist
-from pytgi_shard.engine.cpu_graphs import NotCompilable
+from pytgi_shard.engine.background_compile import compile_in_background
 from pytgi_shard.engine.decode_graphs import (
     DecodeGraphRunner,
     HiddenTap,
@@ -308,7 +307,7 @@ def graph_bytes(
 def capture_graphs(
     model: Model, kv_cache: KVCache, block_size: int, size: CacheSize, max_total_tokens: int,
     tap: HiddenTap | None = None,
-) -> DecodeGraphRunner | None:
+) -> DecodeGraphRunner:
     """The graphs over the final `kv_cache`, in the room graph_bytes kept for them; an
     OutOfMemory when that room does not suffice. `tap`: speculator heads' hidden states,
     handed over by each replay (decode_graphs.HiddenTap)."""
@@ -332,19 +331,15 @@ def capture_graphs(
 def compile_cpu_graphs(
     model: Model, kv_cache: KVCache, block_size: int, buckets: tuple[int, ...],
     max_total_tokens: int, tap: HiddenTap | None = None,
-) -> DecodeGraphRunner | None:
-    """A CPU's decode steps compiled per bucket (--cpu-graphs, shard/engine/cpu_graphs.py);
-    None, with the reason logged, when the model's forward cannot be compiled: it then decodes
-    eagerly, as without the flag."""
-    start = time.perf_counter()
+) -> DecodeGraphRunner:
+    """A CPU's decode steps, compiled per bucket after Warmup on a thread
+    (--cpu-graphs, shard/engine/background_compile.py): each bucket decodes eagerly until its
+    step is ready, and for good when the model's forward cannot be compiled (logged)."""
     runner = _graph_runner(model, block_size, buckets, max_total_tokens, tap)
-    try:
-        runner.capture(kv_cache)
-    except NotCompilable as e:
-        log.warning("compiled decode steps off: %s", e)
-        return None
-    log.info("compiled decode steps: batch sizes %s up to %d tokens of context (%.0f s)",
-             list(buckets), max_total_tokens, time.perf_counter() - start)
+    compile_in_background(runner, kv_cache)
+    log.info("compiling decode steps for batch sizes %s up to %d tokens of context in the "
+             "background (until each is ready, its steps run eagerly)", list(buckets),
+             max_total_tokens)
     return runner
 
 

@@ -17,8 +17,10 @@ from pytgi_launcher.commands import shard_argv
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.kv_cache import KVCache
 from pytgi_shard.engine.cpu_graphs import NotCompilable, compile_step, trace
+from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.graphs_off import graphs_off_reason
+from pytgi_shard.engine.step_inputs import ForwardInputs
 from pytgi_shard.service.startup import load_engine
 from pytgi_shard.settings import ShardSettings
 from tests.unit.shard.engine.test_batch import batch_of, request
@@ -52,16 +54,23 @@ def engines(tiny_model: Callable[..., Path]) -> Iterator[tuple[Engine, Engine]]:
     path = tiny_model("llama")
     eager = load_engine(ShardSettings(model_path=path, block_size=BLOCK))
     compiled = load_engine(ShardSettings(model_path=path, block_size=BLOCK, cpu_graphs=BUCKETS))
-    logger = logging.getLogger("pytgi_shard.engine.warmup")
-    logger.addHandler(WARMUP_LOG)
-    level = logger.level
-    logger.setLevel(logging.INFO)
+    loggers = [logging.getLogger(f"pytgi_shard.engine.{name}")
+               for name in ("warmup", "background_compile")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(WARMUP_LOG)
+        logger.setLevel(logging.INFO)
     try:
         for engine in (eager, compiled):
             engine.warmup(WARMUP)
+        graphs = compiled.runner.decode_graphs
+        # Warmup returned before the steps were compiled: they are made on a thread.
+        assert graphs is not None and graphs.compiling is not None
+        graphs.compiling.join(timeout=900)
     finally:
-        logger.removeHandler(WARMUP_LOG)
-        logger.setLevel(level)
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.removeHandler(WARMUP_LOG)
+            logger.setLevel(level)
     yield eager, compiled
     for engine in (eager, compiled):
         engine.clear(None)
@@ -154,7 +163,7 @@ def test_a_compiled_step_writes_the_live_cache_and_reads_the_buffers_by_referenc
     cache.keys[0].zero_()
     slots.copy_(torch.tensor([9, 10]))
     values.fill_(3.0)
-    out = step(cache)
+    out = step(cache, (slots, values))
     assert out.tolist() == [0.0, 0.0, 24.0, 0.0]
     assert cache.keys[0].view(-1, 4)[9].tolist() == [3.0] * 4
 
@@ -173,8 +182,10 @@ def test_compiled_steps_are_off_with_the_reason(engines: tuple[Engine, Engine]) 
 
 def test_warmup_logs_the_compiled_sizes_or_why_not(engines: tuple[Engine, Engine]) -> None:
     assert "compiled decode steps off: --cpu-graphs not set" in WARMUP_LOG.lines
-    assert any(line.startswith("compiled decode steps: batch sizes [1, 4]")
-               for line in WARMUP_LOG.lines)
+    lines = WARMUP_LOG.lines
+    assert any(line.startswith("compiling decode steps for batch sizes [1, 4]") for line in lines)
+    assert any(line.startswith("compiled decode step for batch size 1 in") for line in lines)
+    assert any(line.startswith("compiled decode steps: batch sizes [1, 4]") for line in lines)
 
 
 def test_the_shard_and_launcher_take_cpu_graphs() -> None:
@@ -192,3 +203,25 @@ def test_the_launcher_passes_cpu_graphs_to_every_shard(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         parse_settings(["--cpu-graphs", "1;4"], {})
     assert "--cpu-graphs takes a comma list" in capsys.readouterr().err
+
+
+def test_until_a_bucket_is_compiled_its_steps_run_eagerly(engines: tuple[Engine, Engine]) -> None:
+    eager, _ = engines
+    kv = eager.runner.kv_cache
+    runner = DecodeGraphRunner(eager.model, BUCKETS, 8, BLOCK)
+    inputs = decode_inputs(eager, 1)
+    runner.expect_compiled(kv)
+    assert runner.expects(kv) and not runner.takes(inputs, kv)
+    runner.add_compiled(1, lambda cache: torch.zeros(1))
+    assert runner.takes(inputs, kv)
+    # A later Warmup lets the cache go: what the thread compiles for it is no longer wanted.
+    runner.release()
+    assert not runner.expects(kv) and not runner.takes(inputs, kv)
+    eager.clear(None)
+
+
+def decode_inputs(engine: Engine, batch_id: int) -> ForwardInputs:
+    """The decode step's inputs of one prefilled request."""
+    req = request(0, [4, 8, 15], max_new=3, block_size=BLOCK, ignore_eos=True, blocks=[1])
+    engine.prefill(pb.PrefillRequest(batch=batch_of(req, batch_id=batch_id)))
+    return engine.cache.get(batch_id).decode_inputs()
