@@ -22,17 +22,34 @@ def no_drain_grace(flags: tuple[str, ...] | list[str]) -> list[str]:
     return [] if "--drain-grace-seconds" in flags else ["--drain-grace-seconds", "0"]
 
 
+# TGI's default prefill budget, for the routers whose test does not set one: unset, the shards
+# measure it at every Warmup (a ladder of prefills, 1-3 s per start on CI's two cores, and a
+# budget that moves with the machine's load); test_http_api's zero-config test measures it.
+PREFILL_TOKENS = "4096"
+
+
+def default_flags(flags: tuple[str, ...], measure_prefill: bool) -> list[str]:
+    """The flags every test router gets unless `flags` set them: no drain grace, and (unless
+    `measure_prefill`) a fixed prefill budget."""
+    fixed = measure_prefill or "--max-batch-prefill-tokens" in flags
+    return [*no_drain_grace(flags), *([] if fixed else ["--max-batch-prefill-tokens",
+                                                        PREFILL_TOKENS])]
+
+
 class RouterProcess:
-    """`RouterProcess(shard, tokenizer_dir, *flags)`; `shard` is a socket path or host:port."""
+    """`RouterProcess(shard, tokenizer_dir, *flags)`; `shard` is a socket path or host:port;
+    `measure_prefill`: the shards measure the prefill budget, as they do for a user who sets
+    none (default_flags)."""
 
     def __init__(
         self, shard: str, tokenizer_dir: Path | str, *flags: str,
-        env: dict[str, str] | None = None, timeout: float = 60.0,
+        env: dict[str, str] | None = None, timeout: float = 60.0, measure_prefill: bool = False,
     ) -> None:
         target = ["--master-shard-address", shard] if ":" in shard and not shard.startswith(
             ("/", "unix:")) else ["--master-shard-uds-path", shard]
         self.argv = [ROUTER, *target, "--tokenizer-name", str(tokenizer_dir),
-                     "--hostname", "127.0.0.1", "--port", "0", *no_drain_grace(flags), *flags]
+                     "--hostname", "127.0.0.1", "--port", "0",
+                     *default_flags(flags, measure_prefill), *flags]
         self.env = {**os.environ, **(env or {})}
         self.timeout = timeout
         self.lines: list[str] = []

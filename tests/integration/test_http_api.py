@@ -421,8 +421,9 @@ LIMITS = ("max_batch_prefill_tokens", "max_batch_total_tokens", "max_total_token
 
 
 def served_limits(shards: ShardProcesses, model: Path, *flags: str) -> tuple[dict[str, int], str]:
-    """/info's four token limits and the router's output, for a router started with `flags`."""
-    with RouterProcess(shards.urls[0], model, *flags) as router:
+    """/info's four token limits and the router's output, for a router started with `flags`
+    (and no others: the prefill budget is measured unless `flags` set it)."""
+    with RouterProcess(shards.urls[0], model, *flags, measure_prefill=True) as router:
         info = httpx.get(f"{router.url}/info", timeout=30).json()
         return {k: info[k] for k in LIMITS}, router.output
 
