@@ -9,7 +9,9 @@ single stream (decode tok/s = 1000 / TPOT p50, TTFT p50), 64 new tokens, greedy,
 each with the CPU time the server's processes spent per output token (robust to the neighbours'
 load, which wall times are not); then the price of k: the TTFT p50 of single requests sent one at a time while another stream
 decodes (a newcomer cuts the Decode call in flight short: it waits for the step in progress,
-not the call's end; the calls cut short are counted from the server's /metrics). Rounds
+not the call's end; the calls cut short are counted from the server's /metrics). With
+`--arrival-rate R`, also an open loop: the concurrent prompts arriving as a Poisson process of R
+requests/s (newcomers keep cutting calls short): output tok/s, TTFT and TPOT p50. Rounds
 alternate the servers' order; every round is kept, with the load average.
 """
 
@@ -26,11 +28,13 @@ from typing import Any
 
 import httpx
 
+from pytgi_bench.benchmark import run_benchmark
 from pytgi_bench.compare.llama_cpp import _load
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
 from pytgi_bench.compare.run import build_prompts
 from pytgi_bench.compare.server_process import PytgiServer
-from pytgi_bench.settings import LengthRange
+from pytgi_bench.settings import LengthRange, LoadSettings
+from pytgi_router.server import run_event_loop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,6 +111,27 @@ def busy_ttft_ms(url: str, prompts: list[str], work: Path, name: str) -> float:
     return float(summary.ttft.p50_ms)
 
 
+def open_loop(url: str, prompts: list[str], new_tokens: int, rate: float, work: Path,
+              name: str) -> dict[str, float]:
+    """`prompts` arriving at `rate` requests/s (Poisson, seeded): output tok/s, TTFT and TPOT
+    p50, and the calls cut short meanwhile."""
+    path = work / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "max_new_tokens": new_tokens}) + "\n"
+                            for p in prompts))
+    settings = LoadSettings(url=url, api="openai-completions", model="demo", prompts_file=path,
+                            tokenizer=DEMO_MODEL, num_requests=len(prompts), request_rate=rate,
+                            warmup=0, progress=False, ignore_eos=True, seed=34)
+    cuts = cut_short_calls(url)
+    (run,) = run_event_loop(run_benchmark(settings)).runs
+    summary = run.summary
+    if summary.failed:
+        raise RuntimeError(f"{name}: {summary.failed} requests failed: {summary.errors}")
+    return {"open_loop_output_tok_s": summary.total_output_tokens / summary.duration_s,
+            "open_loop_ttft_p50_ms": summary.ttft.p50_ms,
+            "open_loop_tpot_p50_ms": summary.tpot.p50_ms,
+            "open_loop_calls_cut_short": cut_short_calls(url) - cuts}
+
+
 def cut_short_calls(url: str) -> float:
     """pytgi_decode_calls_cut_short_total on the server's /metrics (0 if absent)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -124,6 +149,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--single", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--arrival-rate", type=float, default=0.0,
+                        help="requests/s of the open-loop part (0: not run)")
     parser.add_argument("--pytgi-args", default="")
     parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "multi-step")
     parser.add_argument("--out", type=Path, default=None)
@@ -162,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                 numbers["busy_ttft_p50_ms"] = busy_ttft_ms(url, single, args.work_dir,
                                                            f"k{k}.busy")
                 numbers["busy_calls_cut_short"] = cut_short_calls(url) - cuts
+                if args.arrival_rate > 0:
+                    numbers.update(open_loop(url, concurrent, args.new_tokens,
+                                             args.arrival_rate, args.work_dir, f"k{k}.open"))
                 row[str(k)] = numbers
             loads.append(os.getloadavg()[0])
             rounds.append(row)
