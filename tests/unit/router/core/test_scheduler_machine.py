@@ -145,6 +145,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._step()
         self.shard.refuse_next = False
 
+    @rule(after=st.integers(1, 7), prompt=st.lists(st.integers(0, 2), min_size=1, max_size=10),
+          max_new=st.integers(1, 8))
+    def step_with_a_newcomer_mid_call(self, after: int, prompt: list[int], max_new: int) -> None:
+        """One step during which, if it is a multi-step Decode, a request arrives after `after`
+        of its steps (submitted and notified, as Infer does): the call may be cut short there
+        (router/core/call_cutter.py); outputs and KV writes stay as checked everywhere else."""
+
+        def between(done: int) -> None:
+            if done == after:
+                self._submit(prompt, max_new)
+                self.scheduler.notify()
+
+        self.shard.between_steps = between
+        try:
+            self._step()
+        finally:
+            self.shard.between_steps = None
+
     @invariant()
     def a_step_never_holds_more_adapters_than_the_device(self) -> None:
         """--max-loras: the live entries (what the next step carries) use at most that many
