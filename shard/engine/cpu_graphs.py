@@ -95,7 +95,10 @@ def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) ->
         out: torch.Tensor = compiled(*cache.keys, *cache.values, *tensors)
         return out
 
-    with torch.no_grad():
+    # Compiled (its first call) and checked under inference mode, as the runner calls it:
+    # dynamo guards on the inputs' dispatch keys, which inference mode changes, so a step
+    # compiled under no_grad alone would compile again at its first decode step.
+    with torch.inference_mode():
         expected = run(kv_cache, *inputs)
         got = step(kv_cache, inputs)
     if got.shape != expected.shape or not torch.allclose(got, expected, atol=ATOL, rtol=0):
