@@ -48,10 +48,12 @@ MAX_BATCH_PREFILL_TOKENS = 4096
 WAITING_SERVED_RATIO = 0.3
 MAX_WAITING_TOKENS = 20
 # Decode steps one Decode call may run when nothing waits to join (multi-step decode;
-# router/core/decode_steps.py); 1 turns it off. 4: on the demo model on a quiet 2-core CPU it
-# gets the throughput of 8 (single stream 147 vs 149 tok/s, 64 concurrent 1,971 vs 1,961) at
-# a newcomer's TTFT of 42 ms instead of 68 (bench/results/cpu/multi_step_quiet_sweep.json).
-MAX_DECODE_STEPS = 4
+# router/core/decode_steps.py); 1 turns it off. 8: a newcomer cuts a call short (CutShort), so
+# k no longer costs its TTFT (busy-server TTFT 36.6 / 39.2 / 34.5 ms at k = 1 / 4 / 8), and on
+# the demo model on this 2-core CPU 8 decodes a single stream at 135 tok/s against 110 for 4
+# (load 5.3, bench/results/cpu/multi_step_cut_short.json). 16 gains little more and doubles the
+# token bursts, the tokens computed past a cancel and the blocks granted ahead.
+MAX_DECODE_STEPS = 8
 # The most steps a shard runs in one Decode call (a bound on one call's duration, far past where
 # another step still pays); the router's flag is checked against it.
 DECODE_STEPS_LIMIT = 64
