@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.router_process import no_drain_grace
+from tests.router_process import default_flags
 
 START_TIMEOUT = 180.0
 
@@ -65,10 +65,13 @@ class Launcher:
     """A `pytgi-launcher` process on free ports and a private socket directory."""
 
     def __init__(
-        self, *flags: str, env: dict[str, str] | None = None, private: bool = True
+        self, *flags: str, env: dict[str, str] | None = None, private: bool = True,
+        measure_prefill: bool = False,
     ) -> None:
         """`private=False`: the launcher's own default socket path and rendezvous port (derived
-        from the HTTP port / picked free) instead of a private directory and a free port."""
+        from the HTTP port / picked free) instead of a private directory and a free port.
+        `measure_prefill`: the shards measure the prefill budget, as for a user who sets none
+        (else a fixed one, tests/router_process.py's default_flags)."""
         # Unix socket paths must stay short (~107 bytes): not under pytest's deep tmp_path.
         self.workdir = Path(tempfile.mkdtemp(prefix="pytgi-l-", dir="/tmp"))
         self.port = free_port()
@@ -77,7 +80,7 @@ class Launcher:
         own = ["--shard-uds-path", self.uds, "--master-port", str(free_port())] if private else []
         argv = [sys.executable, "-m", "pytgi_launcher.cli", "--hostname", "127.0.0.1",
                 "--port", str(self.port), *own, "--graceful-termination-timeout", "20",
-                *no_drain_grace(flags), *flags]
+                *default_flags(flags, measure_prefill), *flags]
         self.lines: list[str] = []
         self.ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

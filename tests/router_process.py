@@ -29,8 +29,8 @@ PREFILL_TOKENS = "4096"
 
 
 def default_flags(flags: tuple[str, ...], measure_prefill: bool) -> list[str]:
-    """The flags every test router gets unless `flags` set them: no drain grace, and (unless
-    `measure_prefill`) a fixed prefill budget."""
+    """The flags every test router (or launcher) gets unless `flags` set them: no drain grace,
+    and (unless `measure_prefill`) a fixed prefill budget."""
     fixed = measure_prefill or "--max-batch-prefill-tokens" in flags
     return [*no_drain_grace(flags), *([] if fixed else ["--max-batch-prefill-tokens",
                                                         PREFILL_TOKENS])]

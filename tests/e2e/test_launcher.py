@@ -87,8 +87,9 @@ def test_sigterm_drains_and_leaves_no_orphans(tiny_launcher: Launcher) -> None:
 @pytest.fixture(scope="module")
 def demo_launcher() -> Iterator[Launcher]:
     """What `make run` starts (no --model-id: the bundled demo), here on two shards, with TGI's
-    policy of stopping on any death (restarts: tests/reliability/test_shard_restart.py)."""
-    launcher = Launcher("--num-shard", "2", "--max-shard-restarts", "0")
+    policy of stopping on any death (restarts: tests/reliability/test_shard_restart.py), the
+    prefill budget measured as `make run` does."""
+    launcher = Launcher("--num-shard", "2", "--max-shard-restarts", "0", measure_prefill=True)
     try:
         yield launcher.wait_ready()
     finally:
