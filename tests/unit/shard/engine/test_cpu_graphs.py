@@ -28,7 +28,7 @@ from tests.unit.shard.engine.test_engine import MIXED, Run
 from tests.unit.shard.service.test_cli import parse
 
 BLOCK = 4
-BUCKETS = (1, 4)
+BUCKETS = (2,)
 WARMUP = pb.WarmupRequest(max_prefill_tokens=128, max_batch_total_tokens=2048, max_batch_size=8)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
@@ -77,15 +77,15 @@ def engines(tiny_model: Callable[..., Path]) -> Iterator[tuple[Engine, Engine]]:
 
 
 def generate(engine: Engine, texts: list[list[int]], max_new: int = 8) -> Run:
-    """Prefills the first three prompts, decodes a step, joins the rest, decodes to the end."""
+    """Prefills the first two prompts, decodes a step, joins the rest, decodes to the end."""
     reqs = [
         request(i, t, max_new=max_new, block_size=BLOCK, ignore_eos=True, **MIXED[i % len(MIXED)])
         for i, t in enumerate(texts)
     ]
     run = Run(engine)
-    first = run.prefill(batch_of(*reqs[:3], batch_id=10))
+    first = run.prefill(batch_of(*reqs[:2], batch_id=10))
     assert first is not None
-    merged = run.prefill(batch_of(*reqs[3:], batch_id=11), cached=run.decode(first))
+    merged = run.prefill(batch_of(*reqs[2:], batch_id=11), cached=run.decode(first))
     run.finish(merged)
     return run
 
@@ -98,8 +98,8 @@ def test_warmup_compiles_every_bucket(engines: tuple[Engine, Engine]) -> None:
 
 
 def test_compiled_steps_decode_the_eager_engine_s_tokens(engines: tuple[Engine, Engine]) -> None:
-    # Five requests: decode steps of 3 rows (bucket 4, one padding row) then 5 (above the
-    # largest bucket: eager), so both the compiled and the eager path run in one generation.
+    # Five requests: decode steps of 2 rows (bucket 2) then 5 (above the largest bucket:
+    # eager), so both the compiled and the eager path run in one generation.
     texts = [[5, 9, 14], [22, 7], [40, 41, 42, 43, 44, 45, 46], [8], [100, 3, 77, 12]]
     eager, compiled = engines
     plain, fast = generate(eager, texts), generate(compiled, texts)
@@ -109,20 +109,20 @@ def test_compiled_steps_decode_the_eager_engine_s_tokens(engines: tuple[Engine, 
 
 
 def test_a_single_stream_decodes_through_the_compiled_step(engines: tuple[Engine, Engine]) -> None:
-    # One request: every decode step is bucket 1's compiled step, each reading the K/V the
-    # previous compiled steps wrote into the live cache.
+    # One request: every decode step is bucket 2's compiled step (one padding row), each
+    # reading the K/V the previous compiled steps wrote into the live cache.
     eager, compiled = engines
     calls = 0
     graphs = compiled.runner.decode_graphs
     assert graphs is not None
-    step = graphs._compiled[1]
+    step = graphs._compiled[2]
 
     def counted(cache: KVCache) -> torch.Tensor:
         nonlocal calls
         calls += 1
         return step(cache)
 
-    graphs._compiled[1] = counted
+    graphs._compiled[2] = counted
     try:
         texts = [[7, 3, 9, 11, 2, 5]]
         reqs = [request(0, texts[0], max_new=12, block_size=BLOCK, ignore_eos=True)]
@@ -132,7 +132,7 @@ def test_a_single_stream_decodes_through_the_compiled_step(engines: tuple[Engine
             run.finish(run.prefill(batch_of(*reqs, batch_id=20)))
             runs.append(run)
     finally:
-        graphs._compiled[1] = step
+        graphs._compiled[2] = step
     assert calls == 11
     assert runs[1].tokens == runs[0].tokens
 
@@ -183,9 +183,9 @@ def test_compiled_steps_are_off_with_the_reason(engines: tuple[Engine, Engine]) 
 def test_warmup_logs_the_compiled_sizes_or_why_not(engines: tuple[Engine, Engine]) -> None:
     assert "compiled decode steps off: --cpu-graphs not set" in WARMUP_LOG.lines
     lines = WARMUP_LOG.lines
-    assert any(line.startswith("compiling decode steps for batch sizes [1, 4]") for line in lines)
-    assert any(line.startswith("compiled decode step for batch size 1 in") for line in lines)
-    assert any(line.startswith("compiled decode steps: batch sizes [1, 4]") for line in lines)
+    assert any(line.startswith("compiling decode steps for batch sizes [2]") for line in lines)
+    assert any(line.startswith("compiled decode step for batch size 2 in") for line in lines)
+    assert any(line.startswith("compiled decode steps: batch sizes [2]") for line in lines)
 
 
 def test_the_shard_and_launcher_take_cpu_graphs() -> None:
@@ -212,7 +212,7 @@ def test_until_a_bucket_is_compiled_its_steps_run_eagerly(engines: tuple[Engine,
     inputs = decode_inputs(eager, 1)
     runner.expect_compiled(kv)
     assert runner.expects(kv) and not runner.takes(inputs, kv)
-    runner.add_compiled(1, lambda cache: torch.zeros(1))
+    runner.add_compiled(2, lambda cache: torch.zeros(1))
     assert runner.takes(inputs, kv)
     # A later Warmup lets the cache go: what the thread compiles for it is no longer wanted.
     runner.release()
