@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import fx
@@ -48,7 +49,7 @@ ATOL = 1e-3
 # (1 thread, load ~3), for a longer compile (background). Measured and not taken: freezing
 # (weights folded and prepacked for oneDNN: 27.8 vs 26.5 ms at batch 64, 3.48 vs 3.28 at 1) and
 # max_autotune with the C++ GEMM template (the same ATen matmuls were chosen).
-INDUCTOR_OPTIONS = {"cpp_wrapper": True}
+INDUCTOR_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {"cpp_wrapper": True}
 
 # A compiled step: the logits of the bucket's forward over the given cache.
 Step = Callable[[KVCache], torch.Tensor]
