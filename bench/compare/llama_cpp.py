@@ -45,7 +45,7 @@ from pytgi_bench.compare.llama_cpp_build import (
 )
 from pytgi_bench.compare.llama_cpp_server import DEFAULT_ARGS, LlamaCppServer
 from pytgi_bench.compare.run import build_prompts
-from pytgi_bench.compare.server_process import PytgiServer, ServerStartError
+from pytgi_bench.compare.server_process import PytgiServer, ServerStartError, wait_compiled
 from pytgi_bench.settings import LengthRange, LoadSettings
 from pytgi_bench.summary import Summary
 from pytgi_router.server import run_event_loop
@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with pytgi, llama:
             urls = {"pytgi": pytgi.url, "llama.cpp": llama.url}
+            if "--cpu-graphs" in args.pytgi_args:
+                # Compiled after Warmup, in the background: no round may time the eager fallback.
+                wait_compiled(pytgi)
             checked = check_same_inputs(llama.url, prompts)
             agreement = greedy_agreement(urls, warm, args.new_tokens)
             for system, url in urls.items():  # untimed: connections, allocators, first steps

@@ -179,3 +179,15 @@ class PytgiServer(ServerProcess):
 
     def _stopped(self) -> None:
         self.pid_path.unlink(missing_ok=True)
+
+
+def wait_compiled(server: PytgiServer, timeout_s: float = 1800.0) -> float:
+    """Seconds until the server's shard logged its compiled steps done (or refused): they are
+    compiled after Warmup, in the background, and a round must not time the eager fallback."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < timeout_s:
+        text = server.log_path.read_text(errors="replace")
+        if "compiled decode steps: batch sizes" in text or "compiled decode steps off" in text:
+            return time.perf_counter() - start
+        time.sleep(2.0)
+    raise TimeoutError(f"no compiled decode steps after {timeout_s:.0f} s; see {server.log_path}")

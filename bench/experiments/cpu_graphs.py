@@ -24,7 +24,7 @@ from typing import Any
 from pytgi_bench.compare.llama_cpp import _load
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
 from pytgi_bench.compare.run import build_prompts
-from pytgi_bench.compare.server_process import PytgiServer
+from pytgi_bench.compare.server_process import PytgiServer, wait_compiled
 from pytgi_bench.experiments.cpu_multi_step import busy_ttft_ms, one_round
 from pytgi_bench.settings import LengthRange
 
@@ -38,18 +38,6 @@ def variants(text: str) -> dict[str, list[str]]:
         name, _, flags = part.partition("=")
         out[name.strip()] = flags.split()
     return out
-
-
-def wait_compiled(server: PytgiServer, timeout_s: float = 1800.0) -> float:
-    """Seconds until the server's shard logged its compiled steps done (or refused): they are
-    compiled after Warmup, in the background, and a round must not time the eager fallback."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < timeout_s:
-        text = server.log_path.read_text(errors="replace")
-        if "compiled decode steps: batch sizes" in text or "compiled decode steps off" in text:
-            return time.perf_counter() - start
-        time.sleep(2.0)
-    raise TimeoutError(f"no compiled decode steps after {timeout_s:.0f} s; see {server.log_path}")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
