@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     engine = load_engine(settings)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
     _warmup(engine, max(sizes), args.input_len)
+    graphs = engine.runner.decode_graphs
+    if graphs is not None and graphs.compiling is not None:
+        graphs.compiling.join()  # --cpu-graphs compile after Warmup: time the compiled steps
     choice = {"both": (False, True), "on": (True,), "off": (False,)}
     rows = measure_all(engine, sizes, args.input_len, args.steps, choice[args.overlap],
                        choice[args.timeline])
