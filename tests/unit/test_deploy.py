@@ -197,6 +197,9 @@ def test_make_run_serves_the_demo_on_8080() -> None:
     assert re.search(r"^PORT \?= 8080$", makefile, re.M)
     recipe = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
     assert "pytgi-launcher --port $(PORT)" in recipe and "--model-id" not in recipe
+    # A newcomer's first server compiles its small decode steps (README: --cpu-graphs).
+    assert "--cpu-graphs $(CPU_GRAPHS)" in recipe
+    assert re.search(r"^CPU_GRAPHS \?= 1,2,4,8$", makefile, re.M)
 
 
 def pod_labels(doc: dict[str, Any]) -> dict[str, str]:
