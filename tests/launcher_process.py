@@ -20,6 +20,10 @@ from pathlib import Path
 from tests.router_process import default_flags
 
 START_TIMEOUT = 180.0
+# One intra-op thread per process the launcher starts, as tests/shard_process.py gives its
+# shards: on CI's two cores, shared with the other test worker, a shard's torch threads spin
+# waiting for each other on tiny tensors (several times the work's time).
+CHILD_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 def free_port() -> int:
@@ -85,7 +89,8 @@ class Launcher:
         self.ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                          **CHILD_THREADS, **(env or {})})
         threading.Thread(target=self._read, daemon=True).start()
         self.children: set[int] = set()
 
