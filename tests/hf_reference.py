@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -35,4 +36,27 @@ def hf_greedy(
     logprobs = [
         torch.log_softmax(s[0], -1)[t].item() for s, t in zip(out.logits, tokens, strict=False)
     ]
+    return tokens, logprobs
+
+
+def hf_vlm_greedy(
+    model_path: Path, prompt: list[int], max_new: int, **inputs: torch.Tensor
+) -> tuple[list[int], list[float]]:
+    """A vision-language checkpoint's greedy tokens after `prompt` (the image tokens already in
+    it) and each one's logprob under the raw logits, EOS ignored: AutoModelForImageTextToText's
+    generate, float32 and eager attention, with the processed images and whatever else the
+    family reads (`inputs`: pixel_values, image_grid_thw, token_type_ids ...)."""
+    from transformers import AutoModelForImageTextToText
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForImageTextToText.from_pretrained(
+            model_path, dtype=torch.float32, attn_implementation="eager").eval()
+    model.generation_config.eos_token_id = None
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True, **inputs)
+    tokens = out.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
+                for s, t in zip(out.logits, tokens, strict=True)]
     return tokens, logprobs

@@ -14,6 +14,7 @@ import torch
 from PIL import Image as PILImage
 
 from pytgi_proto import generate_pb2 as pb
+from tests.hf_reference import hf_vlm_greedy
 
 
 def picture(size: tuple[int, int], seed: int) -> PILImage.Image:
@@ -79,21 +80,7 @@ def wire_images(prompt: Prompt) -> list[pb.Image]:
 
 
 def hf_generate(path: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
-    """transformers' generate (Idefics3 / SmolVLMForConditionalGeneration), greedy, EOS ignored: tokens
-    and each one's logprob."""
-    from transformers import AutoModelForImageTextToText
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForImageTextToText.from_pretrained(
-            path, dtype=torch.float32, attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None
+    """transformers' generate (Idefics3 / SmolVLMForConditionalGeneration), greedy, EOS ignored:
+    tokens and each one's logprob."""
     kwargs = {} if prompt.pixel_values is None else {"pixel_values": prompt.pixel_values[None]}
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=max_new,
-                             do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt.ids):].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
-                for s, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
+    return hf_vlm_greedy(path, prompt.ids, max_new, **kwargs)

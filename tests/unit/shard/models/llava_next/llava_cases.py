@@ -10,6 +10,7 @@ import torch
 from PIL import Image as PILImage
 
 from pytgi_proto import generate_pb2 as pb
+from tests.hf_reference import hf_vlm_greedy
 from tests.vision_checkpoints import LLAVA_IMAGE_TOKEN
 
 
@@ -113,15 +114,6 @@ def stacked(images: list[Processed], llava: bool = False) -> dict[str, torch.Ten
 def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
     """transformers' LlavaNextForConditionalGeneration.generate, greedy, EOS ignored: tokens
     and each one's logprob under the raw logits."""
-    model = hf_model(model_dir)
-    model.generation_config.eos_token_id = None
     images = [i for _, i in prompt.images]
     kwargs = stacked(images, is_llava(model_dir)) if images else {}
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=max_new,
-                             do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt.ids):].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
-                for s, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
+    return hf_vlm_greedy(model_dir, prompt.ids, max_new, **kwargs)

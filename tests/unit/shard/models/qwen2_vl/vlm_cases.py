@@ -11,6 +11,7 @@ import torch
 from PIL import Image as PILImage
 
 from pytgi_proto import generate_pb2 as pb
+from tests.hf_reference import hf_vlm_greedy
 
 MERGE = 2
 
@@ -83,11 +84,6 @@ def wire_images(prompt: Prompt) -> list[pb.Image]:
 def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
     """transformers' Qwen2VLForConditionalGeneration.generate (Qwen2_5_VL... for that family),
     greedy, EOS ignored: tokens and each one's logprob under the raw logits."""
-    from transformers import AutoModelForImageTextToText
-
-    model = AutoModelForImageTextToText.from_pretrained(
-        model_dir, torch_dtype=torch.float32, attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None
     kwargs: dict[str, torch.Tensor] = {}
     if prompt.images:
         kwargs["pixel_values"] = torch.cat([i.pixel_values for _, i in prompt.images])
@@ -96,11 +92,4 @@ def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int
         for offset, image in prompt.images:
             types[0, offset : offset + image.tokens] = 1
         kwargs["mm_token_type_ids"] = types
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=max_new,
-                             do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt.ids):].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
-                for s, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
+    return hf_vlm_greedy(model_dir, prompt.ids, max_new, **kwargs)

@@ -13,6 +13,7 @@ import torch
 from PIL import Image as PILImage
 
 from pytgi_proto import generate_pb2 as pb
+from tests.hf_reference import hf_vlm_greedy
 from tests.siglip_models import load_processor
 
 
@@ -89,22 +90,8 @@ def wire_images(prompt: Prompt) -> list[pb.Image]:
 def hf_generate(model_dir: Path, prompt: Prompt, max_new: int) -> tuple[list[int], list[float]]:
     """transformers' generate (PaliGemma / Gemma3ForConditionalGeneration), greedy, EOS
     ignored, with the processor's token_type_ids: tokens and each one's logprob."""
-    from transformers import AutoModelForImageTextToText
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = AutoModelForImageTextToText.from_pretrained(
-            model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-    model.generation_config.eos_token_id = None
     kwargs: dict[str, torch.Tensor] = {
         "token_type_ids": torch.tensor([prompt.token_type_ids])}
     if prompt.pixel_values is not None:
         kwargs["pixel_values"] = prompt.pixel_values
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt.ids]), max_new_tokens=max_new,
-                             do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, **kwargs)
-    tokens = out.sequences[0, len(prompt.ids):].tolist()
-    logprobs = [torch.log_softmax(s[0].float(), -1)[t].item()
-                for s, t in zip(out.logits, tokens, strict=True)]
-    return tokens, logprobs
+    return hf_vlm_greedy(model_dir, prompt.ids, max_new, **kwargs)
