@@ -82,6 +82,16 @@ class RouterProcess:
     def output(self) -> str:
         return "".join(self.lines)
 
+    def logged(self, text: str, timeout: float = 10.0) -> bool:
+        """Whether the router's output has `text`, waiting for it up to `timeout`: a line the
+        router logged before answering may still be in the pipe when the answer arrives."""
+        deadline = time.monotonic() + timeout
+        while text not in self.output:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     def signal(self, sig: int = signal.SIGTERM) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)

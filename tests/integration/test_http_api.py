@@ -251,9 +251,11 @@ def test_concurrent_streams_interleave_and_match_solo_runs(
 
     together = asyncio.run(main())
     assert together == solo
-    # Interleaved: the arrival order switches request far more often than 16 back-to-back runs.
+    # Interleaved: the arrival order switches request far more often than 16 back-to-back runs
+    # (15 switches). A multi-step call delivers each stream's tokens in bursts of up to
+    # --max-decode-steps (8): 16 tokens in ~3 bursts per stream, ~48 switches.
     switches = sum(a != b for a, b in zip(arrivals, arrivals[1:], strict=False))
-    assert switches > 4 * len(prompts)
+    assert switches > 2 * len(prompts)
 
 
 # ---- bad inputs --------------------------------------------------------------------------------
