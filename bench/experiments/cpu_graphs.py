@@ -23,10 +23,14 @@ from typing import Any
 
 from pytgi_bench.compare.llama_cpp import _load
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
-from pytgi_bench.compare.run import build_prompts
 from pytgi_bench.compare.server_process import PytgiServer, wait_compiled
-from pytgi_bench.experiments.cpu_multi_step import busy_ttft_ms, one_round
-from pytgi_bench.settings import LengthRange
+from pytgi_bench.experiments.cpu_multi_step import (
+    busy_ttft_ms,
+    one_round,
+    save,
+    workload_args,
+    workload_prompts,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,11 +47,7 @@ def variants(text: str) -> dict[str, list[str]]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default="eager=;graphs=--cpu-graphs 1,2,4,8,16,32,64")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--single", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=2)
+    workload_args(parser)
     parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "cpu-graphs")
     parser.add_argument("--out", type=Path, default=None)
     return parser.parse_args(argv)
@@ -57,11 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     flags = variants(args.variants)
-    prompts = [t for t, _ in build_prompts(DEMO_MODEL, args.requests + args.single + 4,
-                                           LengthRange(16, 64), seed=34)]
-    concurrent = prompts[:args.requests]
-    single = prompts[args.requests:args.requests + args.single]
-    warm = prompts[-4:]
+    concurrent, single, warm = workload_prompts(args)
     servers = {name: PytgiServer(DEMO_MODEL, args.work_dir / f"pytgi-{name}.log",
                                  threads=args.threads, extra_args=argv_)
                for name, argv_ in flags.items()}
@@ -102,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
                            "new_tokens": args.new_tokens, "single": args.single},
               "rounds": rounds, "medians": medians}
     print(json.dumps({"start_s": start_s, "medians": medians}, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save(result, args.out)
     return 0
 
 

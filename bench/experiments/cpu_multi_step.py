@@ -141,14 +141,36 @@ def cut_short_calls(url: str) -> float:
     return 0.0
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", default="1,8", help="--max-decode-steps of each server")
+def workload_args(parser: argparse.ArgumentParser) -> None:
+    """The issue's workload's options, shared by the CPU experiments that run servers side by
+    side (this one, cpu_graphs)."""
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--single", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+
+
+def workload_prompts(args: argparse.Namespace) -> tuple[list[str], list[str], list[str]]:
+    """The concurrent prompts, the single-stream ones and 4 for an untimed warm-up: U[16, 64)
+    tokens, seed 34, as pytgi_bench.compare.llama_cpp draws them."""
+    prompts = [t for t, _ in build_prompts(DEMO_MODEL, args.requests + args.single + 4,
+                                           LengthRange(16, 64), seed=34)]
+    return (prompts[:args.requests], prompts[args.requests:args.requests + args.single],
+            prompts[-4:])
+
+
+def save(result: dict[str, Any], out: Path | None) -> None:
+    """The run's JSON at `out` (nothing when None)."""
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", default="1,8", help="--max-decode-steps of each server")
+    workload_args(parser)
     parser.add_argument("--arrival-rate", type=float, default=0.0,
                         help="requests/s of the open-loop part (0: not run)")
     parser.add_argument("--pytgi-args", default="")
@@ -161,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     steps = [int(s) for s in args.steps.split(",")]
-    prompts = [t for t, _ in build_prompts(DEMO_MODEL, args.requests + args.single + 4,
-                                           LengthRange(16, 64), seed=34)]
-    concurrent = prompts[:args.requests]
-    single = prompts[args.requests:args.requests + args.single]
-    warm = prompts[-4:]
+    concurrent, single, warm = workload_prompts(args)
     servers = {k: PytgiServer(DEMO_MODEL, args.work_dir / f"pytgi-k{k}.log", threads=args.threads,
                               extra_args=[*args.pytgi_args.split(), "--max-decode-steps", str(k)])
                for k in steps}
@@ -208,9 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                            "new_tokens": args.new_tokens, "single": args.single},
               "rounds": rounds, "medians": medians}
     print(json.dumps(medians, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save(result, args.out)
     return 0
 
 
