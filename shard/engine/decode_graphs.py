@@ -22,9 +22,10 @@ runner hands the hook's tensor over itself: with a `tap`, the capture arms it ov
 and keeps the hidden-state tensor the hook saw, which lives in the graph's memory and holds each
 replay's hidden states; after a replay the tap gets that tensor and the buffers' slots.
 
-On a CPU there are no graphs to capture; `capture` compiles each bucket's padded forward instead
-(--cpu-graphs, shard/engine/cpu_graphs.py) and `forward` calls the compiled step where a GPU
-replays: the same buckets, buffers, padding and static context. When either is off, and why:
+On a CPU there are no graphs to capture; each bucket's padded forward is compiled instead
+(--cpu-graphs: `compile_bucket`, shard/engine/cpu_graphs.py, after Warmup on a thread,
+shard/engine/background_compile.py) and `forward` calls the compiled step where a GPU replays:
+the same buckets, buffers, padding and static context. When either is off, and why:
 shard/engine/graphs_off.py.
 
 A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
@@ -318,9 +319,6 @@ class DecodeGraphRunner:
         (the tensor-parallel collectives are captured into the graphs).
         """
         device = self.model.device
-        if device.type == "cpu":
-            self._compile(kv_cache)
-            return
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
         self.release()
@@ -355,19 +353,6 @@ class DecodeGraphRunner:
             "captured decode graphs %s in %.1f s", list(self.buckets), time.perf_counter() - start
         )
 
-    def _compile(self, kv_cache: KVCache) -> None:
-        """A CPU's counterpart of `capture`: every bucket's step compiled over `kv_cache`,
-        smallest first, before it returns (Warmup compiles in the background instead:
-        cpu_graphs.BackgroundCompile); NotCompilable, none kept, as `compile_bucket`."""
-        self.release()
-        self._captured_cache = kv_cache
-        try:
-            for bucket in self.buckets:
-                self.add_compiled(bucket, self.compile_bucket(bucket, kv_cache))
-        except BaseException:
-            self.release()
-            raise
-
     def compile_bucket(self, bucket: int, kv_cache: KVCache) -> Step:
         """The bucket's compiled step over `kv_cache` (shard/engine/cpu_graphs.py), traced over
         buffers of its own, so that steps may run over the runner's meanwhile; NotCompilable
@@ -385,8 +370,8 @@ class DecodeGraphRunner:
         return lambda cache: step(cache, live)
 
     def add_compiled(self, bucket: int, step: Step) -> None:
-        """Decode steps of `bucket` run `step` from now on (over the cache `_compile` or
-        `expect_compiled` named: a step is bound to the cache it was compiled over)."""
+        """Decode steps of `bucket` run `step` from now on (over the cache `expect_compiled`
+        named: a step is bound to the cache it was compiled over)."""
         self._compiled[bucket] = step
 
     def expect_compiled(self, kv_cache: KVCache) -> None:
