@@ -25,6 +25,7 @@ import torch
 import torch.multiprocessing as mp
 
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
+from pytgi_bench.experiments.cpu_multi_step import save
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.engine.cut_short import CutShort
 from pytgi_shard.engine.multi_step import decode_steps
@@ -109,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
               "load_average": [before, os.getloadavg()[0]], "steps_per_call": args.steps,
               "calls": args.calls, "by_batch": result}
     print(json.dumps(report, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    save(report, args.out)
     return 0
 
 

@@ -21,7 +21,7 @@ from pytgi_bench.compare.llama_cpp import _load
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
 from pytgi_bench.compare.run import build_prompts
 from pytgi_bench.compare.server_process import PytgiServer
-from pytgi_bench.experiments.cpu_multi_step import busy_ttft_ms, cut_short_calls
+from pytgi_bench.experiments.cpu_multi_step import busy_ttft_ms, cut_short_calls, save
 from pytgi_bench.settings import LengthRange
 
 PACKAGES = {"pytgi_proto": "proto", "pytgi_router": "router", "pytgi_shard": "shard",
@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
               "medians": {key: statistics.median(r[key] for r in rounds) for key in rounds[0]},
               "calls_cut_short": cuts, "rounds": rounds}
     print(json.dumps(result, indent=1))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save(result, args.out)
     return 0
 
 
