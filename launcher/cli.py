@@ -14,7 +14,7 @@ from typing import Any
 
 from pytgi_launcher.settings import DEMO_MODEL, LauncherSettings
 from pytgi_proto.cli_env import env_values, parse_bool, resolve_input_length_alias
-from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES, MAX_DECODE_STEPS
+from pytgi_proto.contracts import DEFAULT_UDS_PATH, DTYPES, MAX_DECODE_CALL_MS, MAX_DECODE_STEPS
 from pytgi_proto.version import add_version_flag
 from pytgi_router.http.media.flags import ALLOW_MEDIA_URLS_HELP, MEDIA_FLAGS
 from pytgi_router.http.reasoning.registry import NO_PARSER, PARSER_NAMES
@@ -77,6 +77,9 @@ _VALUED: list[tuple[str, Any, str]] = [
      "nothing waits to join (the router's turn and the gRPC round trip paid once per that many "
      "tokens; a request arriving meanwhile waits for the call's end); 1: one step per call "
      f"(default {MAX_DECODE_STEPS})"),
+    ("--max-decode-call-ms", int, "the longest a multi-step call is planned to run: its steps "
+     "are as many as fit at the last call's time per step, bounding a stream's token bursts "
+     f"and the tokens computed past a cancel; 0: no bound (default {MAX_DECODE_CALL_MS})"),
     ("--max-batch-size", int, "hard cap on requests per batch"),
     ("--max-queue-size", int, "waiting requests before 429, < --max-concurrent-requests "
      "(default: none, the permits bound queued + running)"),

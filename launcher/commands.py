@@ -106,6 +106,7 @@ def router_argv(s: LauncherSettings, model_path: Path) -> list[str]:
         "--waiting-served-ratio", str(s.waiting_served_ratio),
         "--max-waiting-tokens", str(s.max_waiting_tokens),
         "--max-decode-steps", str(s.max_decode_steps),
+        "--max-decode-call-ms", str(s.max_decode_call_ms),
         "--prefix-caching", "true" if s.prefix_caching else "false",
         "--max-client-batch-size", str(s.max_client_batch_size),
         "--payload-limit", str(s.payload_limit),

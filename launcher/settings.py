@@ -72,6 +72,7 @@ class LauncherSettings:
     max_batch_total_tokens: int | None = None
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     max_decode_steps: int = c.MAX_DECODE_STEPS
+    max_decode_call_ms: int = c.MAX_DECODE_CALL_MS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
     # The router reuses the KV of prompt prefixes already computed (TGI's PREFIX_CACHING).
@@ -182,6 +183,8 @@ class LauncherSettings:
         if not 1 <= self.max_decode_steps <= c.DECODE_STEPS_LIMIT:
             out.append(f"--max-decode-steps must be in 1..{c.DECODE_STEPS_LIMIT}, got "
                        f"{self.max_decode_steps}")
+        if self.max_decode_call_ms < 0:
+            out.append(f"--max-decode-call-ms must be >= 0, got {self.max_decode_call_ms}")
         if self.max_stop_sequences < 0 or self.max_top_n_tokens < 0 or self.max_waiting_tokens < 0:
             out.append("--max-stop-sequences, --max-top-n-tokens, --max-waiting-tokens must be >= 0")
         if self.reasoning_parser not in (None, NO_PARSER, *PARSER_NAMES):

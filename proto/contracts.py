@@ -48,12 +48,17 @@ MAX_BATCH_PREFILL_TOKENS = 4096
 WAITING_SERVED_RATIO = 0.3
 MAX_WAITING_TOKENS = 20
 # Decode steps one Decode call may run when nothing waits to join (multi-step decode;
-# router/core/decode_steps.py); 1 turns it off. 8: a newcomer cuts a call short (CutShort), so
-# k no longer costs its TTFT (busy-server TTFT 36.6 / 39.2 / 34.5 ms at k = 1 / 4 / 8), and on
-# the demo model on this 2-core CPU 8 decodes a single stream at 135 tok/s against 110 for 4
-# (load 5.3, bench/results/cpu/multi_step_cut_short.json). 16 gains little more and doubles the
-# token bursts, the tokens computed past a cancel and the blocks granted ahead.
-MAX_DECODE_STEPS = 8
+# router/core/decode_steps.py); 1 turns it off. A newcomer cuts a call short (CutShort), so k
+# does not cost its TTFT; what k still costs (a stream's tokens arrive in bursts of a call, a
+# cancelled request computes to the call's end, blocks are granted ahead for every step) grows
+# with the call's duration, which MAX_DECODE_CALL_MS bounds. 32: with compiled steps the demo
+# model's single stream on this 2-core CPU decodes at 421-440 tok/s against 327-390 for 8
+# (2.2 ms steps, a call's round trip ~2.5 ms; bench/results/cpu/decode_call_budget.json).
+MAX_DECODE_STEPS = 32
+# The longest a multi-step call is planned to run: its steps are as many as fit at the last
+# call's time per step, so a stream's bursts stay under ~this whatever the model's step time
+# (the demo model's batch of 64 at ~30 ms a step: 3 steps; a single stream at 2.2 ms: 32).
+MAX_DECODE_CALL_MS = 100
 # The most steps a shard runs in one Decode call (a bound on one call's duration, far past where
 # another step still pays); the router's flag is checked against it.
 DECODE_STEPS_LIMIT = 64

@@ -54,7 +54,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"(default {_default('--max-decode-steps')}) decode steps one shard call may run "
              "back to back while nothing waits to join (no queue, no prompt chunk, blocks for "
              "every step): the router's turn and the gRPC round trip are paid once per that many "
-             "tokens; a request arriving meanwhile waits for the call's end; 1: one step per call")
+             "tokens; a request arriving meanwhile cuts the call short; 1: one step per call")
+    add("--max-decode-call-ms", type=int,
+        help=f"(default {_default('--max-decode-call-ms')}) the longest a multi-step call is "
+             "planned to run: its steps are as many as fit at the last call's time per step, "
+             "bounding a stream's token bursts and the tokens computed past a cancel; 0: no bound")
     add("--prefix-caching", type=parse_bool, metavar="{true,false}",
         help="reuse the KV of prompt prefixes already computed (default true; env "
              "PREFIX_CACHING)")

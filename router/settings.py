@@ -60,6 +60,8 @@ class RouterSettings:
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     # Decode steps one Decode call may run when nothing waits to join (1: one per call).
     max_decode_steps: int = c.MAX_DECODE_STEPS
+    # The longest a multi-step call is planned to run (0: no bound).
+    max_decode_call_ms: int = c.MAX_DECODE_CALL_MS
     max_batch_size: int | None = None
     max_queue_size: int | None = None
     # Reuse the KV of prompt prefixes already computed (TGI's PREFIX_CACHING).
@@ -145,6 +147,8 @@ class RouterSettings:
         if not 1 <= self.max_decode_steps <= c.DECODE_STEPS_LIMIT:
             out.append(f"--max-decode-steps must be in 1..{c.DECODE_STEPS_LIMIT}, got "
                        f"{self.max_decode_steps}")
+        if self.max_decode_call_ms < 0:
+            out.append(f"--max-decode-call-ms must be >= 0, got {self.max_decode_call_ms}")
         out += media_limit_problems(self.media_limits(), self.payload_limit)
         return out
 
@@ -169,6 +173,7 @@ class RouterSettings:
             waiting_served_ratio=self.waiting_served_ratio,
             max_waiting_tokens=self.max_waiting_tokens,
             max_decode_steps=self.max_decode_steps,
+            max_decode_call_ms=self.max_decode_call_ms,
             max_input_tokens=self.max_input_tokens,
             max_total_tokens=self.max_total_tokens,
             max_queue_size=self.max_queue_size,

@@ -35,7 +35,7 @@ import grpc
 from pytgi_bench.compare.llama_cpp import _load
 from pytgi_bench.compare.llama_cpp_build import DEMO_MODEL
 from pytgi_bench.compare.run import build_prompts
-from pytgi_bench.compare.server_process import PytgiServer
+from pytgi_bench.compare.server_process import PytgiServer, wait_compiled
 from pytgi_bench.compare.timeline_summary import read_timeline, summarize, within
 from pytgi_bench.settings import LengthRange
 from pytgi_proto import generate_pb2, generate_pb2_grpc
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     windows: list[tuple[str, int, int]] = []
     rpc: list[float] = []
     with server:
+        if "--cpu-graphs" in args.pytgi_args:
+            wait_compiled(server)  # time the compiled steps, not the eager ones before them
         socket = shard_socket(server._uds, 0)
         _load(server.url, prompts[-4:], args.new_tokens, None, args.work_dir, "warm")
         for _ in range(args.rounds):

@@ -1,11 +1,13 @@
-"""Cutting a multi-step Decode call short for a newcomer (the router's side of CutShort).
+"""Cutting a multi-step Decode call short for a newcomer or a cancel (the router's side of
+CutShort).
 
 A Decode call of k steps (router/core/decode_steps.py) runs in the shards while the router
 waits. A request admitted to the queue meanwhile would wait for the call's last step; instead
 the router sends CutShort with the call's id to every rank, the shards stop after the step they
 are on (shard/engine/cut_short.py) and answer the steps done (`step_sizes`), routed as any
 answer; the next call then prefills the newcomer. So k can be large without a newcomer paying
-up to k - 1 steps of TTFT.
+up to k - 1 steps of TTFT. A running request cancelled meanwhile cuts the call short too: it
+would compute to the call's end for nobody, holding its blocks.
 
 At most one CutShort per call, sent without blocking the submit that triggered it; its failure
 only means the call runs to its end (the call itself reports a lost shard).
@@ -61,11 +63,23 @@ class CallCutter:
         call_id, since = cuttable
         if not cut_short_wanted(self.budgets, running, waiting, since):
             return False
+        self._cut(call_id)
+        return True
+
+    def cancelled(self) -> bool:
+        """A running request was cancelled: cuts the call in flight short (its later steps
+        would compute the request's tokens for nobody); True when a CutShort was sent."""
+        if self._cuttable is None:
+            return False
+        self._cut(self._cuttable[0])
+        return True
+
+    def _cut(self, call_id: int) -> None:
+        """Sends the call's one CutShort without waiting for it."""
         self._cuttable = None
         task = asyncio.ensure_future(self._send(call_id))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
-        return True
 
     async def _send(self, call_id: int) -> None:
         try:

@@ -17,6 +17,13 @@ Nothing changes between steps when:
   call. When the pool can spare them, the rows' blocks are grown to cover `max_steps` steps
   (granted with the call); otherwise k is what the blocks already held cover.
 
+How long a call runs matters too: a stream's tokens reach the router only at the call's end
+(its bursts), and a request cancelled mid-call computes to the end. So k is also bounded by
+time (`steps_in_time`): as many steps as `max_decode_call_ms` holds at the last call's time per
+step, scaled up by the rows the batch gained since; one step until a call was timed. A small
+model's fast steps then run many per call (the round trip is most of their cost) and a large
+model's slow ones few (the round trip is noise beside them).
+
 Everything else the router does per token (stop sequences, grammars, max_new_tokens and EOS are
 decided in the shards; the router only routes the Generations) works the same across a call:
 a row that finishes mid-call leaves the shards' batch as in any step and its later steps carry
@@ -29,6 +36,7 @@ shards stop after the step they are on and the next call prefills the newcomer.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.request import Entry
@@ -56,6 +64,27 @@ def steps_wanted(
         # Closed only until max_waiting_tokens steps passed since the last admission.
         most = min(most, budgets.max_waiting_tokens - steps_since_admission)
     return max(most, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """A timed Decode call's wall time per step (the round trip included) over its rows."""
+
+    seconds: float
+    rows: int
+
+
+def steps_in_time(most: int, call_ms: int, last: StepTime | None, rows: int) -> int:
+    """Of `most` steps, as many as a call of `call_ms` holds at `last`'s time per step, scaled
+    by the rows added since (a step's time grows at most in proportion to its rows); 1 until a
+    call was timed (a first call of a slow model must not run `most` steps); `most` when
+    `call_ms` is 0 (no bound)."""
+    if call_ms <= 0 or most <= 1:
+        return most
+    if last is None:
+        return 1
+    per_step = last.seconds * max(1.0, rows / max(last.rows, 1))
+    return max(1, min(most, int(call_ms / 1e3 / per_step)))
 
 
 def cut_short_wanted(

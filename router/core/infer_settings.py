@@ -26,6 +26,8 @@ class InferSettings:
     max_waiting_tokens: int = c.MAX_WAITING_TOKENS
     # Decode steps per Decode call when nothing waits to join (router/core/decode_steps.py).
     max_decode_steps: int = c.MAX_DECODE_STEPS
+    # The longest a multi-step call is planned to run, in ms (0: no bound).
+    max_decode_call_ms: int = c.MAX_DECODE_CALL_MS
     max_input_tokens: int | None = None  # None → from Warmup
     max_total_tokens: int | None = None  # None → from Warmup
     # Bound on waiting (not yet running) requests, below max_concurrent_requests: a queued
@@ -56,6 +58,7 @@ class InferSettings:
                 ("waiting_served_ratio", self.waiting_served_ratio, 0),
                 ("max_waiting_tokens", self.max_waiting_tokens, 0),
                 ("max_decode_steps", self.max_decode_steps, 1),
+                ("max_decode_call_ms", self.max_decode_call_ms, 0),
                 ("max_input_tokens", self.max_input_tokens, 1),
                 ("max_total_tokens", self.max_total_tokens, 2),
                 ("max_queue_size", self.max_queue_size, 1),

@@ -103,6 +103,11 @@ class RequestStream:
                 await waiter
             finally:
                 self._waiter = None
+            # Woken by the batching task's push: it is about to send the next shard call, whose
+            # gRPC task was queued after this wake-up. Yielding once more lets that call go out
+            # first, so the shards compute the next step while the readers write their events
+            # (without it, a single stream's shard waited ~2 ms a call for the SSE writes).
+            await asyncio.sleep(0)
 
     def cancel(self) -> None:
         """The client went away: the request leaves the queue or its batch (idempotent), and

@@ -26,7 +26,7 @@ from opentelemetry.trace import Link
 from pytgi_proto import generate_pb2
 from pytgi_router.core.batch_wire import build_batch
 from pytgi_router.core.call_cutter import CallCutter
-from pytgi_router.core.decode_steps import grow_for_steps, steps_wanted
+from pytgi_router.core.decode_steps import StepTime, grow_for_steps, steps_in_time, steps_wanted
 from pytgi_router.core.errors import GenerationError
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue
@@ -120,6 +120,8 @@ class Scheduler:
         self._cutter = CallCutter(client, budgets)
         # Steps the last Decode answer ran, and whether it left a batch.
         self._decoded: tuple[int, bool] = (1, False)
+        # The last Decode call's time per step, for the next call's steps (steps_in_time).
+        self._step_time: StepTime | None = None
 
     def notify(self) -> None:
         """Work arrived (a submit): a multi-step Decode call in flight stops after its current
@@ -129,11 +131,13 @@ class Scheduler:
 
     def cancel(self, entry_id: int) -> None:
         """A client cancelled: out of the queue now, or out of the live set after this step
-        (its blocks may still be written by the step in flight until then)."""
+        (its blocks may still be written by the step in flight until then; a multi-step call
+        in flight is cut short after it)."""
         if self.queue.remove(entry_id) is not None:
             self.metrics.queue_size.set(len(self.queue))
         else:
             self.running.mark_cancelled(entry_id)
+            self._cutter.cancelled()
 
     async def run(self) -> None:
         """The loop. Never returns; cancelled by Infer.stop(). A bug fails the running batch
@@ -214,10 +218,12 @@ class Scheduler:
         """The steps of this Decode call (router/core/decode_steps.py); when more than one, the
         running rows' blocks cover them all (the plan's grants then carry the growth)."""
         running = self.running
+        budgets = self.budgets
         wanted = steps_wanted(
-            self.budgets, plan, len(running.prefilling), len(self.queue), admit,
+            budgets, plan, len(running.prefilling), len(self.queue), admit,
             self._steps_since_admission, running.cancelling,
         )
+        wanted = steps_in_time(wanted, budgets.max_decode_call_ms, self._step_time, len(running))
         if wanted <= 1:
             return 1
         steps, grants = grow_for_steps(self.cache, running.entries.values(), wanted)
@@ -329,6 +335,7 @@ class Scheduler:
             ran = len(response.step_sizes) or 1
             self.metrics.decode_steps.inc(ran)
             self._decoded = (ran, response.HasField("batch"))
+            self._step_time = StepTime((end - start) / ran, size)
         self.healthy = True
         self.last_success = time.monotonic()
         try:

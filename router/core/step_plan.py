@@ -66,6 +66,8 @@ class Budgets:
     max_loras: int = 0
     # Decode steps one Decode call may run when nothing waits (router/core/decode_steps.py).
     max_decode_steps: int = 1
+    # The longest such a call is planned to run, in ms (0: no bound).
+    max_decode_call_ms: int = 0
 
     @classmethod
     def of(cls, settings: InferSettings, served: ShardInfo) -> Budgets:
@@ -81,6 +83,7 @@ class Budgets:
             speculate=served.speculate,
             max_loras=served.max_loras,
             max_decode_steps=settings.max_decode_steps,
+            max_decode_call_ms=settings.max_decode_call_ms,
         )
 
 

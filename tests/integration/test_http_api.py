@@ -28,8 +28,9 @@ GREEDY = {"max_new_tokens": 12}
 
 @pytest.fixture(scope="module")
 def url(shards: ShardProcesses, model: Path) -> Iterator[str]:
+    # 8 steps a call at most: the interleaving test counts a stream's bursts (one per call).
     with RouterProcess(shards.urls[0], model, "--max-input-tokens", "100",
-                       "--max-total-tokens", "200") as router:
+                       "--max-total-tokens", "200", "--max-decode-steps", "8") as router:
         yield router.url
 
 
@@ -253,7 +254,7 @@ def test_concurrent_streams_interleave_and_match_solo_runs(
     assert together == solo
     # Interleaved: the arrival order switches request far more often than 16 back-to-back runs
     # (15 switches). A multi-step call delivers each stream's tokens in bursts of up to
-    # --max-decode-steps (8): 16 tokens in ~3 bursts per stream, ~48 switches.
+    # --max-decode-steps (8 here): 16 tokens in ~3 bursts per stream, ~48 switches.
     switches = sum(a != b for a, b in zip(arrivals, arrivals[1:], strict=False))
     assert switches > 2 * len(prompts)
 

@@ -66,7 +66,8 @@ def test_the_inference_core_gets_the_flags_it_takes() -> None:
     defaults = parse_settings(["--tokenizer-name", "/m"], environ={}).infer_settings()
     assert defaults.prefix_caching is True
     assert Budgets.of(defaults, served) == Budgets(
-        200, 1024, chunking=False, max_decode_steps=c.MAX_DECODE_STEPS)
+        200, 1024, chunking=False, max_decode_steps=c.MAX_DECODE_STEPS,
+        max_decode_call_ms=c.MAX_DECODE_CALL_MS)
     chunking = dataclasses.replace(served, support_chunking=True)
     assert Budgets.of(defaults, chunking).chunking
 

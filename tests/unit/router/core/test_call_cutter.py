@@ -1,4 +1,4 @@
-"""Cutting a multi-step Decode call short for a newcomer (router/core/call_cutter.py,
+"""Cutting a multi-step Decode call short for a newcomer or a cancel (router/core/call_cutter.py,
 decode_steps.cut_short_wanted): the rule, then the real Scheduler against the model of the
 shards (model_shard.py), a newcomer arriving between a call's steps."""
 
@@ -65,6 +65,26 @@ def test_a_newcomer_cuts_the_call_short_and_joins_in_the_next() -> None:
     assert h.tokens(late[0]) == reference([2, 1, 1], 6)
     assert h.cache.free_count == h.cache.total
     assert h.shard.cuts == [1]
+
+
+def test_a_cancel_cuts_the_call_short_and_the_request_leaves_after_it() -> None:
+    h = Harness()
+    a = h.submit([1, 2, 0], 30)
+    b = h.submit([2, 1, 1], 30)
+    h.step()  # their Prefill
+
+    def between(steps_done: int) -> None:
+        if steps_done == 2 and not b.stream.cancelled:
+            b.stream.cancel()  # the client went away: Scheduler.cancel, as Infer wires it
+
+    h.shard.between_steps = between
+    h.step()  # a call of 8 steps, cut after 2
+    h.shard.between_steps = None
+    assert h.shard.calls == [8] and h.shard.ran == [2] and h.shard.cuts == [1]
+    h.drain()
+    assert b.id not in h.scheduler.running.entries
+    assert h.tokens(a) == reference([1, 2, 0], 30)
+    assert h.cache.free_count == h.cache.total
 
 
 def test_one_cut_short_per_call_however_many_arrive() -> None:

@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytgi_proto.parameters import neutral_sampling
-from pytgi_router.core.decode_steps import covered_steps, grow_for_steps, steps_wanted
+from pytgi_router.core.decode_steps import (
+    StepTime,
+    covered_steps,
+    grow_for_steps,
+    steps_in_time,
+    steps_wanted,
+)
 from pytgi_router.core.prefix_cache import PrefixCache
 from pytgi_router.core.queue import Queue
 from pytgi_router.core.request import Entry, StoppingParameters, ValidRequest
@@ -71,6 +77,31 @@ def test_closed_admission_caps_the_steps_at_when_it_opens() -> None:
     assert wanted(budgets=budgets, waiting=1, admit=False, since=17) == 3
     assert wanted(budgets=budgets, waiting=1, admit=False, since=20) == 1
     assert wanted(budgets=budgets, waiting=1, admit=True) == 1
+
+
+def test_a_call_runs_the_steps_its_time_holds() -> None:
+    """--max-decode-call-ms: fast steps run many per call, slow ones few, a batch grown since
+    the last call is assumed proportionally slower, and nothing is assumed before a timing."""
+    fast, slow = StepTime(0.0022, 1), StepTime(0.030, 64)
+    assert steps_in_time(32, 100, fast, 1) == 32  # 45 fit: capped at --max-decode-steps
+    assert steps_in_time(64, 100, fast, 1) == 45
+    assert steps_in_time(32, 100, slow, 64) == 3
+    assert steps_in_time(32, 100, fast, 8) == 5  # 8 rows now: 17.6 ms a step at most
+    assert steps_in_time(32, 100, fast, 1) == steps_in_time(32, 100, StepTime(0.0022, 4), 1)
+    assert steps_in_time(32, 10, StepTime(0.5, 1), 1) == 1  # slower than the bound: one step
+    assert steps_in_time(32, 100, None, 1) == 1  # untimed: one step measures it
+    assert steps_in_time(32, 0, None, 1) == 32  # 0: no bound
+    assert steps_in_time(1, 100, fast, 1) == 1
+
+
+@given(most=st.integers(1, 64), call_ms=st.integers(0, 1000), seconds=st.floats(1e-5, 2.0),
+       then=st.integers(1, 256), now=st.integers(1, 256))
+def test_steps_in_time_stay_in_bounds(most: int, call_ms: int, seconds: float, then: int,
+                                      now: int) -> None:
+    k = steps_in_time(most, call_ms, StepTime(seconds, then), now)
+    assert 1 <= k <= most
+    if call_ms and k > 1:  # more than one step only when they fit the bound
+        assert k * seconds * max(1.0, now / then) <= call_ms / 1e3 + 1e-9
 
 
 @given(prompt=st.integers(1, 40), max_new=st.integers(1, 40), block_size=st.integers(1, 16),
