@@ -156,4 +156,5 @@ def _inductor(gm: fx.GraphModule, example: list[torch.Tensor]) -> Callable[..., 
     for node in gm.graph.nodes:
         node.meta.pop("val", None)
         node.meta.pop("tensor_meta", None)
-    return torch._inductor.compile(gm, example, options=INDUCTOR_OPTIONS)  # type: ignore[no-any-return]
+    inputs: list[Any] = list(example)
+    return torch._inductor.compile(gm, inputs, options=INDUCTOR_OPTIONS)  # type: ignore[no-any-return]
