@@ -48,8 +48,8 @@ ATOL = 1e-3
 # constants, packed once into the template's blocked layout, and every matmul is a generated C++
 # micro-GEMM (AVX2 and up) that streams them, split over the torch threads; at batch 1 ATen's
 # BLAS call ran a 128x4096 GEMV at ~60 us against weights the previous layers had pushed out of
-# cache. Measured at batch 1 on the demo model (direct compile, 2 threads, load ~1): 915 us a
-# step against 1,680 us with ATen's matmuls; at batch 8, 1,819 against 3,137 us. The price: each
+# cache. Measured on the demo model (compiled directly, 1 thread, load ~1): 1,134 us a batch-1
+# step against 1,680 us with ATen's matmuls, 1,949 against 3,137 us at batch 4. The price: each
 # compiled bucket holds its own packed copy of the matmuls' weights (logged), and such a
 # graph is not kept in inductor's disk cache (packed weights do not pickle), so each start
 # compiles again (~30 s a bucket on 2 cores, in the background). cpp_wrapper: the compiled
