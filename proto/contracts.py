@@ -53,7 +53,7 @@ MAX_WAITING_TOKENS = 20
 # cancelled request computes to the call's end, blocks are granted ahead for every step) grows
 # with the call's duration, which MAX_DECODE_CALL_MS bounds. 32: with compiled steps the demo
 # model's single stream on this 2-core CPU decodes at 421-440 tok/s against 327-390 for 8
-# (2.2 ms steps, a call's round trip ~2.5 ms; bench/results/cpu/decode_call_budget.json).
+# (2.2 ms steps, a call's round trip ~2.5 ms; bench/results/cpu/decode_steps_k.json).
 MAX_DECODE_STEPS = 32
 # The longest a multi-step call is planned to run: its steps are as many as fit at the last
 # call's time per step, so a stream's bursts stay under ~this whatever the model's step time
