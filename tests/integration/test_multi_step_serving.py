@@ -36,8 +36,10 @@ def tokenizer(model: Path) -> Tokenizer:
 
 
 def settings(steps: int) -> InferSettings:
+    """`steps` steps a call, not bounded by time (these tests count steps, which
+    --max-decode-call-ms would make depend on the machine's speed)."""
     return InferSettings(max_batch_prefill_tokens=512, max_batch_total_tokens=4096,
-                         max_decode_steps=steps)
+                         max_decode_steps=steps, max_decode_call_ms=0)
 
 
 def request(tokenizer: Tokenizer, text: str, max_new: int, seed: int | None = None,

@@ -6,6 +6,7 @@ the calls it makes and the tokens every stream gets."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import cast
 
 from hypothesis import given
@@ -202,6 +203,24 @@ def test_a_lone_batch_decodes_k_steps_per_call_with_the_same_tokens() -> None:
     # The Prefill's token, then 19 for a: 8 + 8 + 3 (b finished in the second call).
     assert h.shard.calls == [8, 8, 8]
     assert h.cache.free_count == h.cache.total
+
+
+def test_the_scheduler_times_its_calls_and_bounds_the_next_by_time() -> None:
+    """--max-decode-call-ms: one step until a call was timed, then as many as the bound holds
+    at the last call's time per step (a slow step, 30 ms: 3 steps in 100 ms)."""
+    h = Harness()
+    h.scheduler.budgets = dataclasses.replace(h.scheduler.budgets, max_decode_call_ms=100)
+    a = h.submit([1, 2, 0], 20)
+    h.step()  # the Prefill
+    h.step()  # untimed: one step
+    assert h.shard.calls == [1] and h.scheduler._step_time is not None
+    h.step()  # the model shard answers in microseconds: 8, --max-decode-steps
+    assert h.shard.calls == [1, 8]
+    h.scheduler._step_time = StepTime(0.030, 1)
+    h.step()
+    assert h.shard.calls == [1, 8, 3]
+    h.drain()
+    assert h.tokens(a) == reference([1, 2, 0], 20)
 
 
 def test_a_newcomer_waiting_for_blocks_keeps_one_step_per_call() -> None:
