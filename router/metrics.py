@@ -182,10 +182,10 @@ class Metrics:
             registry=r,
         )
         # A newcomer arriving during a multi-step call cuts it short (the CutShort RPC) so that it
-        # joins after the step in progress rather than after the call's last.
+        # joins after the step in progress rather than after the call's last; so does a cancel.
         self.decode_cut_short = Counter(
             "pytgi_decode_calls_cut_short_total",
-            "Multi-step Decode calls stopped early by the CutShort RPC for a newcomer",
+            "Multi-step Decode calls stopped early by the CutShort RPC for a newcomer or a cancel",
             registry=r,
         )
         self.shard_health_checks = Counter(
