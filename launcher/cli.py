@@ -75,7 +75,8 @@ _VALUED: list[tuple[str, Any, str]] = [
      "that do not chunk prompts (default 20)"),
     ("--max-decode-steps", int, "decode steps one shard call may run back to back while "
      "nothing waits to join (the router's turn and the gRPC round trip paid once per that many "
-     "tokens; a request arriving meanwhile waits for the call's end); 1: one step per call "
+     "tokens; a request arriving, or a running one cancelled, meanwhile cuts the call short); 1: one "
+     "step per call "
      f"(default {MAX_DECODE_STEPS})"),
     ("--max-decode-call-ms", int, "the longest a multi-step call is planned to run: its steps "
      "are as many as fit at the last call's time per step, bounding a stream's token bursts "

@@ -6,8 +6,8 @@ eager PyTorch), so eager decode spends most of its time between kernels. The CUD
 graph replay, does not exist on a CPU; its counterpart here is a compiled step: the padded
 decode forward of one batch-size bucket (decode_graphs.DecodeGraphRunner's buffers, the same
 padding and the same static context) is traced to one flat ATen graph and compiled by inductor's
-C++ backend, which fuses the elementwise work into a few loops and leaves the matmuls to the
-BLAS.
+C++ backend, which fuses the elementwise work into a few loops and generates the matmuls from
+its GEMM template over weights frozen and packed once (INDUCTOR_OPTIONS).
 
 Why trace with make_fx rather than torch.compile the model directly: the model's Python
 (attention metadata, per-forward plan caches, dataclass keys) breaks dynamo's graph into a dozen
