@@ -43,6 +43,10 @@ class AttentionMetadata:
     # (noncausal_spans builds it). A span must end within the keys of this forward (the
     # router never ends a chunk inside one), and decode tokens are in none.
     spans: torch.Tensor | None = None
+    # True when the forward is traced to be compiled (a --cpu-graphs decode step): the reference
+    # backend then writes decode attention as reductions the compiler fuses with the cache's
+    # gather (shard/attention/compiled_decode.py), which eager PyTorch would materialise.
+    compiled: bool = False
 
     @property
     def batch_size(self) -> int:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pytgi_shard.attention.backend import AttentionBackend
+from pytgi_shard.attention.compiled_decode import attend_decode
 from pytgi_shard.attention.kv_quant import KVScales, dequantize, quantize, required_scales
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.attention.plans import MaskKind
@@ -281,12 +282,19 @@ class ReferenceAttention(AttentionBackend):
 
         layout = self._plan(meta, num_tokens)
         batch, max_q = layout.query_pos.shape
+        mask = self._plan_mask(meta, layout, sliding_window, group)
+        bias = None
+        if alibi_slopes is not None:
+            bias = self._plan_alibi(meta, layout, sliding_window, mask, alibi_slopes, q.dtype)
+        if max_q == 1 and meta.compiled:
+            # A compiled decode step: the gather fused into the attention's own loops.
+            return attend_decode(q, key_cache, value_cache, layout.blocks, mask[:, 0, 0],
+                                 scale, softcap, bias, kv_scales)
         k_scale, v_scale = (None, None) if kv_scales is None else (kv_scales.key, kv_scales.value)
         keys = _gather(key_cache, layout.blocks, k_scale, q.dtype)
         values = _gather(value_cache, layout.blocks, v_scale, q.dtype)
-        mask = self._plan_mask(meta, layout, sliding_window, group)
-        if alibi_slopes is not None:
-            mask = self._plan_alibi(meta, layout, sliding_window, mask, alibi_slopes, q.dtype)
+        if bias is not None:
+            mask = bias
 
         if max_q == 1:
             # Decode: one token per request, already in request order.

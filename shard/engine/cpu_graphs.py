@@ -29,17 +29,22 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import (
+    DimDynamic,
+    GuardOnDataDependentSymNode,
+    ShapeEnv,
+    StatelessSymbolicContext,
+)
 
 from pytgi_shard.attention.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
-
-# The ATen op a tensor's read-back to the host goes through (Tensor.item, bool, int, tolist).
-_HOST_READ = "_local_scalar_dense"
 
 # How far a compiled step's logits may differ from eager's: inductor reorders float reductions.
 ATOL = 1e-3
@@ -62,12 +67,29 @@ INDUCTOR_OPTIONS: dict[str, str | int | bool | Callable[..., Any]] = {
     "max_autotune_gemm_backends": "CPP",
 }
 
-# A compiled step: the logits of the bucket's forward over the given cache.
-Step = Callable[[KVCache], torch.Tensor]
+# A compiled step: the logits of the bucket's forward over the given cache, attending the
+# context of the given number of KV blocks (decode_graphs.DecodeGraphRunner.compile_bucket).
+Step = Callable[[KVCache, int], torch.Tensor]
 # What is traced: the forward over a cache and the step's input tensors.
 Run = Callable[..., torch.Tensor]
-# A compiled `Run`: the forward over a cache and input tensors of the traced shapes.
-Compiled = Callable[[KVCache, Sequence[torch.Tensor]], torch.Tensor]
+# A compiled `Run`: the forward over a cache and input tensors of the traced shapes, and the
+# size its free size is narrowed to (None: as traced).
+Compiled = Callable[[KVCache, Sequence[torch.Tensor], int | None], torch.Tensor]
+
+# The smallest size a free size takes: a trace assumes a symbolic size is neither 0 nor 1 (its
+# code may differ at those), so a caller pads a narrower input up to this.
+FREE_FROM = 2
+
+
+@dataclass(frozen=True, slots=True)
+class FreeSize:
+    """One dimension of one of a step's inputs that the compiled step reads at each call rather
+    than fixing at its traced size: the width of the block tables, so that a step attends the
+    context its longest row has, not the static one it was traced over (a batch-1 step of the
+    demo model: 0.93 ms over 96 positions, 1.39 ms over 256)."""
+
+    input: int  # index among the step's inputs (after the cache's tensors)
+    dim: int
 
 
 class NotCompilable(Exception):
@@ -75,11 +97,25 @@ class NotCompilable(Exception):
     compiled step's logits differ from the eager forward's."""
 
 
-def trace(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> fx.GraphModule:
+class FreeSizeGuarded(Exception):
+    """The forward's code depends on the free size's value (a branch, a division), so one
+    compiled step cannot serve every size: the step is compiled at its traced size instead."""
+
+
+def trace(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor],
+          free: FreeSize | None = None) -> fx.GraphModule:
     """`run(kv_cache, *inputs)` as one ATen graph whose inputs are the cache's tensors (keys,
-    values) then `inputs`; what else it reads (the weights) is held by reference. The step's
-    own inputs must be graph inputs: a host read of a tensor the trace holds as a constant is
-    not recorded, so it could not be refused."""
+    values) then `inputs`; what else it reads (the weights) is held by reference. Traced over
+    fake tensors of the inputs' shapes, `free`'s dimension symbolic; FreeSizeGuarded when the
+    code's path depends on it. The step's own inputs must be graph inputs: a host read of a
+    tensor the trace holds as a constant would not be seen, so it could not be refused."""
+    return _trace(run, kv_cache, inputs, free)[0]
+
+
+def _trace(
+    run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor], free: FreeSize | None
+) -> tuple[fx.GraphModule, FakeTensorMode, list[torch.Tensor]]:
+    """trace's graph, with the fake mode and fake inputs it was traced over (the compiler's)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     layers = len(kv_cache.keys)
@@ -90,42 +126,123 @@ def trace(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> fx.Gra
                         scales=scales)
         return run(cache, *tensors[2 * layers:])
 
+    mode, fakes = _fake_inputs([*kv_cache.keys, *kv_cache.values], inputs, free)
     try:
-        return make_fx(over)(*kv_cache.keys, *kv_cache.values, *inputs)
-    except RuntimeError as e:
-        # make_fx refuses a read of a traced tensor's value (.item(), bool, a data-dependent
-        # shape); anything else is a bug to see.
-        if _HOST_READ not in str(e):
-            raise
+        with torch.no_grad(), mode:
+            gm = make_fx(over)(*fakes)
+    except GuardOnDataDependentSymNode as e:
+        # A read of a traced tensor's value (.item(), bool, a data-dependent shape) would be
+        # frozen into the graph.
         raise NotCompilable("the decode forward reads a tensor value back to the host "
                             "(data-dependent control flow)") from e
+    if any(node.target == torch.ops.aten._local_scalar_dense.default for node in gm.graph.nodes):
+        raise NotCompilable("the decode forward reads a tensor value back to the host")
+    if free is not None:
+        _check_unguarded(mode, inputs[free.input].shape[free.dim])
+    return gm, mode, fakes
 
 
-def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor]) -> Compiled:
-    """`run` traced over `inputs` and compiled: the returned function takes the cache and input
-    tensors of the same shapes (each call reads their current values). Checked equal to `run`
-    (eager) on `inputs` before it is returned."""
+def _fake_inputs(
+    cache: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], free: FreeSize | None
+) -> tuple[FakeTensorMode, list[torch.Tensor]]:
+    """A fake mode with a shape environment, and the graph's inputs as its fake tensors: every
+    size static but `free`'s. Tensors the forward reads besides them (the weights) enter the
+    trace as constants."""
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+
+    def fake(tensor: torch.Tensor, dim: int | None) -> torch.Tensor:
+        sizes = [DimDynamic.DYNAMIC if d == dim else DimDynamic.STATIC
+                 for d in range(tensor.dim())]
+        context: StatelessSymbolicContext[Any, Any] = StatelessSymbolicContext(
+            dynamic_sizes=sizes)  # type: ignore[arg-type]
+        return mode.from_tensor(tensor, symbolic_context=context)
+
+    fakes = [fake(t, None) for t in cache]
+    for i, tensor in enumerate(inputs):
+        fakes.append(fake(tensor, free.dim if free is not None and free.input == i else None))
+    return mode, fakes
+
+
+def _check_unguarded(mode: FakeTensorMode, largest: int) -> None:
+    """FreeSizeGuarded unless every condition the trace (or the compiler) assumed of the free
+    size holds at each size a caller may pass, FREE_FROM to `largest` (its traced size). A
+    guard states what the path taken needs: a bound the traced sizes meet anyway (an index
+    within a table) is harmless; a branch on the size is not."""
+    env = mode.shape_env
+    if env is None or not env.guards:
+        return
+    for guard in env.guards:
+        symbols = guard.expr.free_symbols
+        for size in range(FREE_FROM, largest + 1):
+            if not bool(guard.expr.xreplace(dict.fromkeys(symbols, size))):
+                raise FreeSizeGuarded(f"its code depends on it: {guard.expr} fails at {size}")
+
+
+def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor],
+                 free: FreeSize | None = None) -> Compiled:
+    """`run` traced over `inputs` and compiled: the returned function takes the cache, input
+    tensors of the same shapes (each call reads their current values) and the size to narrow
+    `free`'s dimension to (raised to FREE_FROM; None, or a step compiled at its static size:
+    all of it). Checked equal to `run` (eager) as traced, and narrowed to FREE_FROM, before it
+    is returned. A forward whose code depends on the free size is compiled at `inputs`' sizes
+    (logged)."""
     start = time.perf_counter()
-    with torch.no_grad():
-        gm = trace(run, kv_cache, inputs)
-    with torch.inference_mode():
-        compiled = _inductor(gm, [*kv_cache.keys, *kv_cache.values, *inputs])
+    try:
+        gm, compiled = _traced_and_compiled(run, kv_cache, inputs, free)
+    except FreeSizeGuarded as e:
+        log.info("the decode step is compiled for its static context: %s", e)
+        gm, compiled = _traced_and_compiled(run, kv_cache, inputs, None)
+        free = None
 
-    def step(cache: KVCache, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        out: torch.Tensor = compiled(*cache.keys, *cache.values, *tensors)
+    def step(cache: KVCache, tensors: Sequence[torch.Tensor], size: int | None) -> torch.Tensor:
+        out: torch.Tensor = compiled(*cache.keys, *cache.values, *_narrowed(tensors, free, size))
         return out
 
-    with torch.inference_mode():
-        expected = run(kv_cache, *inputs)
-        got = step(kv_cache, inputs)
-    if got.shape != expected.shape or not torch.allclose(got, expected, atol=ATOL, rtol=0):
-        diff = (got - expected).abs().max().item() if got.shape == expected.shape else None
-        raise NotCompilable(f"the compiled decode step differs from the eager forward "
-                            f"(max |diff| {diff})")
+    _check(run, step, kv_cache, inputs, free, None)
+    if free is not None and inputs[free.input].shape[free.dim] > FREE_FROM:
+        _check(run, step, kv_cache, inputs, free, FREE_FROM)
     log.info("compiled a decode step of %d ops in %.1f s; it holds a packed copy of the "
              "matmuls' weights (%.1f MB)", len(gm.graph.nodes), time.perf_counter() - start,
              matmul_weight_bytes(gm) / 2**20)
     return step
+
+
+def _narrowed(
+    tensors: Sequence[torch.Tensor], free: FreeSize | None, size: int | None
+) -> Sequence[torch.Tensor]:
+    """`tensors` with the free size narrowed to `size` (at least FREE_FROM, at most all), as a
+    contiguous copy: the trace saw a contiguous tensor, whose strides follow its free size."""
+    if free is None or size is None:
+        return tensors
+    tensor = tensors[free.input]
+    full = tensor.shape[free.dim]
+    narrowed = list(tensors)
+    narrowed[free.input] = tensor.narrow(free.dim, 0, min(max(size, FREE_FROM), full)).contiguous()
+    return narrowed
+
+
+def _traced_and_compiled(
+    run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor], free: FreeSize | None
+) -> tuple[fx.GraphModule, Callable[..., torch.Tensor]]:
+    gm, mode, fakes = _trace(run, kv_cache, inputs, free)
+    with torch.inference_mode():
+        compiled = _inductor(gm, fakes)
+    if free is not None:
+        _check_unguarded(mode, inputs[free.input].shape[free.dim])
+    return gm, compiled
+
+
+def _check(run: Run, step: Compiled, kv_cache: KVCache, inputs: Sequence[torch.Tensor],
+           free: FreeSize | None, size: int | None) -> None:
+    """NotCompilable unless the compiled step's logits are the eager forward's on `inputs`
+    with the free size narrowed to `size`."""
+    with torch.inference_mode():
+        expected = run(kv_cache, *_narrowed(inputs, free, size))
+        got = step(kv_cache, inputs, size)
+    if got.shape != expected.shape or not torch.allclose(got, expected, atol=ATOL, rtol=0):
+        diff = (got - expected).abs().max().item() if got.shape == expected.shape else None
+        raise NotCompilable(f"the compiled decode step differs from the eager forward "
+                            f"(max |diff| {diff})")
 
 
 def matmul_weight_bytes(gm: fx.GraphModule) -> int:
@@ -147,10 +264,13 @@ def _inductor(gm: fx.GraphModule, example: list[torch.Tensor]) -> Callable[..., 
     """`gm` compiled by inductor directly, without dynamo: a call is the compiled graph and
     nothing else. Through torch.compile each call first ran dynamo's guards over the graph's ~60
     tensors and AOTAutograd's Python wrappers: 40% of a batch-1 step's time (2,150 against
-    1,680 us). Nothing here needs a guard: the runner calls each step with the same tensors.
+    1,680 us). Nothing here needs a guard: the runner calls each step with the same tensors,
+    the free size aside, of which the trace and the compiler assumed nothing that a size it is
+    called with fails (_check_unguarded).
 
-    make_fx leaves each node's fake value (from fake modes of its own) in the node's meta, which
-    inductor would try to reuse; dropped, inductor traces the graph again under one fake mode."""
+    `example`: the fake inputs the graph was traced over (its free size symbolic). make_fx
+    leaves each node's fake value in the node's meta; dropped, inductor propagates them again
+    from `example`, under its fake mode."""
     import torch._inductor
 
     for node in gm.graph.nodes:

@@ -25,8 +25,9 @@ replay's hidden states; after a replay the tap gets that tensor and the buffers'
 On a CPU there are no graphs to capture; each bucket's padded forward is compiled instead
 (--cpu-graphs: `compile_bucket`, shard/engine/cpu_graphs.py, after Warmup on a thread,
 shard/engine/background_compile.py) and `forward` calls the compiled step where a GPU replays:
-the same buckets, buffers, padding and static context. When either is off, and why:
-shard/engine/graphs_off.py.
+the same buckets, buffers and padding, but not a static context: the block tables' width is the
+compiled step's one free size, so each step attends what its longest row needs (`compile_bucket`).
+When either is off, and why: shard/engine/graphs_off.py.
 
 A graph freezes every shape and every host-side value it saw, so the metadata it is captured with
 states the largest context (max_seqlen_k = max_blocks_per_seq * block_size) rather than the
@@ -51,7 +52,7 @@ import torch
 from pytgi_shard.attention.kv_cache import SCRATCH_SLOT, KVCache
 from pytgi_shard.attention.metadata import AttentionMetadata
 from pytgi_shard.engine.batch import ForwardInputs
-from pytgi_shard.engine.cpu_graphs import NotCompilable, Step, compile_step
+from pytgi_shard.engine.cpu_graphs import FreeSize, NotCompilable, Step, compile_step
 from pytgi_shard.lora.layer import RowAdapters, lora_rows_of
 from pytgi_shard.models.model import Model
 
@@ -215,7 +216,7 @@ class DecodeGraphRunner:
         graph = self._graphs.get(bucket) if kv_cache is self._captured_cache else None
         step = self._compiled.get(bucket) if kv_cache is self._captured_cache else None
         if step is not None:
-            return step(kv_cache)[:n]
+            return step(kv_cache, -(-meta.max_seqlen_k // self.block_size))[:n]
         if graph is not None:
             graph.replay()
             if self.tap is not None and bucket in self._hidden:
@@ -264,7 +265,9 @@ class DecodeGraphRunner:
         b.block_tables[start:stop].zero_()
         b.adapters[start:stop].zero_()
 
-    def _metadata(self, b: _Buffers, bucket: int, max_seqlen_k: int) -> AttentionMetadata:
+    def _metadata(
+        self, b: _Buffers, bucket: int, max_seqlen_k: int, compiled: bool
+    ) -> AttentionMetadata:
         """A fresh metadata (backends cache per-forward plans in it) over the first rows."""
         return AttentionMetadata(
             is_prefill=False,
@@ -275,17 +278,20 @@ class DecodeGraphRunner:
             max_seqlen_q=1,
             max_seqlen_k=max_seqlen_k,
             block_size=self.block_size,
+            compiled=compiled,
         )
 
     def _run(
-        self, bucket: int, kv_cache: KVCache, max_seqlen_k: int, buffers: _Buffers | None = None
+        self, bucket: int, kv_cache: KVCache, max_seqlen_k: int, buffers: _Buffers | None = None,
+        compiled: bool = False,
     ) -> torch.Tensor:
         """The bucket's forward over the buffers (eager, or being captured); a tap is armed
         with the buffers' slots (padding rows: the scratch slot, which no row looks up).
         `buffers`: others of the same shapes, which a compiled step is traced over (its
-        inputs; shard/engine/cpu_graphs.py)."""
+        inputs; shard/engine/cpu_graphs.py); `compiled`: the forward written for the compiler
+        (AttentionMetadata.compiled)."""
         b = self._buffers if buffers is None else buffers
-        meta = self._metadata(b, bucket, max_seqlen_k)
+        meta = self._metadata(b, bucket, max_seqlen_k, compiled)
         ids, positions = b.input_ids[:bucket], b.positions[:bucket]
         if self.tap is not None:
             self.tap.arm(ForwardInputs(ids, positions, meta, None, ids))
@@ -357,17 +363,23 @@ class DecodeGraphRunner:
         """The bucket's compiled step over `kv_cache` (shard/engine/cpu_graphs.py), traced over
         buffers of its own, so that steps may run over the runner's meanwhile; NotCompilable
         when the model's decode forward reads a tensor back to the host, its compiled step
-        differs from eager, or a hidden-state tap would need a Python hook."""
+        differs from eager, or a hidden-state tap would need a Python hook.
+
+        Unlike a CUDA graph, the step's context is not static: the block tables' width is the
+        compiled step's free size, and each step attends the blocks its longest row covers
+        (the eager forward's context), up to the buffers' width."""
         if self.tap is not None:
             raise NotCompilable("a speculator reads the hidden states of eager forwards")
-        static_max = self.max_blocks_per_seq * self.block_size
         traced = _Buffers.allocate(self.buckets[-1], self.max_blocks_per_seq, self.model.device)
-        step = compile_step(
-            lambda cache, *bufs: self._run(bucket, cache, static_max, _Buffers(*bufs)),
-            kv_cache, _fields(traced),
-        )
+
+        def run(cache: KVCache, *bufs: torch.Tensor) -> torch.Tensor:
+            buffers = _Buffers(*bufs)
+            return self._run(bucket, cache, buffers.block_tables.shape[1] * self.block_size,
+                             buffers, compiled=True)
+
+        step = compile_step(run, kv_cache, _fields(traced), FreeSize(_TABLES, dim=1))
         live = _fields(self._buffers)
-        return lambda cache: step(cache, live)
+        return lambda cache, blocks: step(cache, live, blocks)
 
     def add_compiled(self, bucket: int, step: Step) -> None:
         """Decode steps of `bucket` run `step` from now on (over the cache `expect_compiled`
@@ -391,6 +403,10 @@ class DecodeGraphRunner:
         self._outputs.clear()
         self._hidden.clear()
         self._captured_cache = None
+
+
+# The block tables' index among the buffers' fields: a compiled step's free size.
+_TABLES = [f.name for f in fields(_Buffers)].index("block_tables")
 
 
 def _fields(buffers: _Buffers) -> tuple[torch.Tensor, ...]:

@@ -16,7 +16,13 @@ from pytgi_launcher.cli import parse_settings
 from pytgi_launcher.commands import shard_argv
 from pytgi_proto import generate_pb2 as pb
 from pytgi_shard.attention.kv_cache import KVCache
-from pytgi_shard.engine.cpu_graphs import NotCompilable, compile_step, trace
+from pytgi_shard.engine.cpu_graphs import (
+    FreeSize,
+    FreeSizeGuarded,
+    NotCompilable,
+    compile_step,
+    trace,
+)
 from pytgi_shard.engine.decode_graphs import DecodeGraphRunner
 from pytgi_shard.engine.engine import Engine
 from pytgi_shard.engine.graphs_off import graphs_off_reason
@@ -112,15 +118,14 @@ def test_a_single_stream_decodes_through_the_compiled_step(engines: tuple[Engine
     # One request: every decode step is bucket 2's compiled step (one padding row), each
     # reading the K/V the previous compiled steps wrote into the live cache.
     eager, compiled = engines
-    calls = 0
+    widths: list[int] = []
     graphs = compiled.runner.decode_graphs
     assert graphs is not None
     step = graphs._compiled[2]
 
-    def counted(cache: KVCache) -> torch.Tensor:
-        nonlocal calls
-        calls += 1
-        return step(cache)
+    def counted(cache: KVCache, blocks: int) -> torch.Tensor:
+        widths.append(blocks)
+        return step(cache, blocks)
 
     graphs._compiled[2] = counted
     try:
@@ -133,8 +138,11 @@ def test_a_single_stream_decodes_through_the_compiled_step(engines: tuple[Engine
             runs.append(run)
     finally:
         graphs._compiled[2] = step
-    assert calls == 11
+    assert len(widths) == 11
     assert runs[1].tokens == runs[0].tokens
+    # Each step attends the blocks its context covers (6 + 1 .. 6 + 11 tokens, BLOCK 4), not
+    # the static context the step was traced over.
+    assert widths == [-(-(6 + i) // BLOCK) for i in range(1, 12)]
 
 
 def test_a_trace_that_reads_a_tensor_back_is_refused() -> None:
@@ -153,19 +161,40 @@ def test_a_compiled_step_writes_the_live_cache_and_reads_the_buffers_by_referenc
     cache = KVCache.allocate(1, 4, BLOCK, 1, 4, torch.float32, torch.device("cpu"))
     slots = torch.tensor([1, 6])
     values = torch.ones(2, 1, 4)
+    table = torch.tensor([[3, 2, 1, 0]])
 
-    def write(kv: KVCache, where: torch.Tensor, what: torch.Tensor) -> torch.Tensor:
+    def write(kv: KVCache, where: torch.Tensor, what: torch.Tensor,
+              blocks: torch.Tensor) -> torch.Tensor:
         rows = kv.keys[0].view(-1, 1, 4)
         rows.index_copy_(0, where, what)
-        return kv.keys[0].sum(dim=(1, 2, 3))
+        # One sum per block the table lists: as many as the table is wide (the free size).
+        return kv.keys[0].index_select(0, blocks[0]).sum(dim=(1, 2, 3))
 
-    step = compile_step(write, cache, (slots, values))
+    step = compile_step(write, cache, (slots, values, table), FreeSize(input=2, dim=1))
     cache.keys[0].zero_()
     slots.copy_(torch.tensor([9, 10]))
     values.fill_(3.0)
-    out = step(cache, (slots, values))
-    assert out.tolist() == [0.0, 0.0, 24.0, 0.0]
+    out = step(cache, (slots, values, table), None)
+    assert out.tolist() == [0.0, 24.0, 0.0, 0.0]
     assert cache.keys[0].view(-1, 4)[9].tolist() == [3.0] * 4
+    # The same compiled step over the table's first blocks only, the narrowest raised to 2.
+    assert step(cache, (slots, values, table), 3).tolist() == [0.0, 24.0, 0.0]
+    assert step(cache, (slots, values, table), 1).tolist() == [0.0, 24.0]
+
+
+def test_a_trace_whose_code_depends_on_the_free_size_says_so() -> None:
+    cache = KVCache.allocate(1, 4, BLOCK, 1, 4, torch.float32, torch.device("cpu"))
+    table = torch.tensor([[3, 2, 1, 0]])
+
+    def branches(kv: KVCache, blocks: torch.Tensor) -> torch.Tensor:
+        # A path chosen by the width: one compiled step could not serve a narrower table.
+        factor = 2.0 if blocks.shape[1] > 3 else 1.0
+        return kv.keys[0].index_select(0, blocks[0]).sum(dim=(1, 2, 3)) * factor
+
+    with pytest.raises(FreeSizeGuarded, match="depends on it"):
+        trace(branches, cache, (table,), FreeSize(input=0, dim=1))
+    # Without a free size the same trace is one static graph.
+    assert trace(branches, cache, (table,)).graph is not None
 
 
 def test_compiled_steps_are_off_with_the_reason(engines: tuple[Engine, Engine]) -> None:
@@ -212,7 +241,7 @@ def test_until_a_bucket_is_compiled_its_steps_run_eagerly(engines: tuple[Engine,
     inputs = decode_inputs(eager, 1)
     runner.expect_compiled(kv)
     assert runner.expects(kv) and not runner.takes(inputs, kv)
-    runner.add_compiled(2, lambda cache: torch.zeros(1))
+    runner.add_compiled(2, lambda cache, blocks: torch.zeros(1))
     assert runner.takes(inputs, kv)
     # A later Warmup lets the cache go: what the thread compiles for it is no longer wanted.
     runner.release()
