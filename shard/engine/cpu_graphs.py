@@ -179,13 +179,14 @@ def _check_unguarded(mode: FakeTensorMode, largest: int) -> None:
 
 
 def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor],
-                 free: FreeSize | None = None) -> Compiled:
+                 free: FreeSize | None = None, eager: Run | None = None) -> Compiled:
     """`run` traced over `inputs` and compiled: the returned function takes the cache, input
     tensors of the same shapes (each call reads their current values) and the size to narrow
     `free`'s dimension to (raised to FREE_FROM; None, or a step compiled at its static size:
-    all of it). Checked equal to `run` (eager) as traced, and narrowed to FREE_FROM, before it
-    is returned. A forward whose code depends on the free size is compiled at `inputs`' sizes
-    (logged)."""
+    all of it). Checked equal to `eager` (by default `run` itself, run eagerly) as traced, and
+    narrowed to FREE_FROM, before it is returned: a forward written for the compiler is checked
+    against the plain one, which eagerly is also the one that fits in memory. A forward whose
+    code depends on the free size is compiled at `inputs`' sizes (logged)."""
     start = time.perf_counter()
     try:
         gm, compiled = _traced_and_compiled(run, kv_cache, inputs, free)
@@ -198,9 +199,10 @@ def compile_step(run: Run, kv_cache: KVCache, inputs: Sequence[torch.Tensor],
         out: torch.Tensor = compiled(*cache.keys, *cache.values, *_narrowed(tensors, free, size))
         return out
 
-    _check(run, step, kv_cache, inputs, free, None)
+    reference = run if eager is None else eager
+    _check(reference, step, kv_cache, inputs, free, None)
     if free is not None and inputs[free.input].shape[free.dim] > FREE_FROM:
-        _check(run, step, kv_cache, inputs, free, FREE_FROM)
+        _check(reference, step, kv_cache, inputs, free, FREE_FROM)
     log.info("compiled a decode step of %d ops in %.1f s; it holds a packed copy of the "
              "matmuls' weights (%.1f MB)", len(gm.graph.nodes), time.perf_counter() - start,
              matmul_weight_bytes(gm) / 2**20)

@@ -42,7 +42,7 @@ import bisect
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from typing import Protocol
@@ -372,12 +372,16 @@ class DecodeGraphRunner:
             raise NotCompilable("a speculator reads the hidden states of eager forwards")
         traced = _Buffers.allocate(self.buckets[-1], self.max_blocks_per_seq, self.model.device)
 
-        def run(cache: KVCache, *bufs: torch.Tensor) -> torch.Tensor:
-            buffers = _Buffers(*bufs)
-            return self._run(bucket, cache, buffers.block_tables.shape[1] * self.block_size,
-                             buffers, compiled=True)
+        def forward(compiled: bool) -> Callable[..., torch.Tensor]:
+            def run(cache: KVCache, *bufs: torch.Tensor) -> torch.Tensor:
+                buffers = _Buffers(*bufs)
+                return self._run(bucket, cache, buffers.block_tables.shape[1] * self.block_size,
+                                 buffers, compiled)
+            return run
 
-        step = compile_step(run, kv_cache, _fields(traced), FreeSize(_TABLES, dim=1))
+        # Traced as written for the compiler, checked against the plain forward.
+        step = compile_step(forward(True), kv_cache, _fields(traced), FreeSize(_TABLES, dim=1),
+                            eager=forward(False))
         live = _fields(self._buffers)
         return lambda cache, blocks: step(cache, live, blocks)
 
