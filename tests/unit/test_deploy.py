@@ -199,7 +199,7 @@ def test_make_run_serves_the_demo_on_8080() -> None:
     assert "pytgi-launcher --port $(PORT)" in recipe and "--model-id" not in recipe
     # A newcomer's first server compiles its small decode steps (README: --cpu-graphs).
     assert "--cpu-graphs $(CPU_GRAPHS)" in recipe
-    assert re.search(r"^CPU_GRAPHS \?= 1,2,4,8$", makefile, re.M)
+    assert re.search(r"^CPU_GRAPHS \?= 1,2,4,8,16,32,64$", makefile, re.M)
 
 
 def pod_labels(doc: dict[str, Any]) -> dict[str, str]:
