@@ -254,3 +254,29 @@ def decode_inputs(engine: Engine, batch_id: int) -> ForwardInputs:
     req = request(0, [4, 8, 15], max_new=3, block_size=BLOCK, ignore_eos=True, blocks=[1])
     engine.prefill(pb.PrefillRequest(batch=batch_of(req, batch_id=batch_id)))
     return engine.cache.get(batch_id).decode_inputs()
+
+
+def test_a_model_whose_query_is_a_view_of_its_fused_projection_compiles_exactly(
+    tiny_model: Callable[..., Path],
+) -> None:
+    # BLOOM's queries are a strided view into its fused QKV projection, and its ALiBi bias is
+    # added to the scores: the compiled step (fused attention over a free context width) must
+    # give the eager forward's logits call after call, eager forwards in between (a query
+    # stored through the view's strides once read memory the compiler had laid out otherwise).
+    engine = load_engine(ShardSettings(model_path=tiny_model("bloom"), block_size=BLOCK))
+    engine.warmup(WARMUP)
+    kv = engine.runner.kv_cache
+    runner = DecodeGraphRunner(engine.model, BUCKETS, 8, BLOCK)
+    step = runner.compile_bucket(2, kv)
+    b = runner._buffers
+    b.input_ids[:2].copy_(torch.tensor([5, 9]))
+    b.positions[:2].copy_(torch.tensor([6, 2]))
+    b.seqlens_k[:2].copy_(torch.tensor([7, 3], dtype=torch.int32))
+    b.block_tables[:2, :2].copy_(torch.tensor([[1, 2], [3, 0]], dtype=torch.int32))
+    b.slot_mapping[:2].copy_(torch.tensor([2 * BLOCK + 2, 3 * BLOCK + 2]))  # positions 6, 2
+    for _ in range(4):
+        with torch.inference_mode():
+            expected = runner._run(2, kv, 2 * BLOCK)
+            got = step(kv, 2)
+        torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)
+    engine.clear(None)
