@@ -56,16 +56,11 @@ def measure(engine: Any, bucket: int, calls: int) -> dict[str, Any]:
     graphs = DecodeGraphRunner(runner.model, [bucket], CONTEXT // block, block)
     traced = _fields(_Buffers.allocate(bucket, CONTEXT // block, runner.model.device))
 
-    def forward(fused: bool) -> Callable[..., Any]:
-        def run(cache: Any, *buffers: Any) -> Any:
-            b = _Buffers(*buffers)
-            return graphs._run(bucket, cache, b.block_tables.shape[1] * block, b, compiled=fused)
-        return run
-
+    plain, fused = graphs.traced_forward(bucket, False), graphs.traced_forward(bucket, True)
     steps = {
-        "static": (compile_step(forward(False), kv, traced), False),
-        "free, sdpa": (compile_step(forward(False), kv, traced, FreeSize(_TABLES, 1)), True),
-        "free, fused": (compile_step(forward(True), kv, traced, FreeSize(_TABLES, 1)), True),
+        "static": (compile_step(plain, kv, traced), False),
+        "free, sdpa": (compile_step(plain, kv, traced, FreeSize(_TABLES, 1)), True),
+        "free, fused": (compile_step(fused, kv, traced, FreeSize(_TABLES, 1)), True),
     }
     live = graphs._buffers
     for row in range(bucket):

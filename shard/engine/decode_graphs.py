@@ -371,19 +371,23 @@ class DecodeGraphRunner:
         if self.tap is not None:
             raise NotCompilable("a speculator reads the hidden states of eager forwards")
         traced = _Buffers.allocate(self.buckets[-1], self.max_blocks_per_seq, self.model.device)
-
-        def forward(compiled: bool) -> Callable[..., torch.Tensor]:
-            def run(cache: KVCache, *bufs: torch.Tensor) -> torch.Tensor:
-                buffers = _Buffers(*bufs)
-                return self._run(bucket, cache, buffers.block_tables.shape[1] * self.block_size,
-                                 buffers, compiled)
-            return run
-
         # Traced as written for the compiler, checked against the plain forward.
-        step = compile_step(forward(True), kv_cache, _fields(traced), FreeSize(_TABLES, dim=1),
-                            eager=forward(False))
+        step = compile_step(self.traced_forward(bucket, True), kv_cache, _fields(traced),
+                            FreeSize(_TABLES, dim=1), eager=self.traced_forward(bucket, False))
         live = _fields(self._buffers)
         return lambda cache, blocks: step(cache, live, blocks)
+
+    def traced_forward(self, bucket: int, compiled: bool) -> Callable[..., torch.Tensor]:
+        """The bucket's forward as cpu_graphs traces it: over a cache and the buffers' tensors
+        (in field order), attending the block tables' width; `compiled`: written for the
+        compiler (AttentionMetadata.compiled)."""
+
+        def run(cache: KVCache, *tensors: torch.Tensor) -> torch.Tensor:
+            buffers = _Buffers(*tensors)
+            return self._run(bucket, cache, buffers.block_tables.shape[1] * self.block_size,
+                             buffers, compiled)
+
+        return run
 
     def add_compiled(self, bucket: int, step: Step) -> None:
         """Decode steps of `bucket` run `step` from now on (over the cache `expect_compiled`
